@@ -1,0 +1,474 @@
+// Package redistest starts throwaway redis-server processes on loopback for
+// tests: a single server and a 3-master Redis Cluster, plus ways to fault
+// them (SCRIPT FLUSH, kill -9, restart, SIGSTOP).
+//
+// Servers run as children of the test binary with their own temp dir, no
+// persistence and --bind 127.0.0.1; they receive SIGKILL if the test binary
+// dies, so none is ever left running. A package shares one single server and
+// one cluster, started on first use and stopped by Main:
+//
+//	func TestMain(m *testing.M) { redistest.Main(m) }
+//
+// When redis-server is not on PATH, Single and Cluster skip the test with a
+// note on how to install it; with SLUICE_REQUIRE_REDIS=1 they fail instead.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"go.uber.org/goleak"
+)
+
+// RequireEnv is the environment variable that turns a missing redis-server
+// into a test failure instead of a skip. CI sets it.
+const RequireEnv = "SLUICE_REQUIRE_REDIS"
+
+const installHint = "redis-server not found on PATH; install it with " +
+	"`apt-get install redis-server` (Debian) to run the real-server tests"
+
+// Server is one redis-server child process on 127.0.0.1.
+type Server struct {
+	Port int
+	args []string
+	dir  string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has been waited for
+}
+
+// Addr returns "127.0.0.1:PORT".
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
+
+// StartServer starts a redis-server on a free loopback port with the given
+// extra arguments and waits until it answers PING.
+func StartServer(extra ...string) (*Server, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, errors.New(installHint)
+	}
+	dir, err := os.MkdirTemp("", "sluice-redis-")
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for range 10 {
+		port, err := freePort()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		s := &Server{Port: port, dir: dir}
+		s.args = append([]string{
+			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir,
+			"--logfile", filepath.Join(dir, "redis.log"),
+			"--enable-debug-command", "local",
+		}, extra...)
+		if lastErr = s.start(); lastErr == nil {
+			return s, nil
+		}
+	}
+	os.RemoveAll(dir)
+	return nil, fmt.Errorf("redistest: start redis-server: %w", lastErr)
+}
+
+func (s *Server) start() error {
+	cmd := exec.Command("redis-server", s.args...)
+	cmd.Dir = s.dir
+	// The server dies with the test binary, whatever way the binary ends.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := s.Do("PING"); err == nil {
+			break
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("redis-server on port %d exited at start: %s", s.Port, s.logTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			<-exited
+			return fmt.Errorf("redis-server on port %d did not answer PING", s.Port)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.mu.Lock()
+	s.cmd, s.exited = cmd, exited
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Server) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	if len(b) > 600 {
+		b = b[len(b)-600:]
+	}
+	return string(b)
+}
+
+// Kill sends SIGKILL and waits for the process to go. Data is lost (no
+// persistence), as in a crash.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	cmd, exited := s.cmd, s.exited
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Kill()
+	<-exited
+}
+
+// Restart kills the server (kill -9) and starts it again, empty, on the same
+// port.
+func (s *Server) Restart() error {
+	s.Kill()
+	var err error
+	for range 50 { // the port can take a moment to be free again
+		if err = s.start(); err == nil {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return err
+}
+
+// Pause stops the process with SIGSTOP; Resume continues it.
+func (s *Server) Pause() error  { return s.signal(syscall.SIGSTOP) }
+func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return errors.New("redistest: server is not running")
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
+// Stop kills the server and removes its directory.
+func (s *Server) Stop() {
+	s.Kill()
+	os.RemoveAll(s.dir)
+}
+
+// Do sends one command on a fresh connection and returns the reply as text
+// (arrays and maps are flattened, one element per line). It is for test
+// set-up and fault injection, independent of the client under test.
+func (s *Server) Do(args ...string) (string, error) {
+	conn, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := conn.Write([]byte(b.String())); err != nil {
+		return "", err
+	}
+	var out strings.Builder
+	if err := readReply(bufio.NewReader(conn), &out); err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(out.String(), "\n"), nil
+}
+
+// readReply reads one RESP2 reply.
+func readReply(r *bufio.Reader, out *strings.Builder) error {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	line = strings.TrimSuffix(line, "\r\n")
+	if line == "" {
+		return errors.New("redistest: empty reply line")
+	}
+	switch line[0] {
+	case '+', ':':
+		out.WriteString(line[1:] + "\n")
+	case '-':
+		return errors.New(line[1:])
+	case '$':
+		n, _ := strconv.Atoi(line[1:])
+		if n < 0 {
+			out.WriteString("\n")
+			return nil
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return err
+		}
+		out.Write(buf[:n])
+		out.WriteString("\n")
+	case '*':
+		n, _ := strconv.Atoi(line[1:])
+		for range n {
+			if err := readReply(r, out); err != nil {
+				return err
+			}
+		}
+	default:
+		return fmt.Errorf("redistest: unexpected reply %q", line)
+	}
+	return nil
+}
+
+// FlushScripts empties the server's script cache, as a restart or failover
+// would.
+func (s *Server) FlushScripts() error {
+	_, err := s.Do("SCRIPT", "FLUSH")
+	return err
+}
+
+// Cluster is a Redis Cluster of masters without replicas.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// Addrs returns the addresses of all nodes.
+func (c *Cluster) Addrs() []string {
+	out := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		out[i] = n.Addr()
+	}
+	return out
+}
+
+// Stop stops every node.
+func (c *Cluster) Stop() {
+	for _, n := range c.Nodes {
+		n.Stop()
+	}
+}
+
+// StartCluster starts n masters, splits the 16384 slots between them and
+// waits until every node reports cluster_state:ok.
+func StartCluster(n int) (*Cluster, error) {
+	c := &Cluster{}
+	for range n {
+		s, err := StartServer("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "5000")
+		if err != nil {
+			c.Stop()
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, s)
+	}
+	per := 16384 / n
+	for i, s := range c.Nodes {
+		lo, hi := i*per, (i+1)*per-1
+		if i == n-1 {
+			hi = 16383
+		}
+		if _, err := s.Do("CLUSTER", "ADDSLOTSRANGE", strconv.Itoa(lo), strconv.Itoa(hi)); err != nil {
+			c.Stop()
+			return nil, fmt.Errorf("redistest: addslots: %w", err)
+		}
+		if i > 0 {
+			if _, err := s.Do("CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(c.Nodes[0].Port)); err != nil {
+				c.Stop()
+				return nil, fmt.Errorf("redistest: meet: %w", err)
+			}
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, s := range c.Nodes {
+		for {
+			info, err := s.Do("CLUSTER", "INFO")
+			if err == nil && strings.Contains(info, "cluster_state:ok") &&
+				strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(n)) {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.Stop()
+				return nil, fmt.Errorf("redistest: cluster not ok after 30s: %s", info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return c, nil
+}
+
+// freePort picks a random port in [20000, 40000) such that both it and the
+// cluster bus port (+10000) are free on loopback right now.
+func freePort() (int, error) {
+	for range 100 {
+		p := 20000 + rand.IntN(20000)
+		if portFree(p) && portFree(p+10000) {
+			return p, nil
+		}
+	}
+	return 0, errors.New("redistest: no free port")
+}
+
+func portFree(p int) bool {
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
+}
+
+// The package-wide shared servers.
+var shared struct {
+	mu      sync.Mutex
+	single  *Server
+	cluster *Cluster
+	err     map[string]error
+}
+
+// Main runs the tests of a package, stops the shared servers, and then fails
+// the run if any goroutine is left over (goleak): every goroutine a package
+// starts must be stopped by something its user holds.
+func Main(m *testing.M) {
+	code := m.Run()
+	shared.mu.Lock()
+	if shared.single != nil {
+		shared.single.Stop()
+	}
+	if shared.cluster != nil {
+		shared.cluster.Stop()
+	}
+	shared.mu.Unlock()
+	if code == 0 {
+		// rueidis closes connections dropped by a cluster topology refresh
+		// after a 5 s sleep in a goroutine of its own; that one ends by itself.
+		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2")); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: goroutines left after the tests: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Available reports why real-server tests cannot run, or nil if they can.
+func Available() error {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return errors.New(installHint)
+	}
+	return nil
+}
+
+// Skip skips (or, with SLUICE_REQUIRE_REDIS=1, fails) t when redis-server is
+// not available.
+func Skip(t testing.TB) {
+	t.Helper()
+	if err := Available(); err != nil {
+		unavailable(t, err)
+	}
+}
+
+func unavailable(t testing.TB, err error) {
+	t.Helper()
+	if os.Getenv(RequireEnv) == "1" {
+		t.Fatalf("%v (%s=1)", err, RequireEnv)
+	}
+	t.Skip(err)
+}
+
+// Single returns the package's shared single server, starting it on first
+// use. Tests that fault the server must use NewServer instead.
+func Single(t testing.TB) *Server {
+	t.Helper()
+	Skip(t)
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.single == nil {
+		s, err := StartServer()
+		if err != nil {
+			unavailable(t, err)
+		}
+		shared.single = s
+	}
+	return shared.single
+}
+
+// SharedCluster returns the package's shared 3-master cluster, starting it
+// on first use.
+func SharedCluster(t testing.TB) *Cluster {
+	t.Helper()
+	Skip(t)
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.cluster == nil {
+		c, err := StartCluster(3)
+		if err != nil {
+			unavailable(t, err)
+		}
+		shared.cluster = c
+	}
+	return shared.cluster
+}
+
+// NewServer starts a server owned by t, stopped when t ends. Use it for
+// tests that kill, restart or pause the server.
+func NewServer(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	Skip(t)
+	s, err := StartServer(extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Client returns a rueidis client for the given addresses, closed when t
+// ends. A cluster is detected from the server.
+func Client(t testing.TB, addrs ...string) rueidis.Client {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress:  addrs,
+		DisableCache: true,
+	})
+	if err != nil {
+		t.Fatalf("rueidis client for %v: %v", addrs, err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// WaitFor polls cond every few milliseconds until it is true or timeout
+// passes, and reports whether it became true. It is for waiting on state in
+// Redis that has no signal to wait on, such as a key's expiry.
+func WaitFor(ctx context.Context, timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

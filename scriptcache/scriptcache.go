@@ -1,0 +1,240 @@
+// Package scriptcache runs sluice's Lua scripts on Redis: the single way every
+// other sluice package talks to the server's scripting engine.
+//
+// New reads every NAME.lua file of an fs.FS (the scripts of package lua by
+// default), computes their SHA1 digests locally and loads them with SCRIPT
+// LOAD into every node the client knows. Script looks a script up by name;
+// unknown names fail there, in a constructor, not on the hot path.
+//
+// Script.Exec sends EVALSHA. Redis forgets scripts on restart, on SCRIPT
+// FLUSH and on failover to a node that never saw them; then EVALSHA answers
+// NOSCRIPT, and Exec loads the script again and retries, so callers never see
+// NOSCRIPT. Concurrent NOSCRIPT replies for one script load it once. If the
+// cache is flushed again between the load and the retry, Exec falls back to
+// EVAL, which carries the script body.
+//
+// On a Redis Cluster all keys of one call must hash to one slot; Exec checks
+// that before sending and returns ErrCrossSlot otherwise (the rueidis cluster
+// client would panic).
+package scriptcache
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/redis/rueidis"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/sluicekit/sluice/internal/keyspace"
+	"github.com/sluicekit/sluice/lua"
+)
+
+// Errors returned by this package; check them with errors.Is.
+var (
+	// ErrUnknownScript means no NAME.lua file exists for the name asked.
+	ErrUnknownScript = errors.New("scriptcache: unknown script")
+	// ErrCrossSlot means the keys of one call hash to different cluster
+	// slots; the call was not sent.
+	ErrCrossSlot = errors.New("scriptcache: keys in different cluster slots")
+	// ErrNilClient means New was given a nil client.
+	ErrNilClient = errors.New("scriptcache: nil client")
+	// ErrNoScripts means the file system holds no .lua file.
+	ErrNoScripts = errors.New("scriptcache: no scripts found")
+)
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	fsys fs.FS
+}
+
+// WithFS makes New read scripts from fsys instead of package lua.
+func WithFS(fsys fs.FS) Option {
+	return func(o *options) { o.fsys = fsys }
+}
+
+// Cache holds the loaded scripts and what the primitives need to know about
+// the server. It is safe for concurrent use.
+type Cache struct {
+	client  rueidis.Client
+	cluster bool
+	sharded bool
+	version int // server major version, 0 if unknown
+	scripts map[string]*Script
+	loads   singleflight.Group
+}
+
+// New reads the scripts and loads them into every node of client.
+func New(ctx context.Context, client rueidis.Client, opts ...Option) (*Cache, error) {
+	if client == nil {
+		return nil, ErrNilClient
+	}
+	o := options{fsys: lua.FS}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	c := &Cache{
+		client:  client,
+		cluster: client.Mode() == rueidis.ClientModeCluster,
+		scripts: make(map[string]*Script),
+	}
+	names, err := fs.Glob(o.fsys, "*.lua")
+	if err != nil {
+		return nil, fmt.Errorf("scriptcache: list scripts: %w", err)
+	}
+	if len(names) == 0 {
+		return nil, ErrNoScripts
+	}
+	sort.Strings(names)
+	for _, file := range names {
+		body, err := fs.ReadFile(o.fsys, file)
+		if err != nil {
+			return nil, fmt.Errorf("scriptcache: read %s: %w", file, err)
+		}
+		sum := sha1.Sum(body)
+		name := strings.TrimSuffix(path.Base(file), ".lua")
+		c.scripts[name] = &Script{c: c, name: name, body: string(body), sha: hex.EncodeToString(sum[:])}
+	}
+	if err := c.loadAll(ctx); err != nil {
+		return nil, err
+	}
+	c.version = c.serverVersion(ctx)
+	// Sharded pub/sub (Redis 7) keeps a release message on the shard that
+	// owns the key instead of broadcasting it to every node; it only matters,
+	// and is only used, on a cluster.
+	c.sharded = c.cluster && c.version >= 7
+	return c, nil
+}
+
+// loadAll sends SCRIPT LOAD for every script to every node, pipelined per
+// node.
+func (c *Cache) loadAll(ctx context.Context) error {
+	cmds := make(rueidis.Commands, 0, len(c.scripts))
+	for _, node := range c.client.Nodes() {
+		cmds = cmds[:0]
+		for _, s := range c.scripts {
+			cmds = append(cmds, node.B().ScriptLoad().Script(s.body).Build())
+		}
+		for _, r := range node.DoMulti(ctx, cmds...) {
+			if err := r.Error(); err != nil {
+				return fmt.Errorf("scriptcache: script load: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// serverVersion reads the major version from INFO server, or 0.
+func (c *Cache) serverVersion(ctx context.Context) int {
+	info, err := c.client.Do(ctx, c.client.B().Info().Section("server").Build()).ToString()
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			major, _, _ := strings.Cut(v, ".")
+			n, _ := strconv.Atoi(major)
+			return n
+		}
+	}
+	return 0
+}
+
+// Script returns the script loaded from NAME.lua.
+func (c *Cache) Script(name string) (*Script, error) {
+	s, ok := c.scripts[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownScript, name)
+	}
+	return s, nil
+}
+
+// Client returns the rueidis client the cache runs scripts on.
+func (c *Cache) Client() rueidis.Client { return c.client }
+
+// Cluster reports whether the client talks to a Redis Cluster.
+func (c *Cache) Cluster() bool { return c.cluster }
+
+// ShardedPubSub reports whether primitives should publish with SPUBLISH and
+// subscribe with SSUBSCRIBE: true on a Redis 7 (or newer) cluster.
+func (c *Cache) ShardedPubSub() bool { return c.sharded }
+
+// Script is one loaded script.
+type Script struct {
+	c    *Cache
+	name string
+	body string
+	sha  string
+}
+
+// Name returns the script's name (its file name without .lua).
+func (s *Script) Name() string { return s.name }
+
+// SHA1 returns the hex SHA1 digest Redis knows the script by.
+func (s *Script) SHA1() string { return s.sha }
+
+// Exec runs the script with keys and args and returns its reply. NOSCRIPT
+// never reaches the caller. On a cluster, keys must share one slot.
+func (s *Script) Exec(ctx context.Context, keys, args []string) rueidis.RedisResult {
+	if err := s.c.checkSlots(keys); err != nil {
+		return rueidis.NewErrorResult(err)
+	}
+	client := s.c.client
+	r := client.Do(ctx, client.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	if !isNoScript(r.Error()) {
+		return r
+	}
+	// The node forgot the script. Load it everywhere once, however many
+	// callers saw NOSCRIPT at the same time, then try again.
+	_, err, _ := s.c.loads.Do(s.sha, func() (any, error) { return nil, s.load(ctx) })
+	if err == nil {
+		r = client.Do(ctx, client.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+		if !isNoScript(r.Error()) {
+			return r
+		}
+	}
+	// Flushed again in between, or the load failed: EVAL carries the body
+	// and caches it on the node that runs it.
+	return client.Do(ctx, client.B().Eval().Script(s.body).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+}
+
+// load sends SCRIPT LOAD of s to every node.
+func (s *Script) load(ctx context.Context) error {
+	var errs []error
+	for _, node := range s.c.client.Nodes() {
+		if err := node.Do(ctx, node.B().ScriptLoad().Script(s.body).Build()).Error(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Cache) checkSlots(keys []string) error {
+	if !c.cluster || len(keys) < 2 {
+		return nil
+	}
+	slot := keyspace.Slot(keys[0])
+	for _, k := range keys[1:] {
+		if keyspace.Slot(k) != slot {
+			return fmt.Errorf("%w: %q and %q", ErrCrossSlot, keys[0], k)
+		}
+	}
+	return nil
+}
+
+func isNoScript(err error) bool {
+	if err == nil {
+		return false
+	}
+	re, ok := rueidis.IsRedisErr(err)
+	return ok && re.IsNoScript()
+}

@@ -1,0 +1,319 @@
+package scriptcache_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"sync"
+	"testing"
+	"testing/fstest"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/rueidis"
+
+	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// testFS holds scripts whose replies show that they ran with the keys and
+// arguments given.
+var testFS = fstest.MapFS{
+	"echo.lua":  {Data: []byte("-- echo: returns KEYS[1] .. ARGV[1]\nreturn KEYS[1] .. ARGV[1]\n")},
+	"incr.lua":  {Data: []byte("-- incr: INCR KEYS[1]\nreturn redis.call('INCR', KEYS[1])\n")},
+	"notes.txt": {Data: []byte("not a script")},
+}
+
+// target is one kind of server the cache must work the same on.
+type target struct {
+	name   string
+	client func(t *testing.T) rueidis.Client
+	flush  func(t *testing.T) // SCRIPT FLUSH on every node
+}
+
+func targets() []target {
+	return []target{
+		{
+			name: "single",
+			client: func(t *testing.T) rueidis.Client {
+				return redistest.Client(t, redistest.Single(t).Addr())
+			},
+			flush: func(t *testing.T) {
+				if err := redistest.Single(t).FlushScripts(); err != nil {
+					t.Fatal(err)
+				}
+			},
+		},
+		{
+			name: "cluster",
+			client: func(t *testing.T) rueidis.Client {
+				return redistest.Client(t, redistest.SharedCluster(t).Addrs()...)
+			},
+			flush: func(t *testing.T) {
+				for _, n := range redistest.SharedCluster(t).Nodes {
+					if err := n.FlushScripts(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			},
+		},
+		{
+			name: "miniredis",
+			client: func(t *testing.T) rueidis.Client {
+				return miniClient(t)
+			},
+			flush: nil, // miniredis has no script cache to lose in a useful way
+		},
+	}
+}
+
+func miniClient(t *testing.T) rueidis.Client {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{mr.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func TestExec(t *testing.T) {
+	ctx := context.Background()
+	for _, tg := range targets() {
+		t.Run(tg.name, func(t *testing.T) {
+			sc, err := scriptcache.New(ctx, tg.client(t), scriptcache.WithFS(testFS))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := sc.Script("echo")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Exec(ctx, []string{"{k}a"}, []string{"-b"}).ToString()
+			if err != nil || got != "{k}a-b" {
+				t.Fatalf("Exec = %q, %v; want %q", got, err, "{k}a-b")
+			}
+			if _, err := sc.Script("nope"); !errors.Is(err, scriptcache.ErrUnknownScript) {
+				t.Errorf("Script(nope) err = %v, want ErrUnknownScript", err)
+			}
+			if _, err := sc.Script("notes"); !errors.Is(err, scriptcache.ErrUnknownScript) {
+				t.Errorf("Script(notes) err = %v, want ErrUnknownScript (not a .lua file)", err)
+			}
+			// rueidis treats miniredis as a one-node cluster (it answers
+			// CLUSTER SLOTS); it has no sharded pub/sub either way.
+			if want := tg.name == "cluster"; sc.ShardedPubSub() != want || (tg.name != "miniredis" && sc.Cluster() != want) {
+				t.Errorf("Cluster() = %v, ShardedPubSub() = %v, want %v", sc.Cluster(), sc.ShardedPubSub(), want)
+			}
+		})
+	}
+}
+
+// TestNoScriptRecovery flushes the script cache between calls: no caller may
+// see NOSCRIPT or any other error.
+func TestNoScriptRecovery(t *testing.T) {
+	ctx := context.Background()
+	for _, tg := range targets() {
+		if tg.flush == nil {
+			continue
+		}
+		t.Run(tg.name, func(t *testing.T) {
+			sc, err := scriptcache.New(ctx, tg.client(t), scriptcache.WithFS(testFS))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, _ := sc.Script("incr")
+			key := "{sc}:flush:" + t.Name()
+			for i := 1; i <= 20; i++ {
+				if i%3 == 0 {
+					tg.flush(t)
+				}
+				n, err := s.Exec(ctx, []string{key}, nil).AsInt64()
+				if err != nil || n != int64(i) {
+					t.Fatalf("call %d: Exec = %d, %v", i, n, err)
+				}
+			}
+		})
+	}
+}
+
+// TestNoScriptStorm sends many concurrent calls right after a flush: all
+// succeed, and the script is loaded again a handful of times at most, not
+// once per caller.
+func TestNoScriptStorm(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	client := redistest.Client(t, srv.Addr())
+	sc, err := scriptcache.New(ctx, client, scriptcache.WithFS(testFS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := sc.Script("incr")
+	const callers = 64
+	for round := range 5 {
+		if err := srv.FlushScripts(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, callers)
+		start := make(chan struct{})
+		for range callers {
+			wg.Go(func() {
+				<-start
+				if err := s.Exec(ctx, []string{"storm"}, nil).Error(); err != nil {
+					errs <- err
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d: caller saw %v", round, err)
+		}
+		loads := commandCalls(t, srv, "script|load")
+		evals := commandCalls(t, srv, "eval")
+		if loads+evals > 4 {
+			t.Errorf("round %d: %d SCRIPT LOAD + %d EVAL for %d concurrent NOSCRIPTs, want a few", round, loads, evals, callers)
+		}
+		if loads+evals == 0 {
+			t.Errorf("round %d: script was never reloaded after FLUSH", round)
+		}
+	}
+}
+
+// commandCalls reads calls=N of a command from INFO commandstats.
+func commandCalls(t *testing.T, srv *redistest.Server, cmd string) int {
+	t.Helper()
+	info, err := srv.Do("INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^cmdstat_` + regexp.QuoteMeta(cmd) + `:calls=(\d+)`).FindStringSubmatch(info)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+func TestRestart(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	client := redistest.Client(t, srv.Addr())
+	sc, err := scriptcache.New(ctx, client, scriptcache.WithFS(testFS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := sc.Script("echo")
+	if err := s.Exec(ctx, []string{"a"}, []string{"b"}).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	// The client's connections are gone: rueidis multiplexes over several,
+	// and a call that lands on a dead one fails once with EOF before it is
+	// replaced. Those are connection errors; no reply from the server
+	// (NOSCRIPT above all) may reach the caller, and once the client has
+	// reconnected every call must succeed.
+	for i := range 30 {
+		got, err := s.Exec(ctx, []string{"a"}, []string{strconv.Itoa(i)}).ToString()
+		if _, isServerErr := rueidis.IsRedisErr(err); isServerErr {
+			t.Fatalf("call %d after restart: server error reached the caller: %v", i, err)
+		}
+		if i >= 10 && (err != nil || got != "a"+strconv.Itoa(i)) {
+			t.Fatalf("call %d after restart: %q, %v", i, got, err)
+		}
+	}
+}
+
+func TestLoadedOnEveryClusterNode(t *testing.T) {
+	ctx := context.Background()
+	cl := redistest.SharedCluster(t)
+	for _, n := range cl.Nodes {
+		if err := n.FlushScripts(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sc, err := scriptcache.New(ctx, redistest.Client(t, cl.Addrs()...), scriptcache.WithFS(testFS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"echo", "incr"} {
+		s, _ := sc.Script(name)
+		for _, n := range cl.Nodes {
+			got, err := n.Do("SCRIPT", "EXISTS", s.SHA1())
+			if err != nil || got != "1" {
+				t.Errorf("node %s: SCRIPT EXISTS %s (%s) = %q, %v; want 1", n.Addr(), name, s.SHA1(), got, err)
+			}
+		}
+	}
+}
+
+func TestCrossSlot(t *testing.T) {
+	ctx := context.Background()
+	sc, err := scriptcache.New(ctx, redistest.Client(t, redistest.SharedCluster(t).Addrs()...), scriptcache.WithFS(testFS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := sc.Script("echo")
+	err = s.Exec(ctx, []string{"{a}x", "{b}x"}, []string{"1"}).Error()
+	if !errors.Is(err, scriptcache.ErrCrossSlot) {
+		t.Fatalf("cross-slot Exec err = %v, want ErrCrossSlot", err)
+	}
+	if err := s.Exec(ctx, []string{"{a}x", "{a}y"}, []string{"1"}).Error(); err != nil {
+		t.Fatalf("same-tag Exec err = %v", err)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	ctx := context.Background()
+	if _, err := scriptcache.New(ctx, nil); !errors.Is(err, scriptcache.ErrNilClient) {
+		t.Errorf("New(nil) err = %v, want ErrNilClient", err)
+	}
+	if _, err := scriptcache.New(ctx, miniClient(t), scriptcache.WithFS(fstest.MapFS{})); !errors.Is(err, scriptcache.ErrNoScripts) {
+		t.Errorf("New(empty fs) err = %v, want ErrNoScripts", err)
+	}
+	bad := fstest.MapFS{"bad.lua": {Data: []byte("this is not lua (")}}
+	if _, err := scriptcache.New(ctx, miniClient(t), scriptcache.WithFS(bad)); err == nil {
+		t.Error("New with a script that does not compile: err = nil")
+	}
+}
+
+// TestDefaultScripts loads the scripts sluice ships, on a real server, so a
+// script that does not compile fails here.
+func TestDefaultScripts(t *testing.T) {
+	ctx := context.Background()
+	sc, err := scriptcache.New(ctx, redistest.Client(t, redistest.Single(t).Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Script("ratelimit_fixed"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func ExampleNew() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	client, _ := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{mr.Addr()}, DisableCache: true})
+	defer client.Close()
+
+	ctx := context.Background()
+	sc, err := scriptcache.New(ctx, client, scriptcache.WithFS(testFS))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	incr, _ := sc.Script("incr")
+	n, err := incr.Exec(ctx, []string{"visits"}, nil).AsInt64()
+	fmt.Println(n, err)
+	// Output: 1 <nil>
+}
