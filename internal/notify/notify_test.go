@@ -1,0 +1,255 @@
+package notify
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluicekit/sluice/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+const signalWait = 5 * time.Second // a wake-up that should come; generous for a loaded machine
+
+func woken(t *testing.T, w *Waiter) {
+	t.Helper()
+	select {
+	case <-w.c:
+	case <-time.After(signalWait):
+		t.Fatal("waiter not woken")
+	}
+}
+
+func notWoken(t *testing.T, w *Waiter) {
+	t.Helper()
+	select {
+	case <-w.c:
+		t.Fatal("waiter woken, want not")
+	default:
+	}
+}
+
+func ready(t *testing.T, ws ...*Waiter) {
+	t.Helper()
+	for _, w := range ws {
+		select {
+		case <-w.ch.ready:
+		case <-time.After(signalWait):
+			t.Fatal("subscription not confirmed")
+		}
+	}
+}
+
+type setup struct {
+	name    string
+	hub     func(t *testing.T) *Hub
+	publish func(t *testing.T, channel, msg string)
+}
+
+func setups() []setup {
+	return []setup{
+		{
+			name: "single",
+			hub: func(t *testing.T) *Hub {
+				h := New(redistest.Client(t, redistest.Single(t).Addr()), false)
+				t.Cleanup(h.Close)
+				return h
+			},
+			publish: func(t *testing.T, channel, msg string) {
+				if _, err := redistest.Single(t).Do("PUBLISH", channel, msg); err != nil {
+					t.Fatal(err)
+				}
+			},
+		},
+		{
+			name: "cluster-sharded",
+			hub: func(t *testing.T) *Hub {
+				h := New(redistest.Client(t, redistest.SharedCluster(t).Addrs()...), true)
+				t.Cleanup(h.Close)
+				return h
+			},
+			publish: func(t *testing.T, channel, msg string) {
+				c := redistest.Client(t, redistest.SharedCluster(t).Addrs()...)
+				if err := c.Do(context.Background(), c.B().Spublish().Channel(channel).Message(msg).Build()).Error(); err != nil {
+					t.Fatal(err)
+				}
+			},
+		},
+	}
+}
+
+func TestWakeOne(t *testing.T) {
+	for _, s := range setups() {
+		t.Run(s.name, func(t *testing.T) {
+			h := s.hub(t)
+			ch := "{n}:" + t.Name()
+			var ws []*Waiter
+			for range 3 {
+				w, err := h.Subscribe(ch, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer w.Close()
+				ws = append(ws, w)
+			}
+			ready(t, ws...)
+			s.publish(t, ch, "1")
+			woken(t, ws[0])
+			// ws[0] acquired and left; the next release goes to ws[1] only.
+			ws[0].Close()
+			s.publish(t, ch, "1")
+			woken(t, ws[1])
+			notWoken(t, ws[2])
+		})
+	}
+}
+
+func TestWakeBudget(t *testing.T) {
+	h := setups()[0].hub(t)
+	pub := setups()[0].publish
+	ch := "{n}:budget"
+	var ws []*Waiter
+	for _, weight := range []int64{2, 1, 3} {
+		w, err := h.Subscribe(ch, weight)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		ws = append(ws, w)
+	}
+	ready(t, ws...)
+	pub(t, ch, "3") // fits 2+1, not the 3 behind them
+	woken(t, ws[0])
+	woken(t, ws[1])
+	notWoken(t, ws[2])
+	ws[0].Close()
+	ws[1].Close()
+	pub(t, ch, "1")
+	woken(t, ws[2]) // the first idle waiter gets a wake-up even if it needs more
+	pub(t, ch, "not-a-number")
+	woken(t, ws[2]) // treated as budget 1
+}
+
+func TestCloseHandsOnWakeUp(t *testing.T) {
+	h := setups()[0].hub(t)
+	pub := setups()[0].publish
+	ch := "{n}:handon"
+	w1, _ := h.Subscribe(ch, 1)
+	w2, _ := h.Subscribe(ch, 1)
+	defer w2.Close()
+	ready(t, w1, w2)
+	pub(t, ch, "1")
+	// w1 was woken (it is first) but leaves without taking the wake-up,
+	// as a waiter whose context ended would.
+	if !waitLen(w1) {
+		t.Fatal("w1 not woken")
+	}
+	w1.Close()
+	woken(t, w2)
+}
+
+func waitLen(w *Waiter) bool {
+	deadline := time.Now().Add(signalWait)
+	for len(w.c) == 0 {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
+}
+
+// TestOneSubscriptionPerChannel: many local waiters, one server-side
+// subscriber; after the last leaves and the linger passes, none.
+func TestOneSubscriptionPerChannel(t *testing.T) {
+	srv := redistest.Single(t)
+	h := New(redistest.Client(t, srv.Addr()), false)
+	defer h.Close()
+	h.linger = 50 * time.Millisecond
+	ch := "{n}:numsub"
+	var ws []*Waiter
+	for range 20 {
+		w, _ := h.Subscribe(ch, 1)
+		ws = append(ws, w)
+	}
+	ready(t, ws...)
+	if got := numsub(t, srv, ch); got != 1 {
+		t.Errorf("PUBSUB NUMSUB with 20 local waiters = %d, want 1", got)
+	}
+	for _, w := range ws {
+		w.Close()
+	}
+	if !redistest.WaitFor(context.Background(), signalWait, func() bool { return numsub(t, srv, ch) == 0 }) {
+		t.Errorf("still subscribed after the last waiter left and the linger passed")
+	}
+}
+
+func numsub(t *testing.T, srv *redistest.Server, ch string) int {
+	t.Helper()
+	out, err := srv.Do("PUBSUB", "NUMSUB", ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// reply: channel name, count
+	var n int
+	for i, line := range splitLines(out) {
+		if i == 1 {
+			n, _ = strconv.Atoi(line)
+		}
+	}
+	return n
+}
+
+func splitLines(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\n' {
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	return append(out, s[start:])
+}
+
+// TestResubscribeWakesAll kills the pub/sub connection: once subscribed
+// again, every waiter is woken, since a release may have been missed.
+func TestResubscribeWakesAll(t *testing.T) {
+	srv := redistest.NewServer(t)
+	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	h := New(client, false)
+	defer h.Close()
+	ch := "{n}:drop"
+	w1, _ := h.Subscribe(ch, 1)
+	defer w1.Close()
+	w2, _ := h.Subscribe(ch, 1)
+	defer w2.Close()
+	ready(t, w1, w2)
+	if _, err := srv.Do("CLIENT", "KILL", "TYPE", "pubsub"); err != nil {
+		// With RESP3 the subscription shares the normal connection.
+		if _, err := srv.Do("CLIENT", "KILL", "TYPE", "normal"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	woken(t, w1)
+	woken(t, w2)
+}
+
+func TestClosedHub(t *testing.T) {
+	h := setups()[0].hub(t)
+	w, _ := h.Subscribe("{n}:closed", 1)
+	h.Close()
+	woken(t, w) // waiters are told
+	w.Close()
+	if _, err := h.Subscribe("{n}:closed", 1); err != ErrClosed {
+		t.Fatalf("Subscribe after Close: %v, want ErrClosed", err)
+	}
+}
