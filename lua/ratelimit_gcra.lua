@@ -1,0 +1,45 @@
+-- ratelimit_gcra: generic cell rate algorithm, a token bucket kept as one
+-- timestamp.
+--
+-- The key holds the theoretical arrival time (TAT): the time at which the
+-- bucket would be full again. One request of cost n moves it n emission
+-- intervals (period / rate) later; the request is allowed if the TAT it
+-- leads to is no more than burst intervals ahead of now. Time comes from
+-- TIME, in microseconds since 2024-01-01 so that a double keeps sub-
+-- microsecond precision; the TAT is stored with full precision and expires
+-- when the bucket is full again. A denied request does not count.
+--
+-- KEYS[1]  TAT key
+-- ARGV[1]  emission interval in microseconds (number > 0, may be fractional)
+-- ARGV[2]  burst: bucket size in requests (integer >= 1)
+-- ARGV[3]  cost: how many requests this call is (integer >= 0; 0 only peeks)
+--
+-- Returns  {allowed (1|0), remaining after this call, microseconds until a
+--          request of this cost could be allowed (0 if allowed),
+--          microseconds until the bucket is full}
+-- Complexity: O(1); touches one key.
+local interval = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+
+local t = redis.call('TIME')
+local now = (tonumber(t[1]) - 1704067200) * 1000000 + tonumber(t[2])
+local tolerance = burst * interval
+
+-- Work relative to now: small numbers, no rounding of absolute times.
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+local ahead = math.max(tat - now, 0)
+local after = ahead + cost * interval
+
+-- The 1e-9 absorbs float error in a division that should be exact.
+if after > tolerance then
+  local remaining = math.max(math.floor((tolerance - ahead) / interval + 1e-9), 0)
+  return {0, remaining, math.ceil(after - tolerance), math.ceil(ahead)}
+end
+
+if cost > 0 then
+  redis.call('SET', KEYS[1], string.format('%.17g', now + after),
+    'PX', math.max(math.ceil(after / 1000), 1))
+end
+local remaining = math.max(math.floor((tolerance - after) / interval + 1e-9), 0)
+return {1, remaining, 0, math.ceil(after)}

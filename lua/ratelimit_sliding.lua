@@ -1,0 +1,76 @@
+-- ratelimit_sliding: sliding-window rate limit, the two-window weighted
+-- counter.
+--
+-- Time is cut into windows aligned on multiples of the window length. The
+-- estimate of the requests in the last window length is the previous
+-- window's count, weighted by the share of it still inside the sliding
+-- window, plus the current window's count. This smooths the 2x burst a fixed
+-- window lets through at its boundary while keeping two counters per key.
+-- The counters live in one hash, so the key is known before the script reads
+-- the time (cluster routing needs it). A denied request does not count.
+--
+-- KEYS[1]  hash key; fields w (index of the current window), c (its count),
+--          p (count of the window before it)
+-- ARGV[1]  limit: requests allowed per window (integer >= 1)
+-- ARGV[2]  window in milliseconds (integer >= 1)
+-- ARGV[3]  cost: how many requests this call is (integer >= 0; 0 only peeks)
+--
+-- Returns  {allowed (1|0), remaining after this call, microseconds until a
+--          request of this cost could be allowed (0 if allowed),
+--          microseconds until the estimate falls back to 0}
+-- Complexity: O(1); touches one key.
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2]) * 1000
+local cost = tonumber(ARGV[3])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local idx = math.floor(now / window)
+local elapsed = now - idx * window
+
+local h = redis.call('HMGET', KEYS[1], 'w', 'c', 'p')
+local w = tonumber(h[1])
+local cur, prev = 0, 0
+if w == idx then
+  cur, prev = tonumber(h[2]) or 0, tonumber(h[3]) or 0
+elseif w == idx - 1 then
+  prev = tonumber(h[2]) or 0
+end
+
+local weight = (window - elapsed) / window
+local estimate = prev * weight + cur
+
+local function reset_after(c, p)
+  if c > 0 then
+    return 2 * window - elapsed
+  elseif p > 0 then
+    return window - elapsed
+  end
+  return 0
+end
+
+if estimate + cost > limit then
+  local retry
+  if cur + cost <= limit then
+    -- The previous window's share has to shrink to limit - cur - cost.
+    local e = window - (limit - cur - cost) * window / prev
+    retry = e - elapsed
+  else
+    -- Wait for the next window; then this window's count is the previous
+    -- one and has to shrink to limit - cost.
+    local e = window - (limit - cost) * window / cur
+    retry = window - elapsed + math.max(e, 0)
+  end
+  local remaining = math.max(math.floor(limit - estimate), 0)
+  return {0, remaining, math.max(math.ceil(retry), 1), math.ceil(reset_after(cur, prev))}
+end
+
+if cost > 0 then
+  cur = cur + cost
+  redis.call('HSET', KEYS[1], 'w', idx, 'c', cur, 'p', prev)
+  -- This window's count is still needed, as the previous one, until the
+  -- next window ends.
+  redis.call('PEXPIRE', KEYS[1], math.ceil((2 * window - elapsed) / 1000))
+end
+local remaining = math.max(math.floor(limit - estimate - cost), 0)
+return {1, remaining, 0, math.ceil(reset_after(cur, prev))}
