@@ -1,0 +1,141 @@
+package ratelimit
+
+import (
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// denyCache remembers keys Redis denied, until the time Redis said they stay
+// denied, so a flood from one key costs no round trips.
+//
+// Correctness rests on two rules kept by its callers: an entry's deadline is
+// the local time taken before the request was sent plus the server's
+// retry-after (so it ends no later than the server's deadline), and an entry
+// is only added when the denial covers every cost >= 1. Redis state only
+// moves towards "denied" until then (other processes can only add requests),
+// so a local denial is always the answer Redis would give. Reset is the
+// exception, and only for the process that calls it.
+//
+// The map is split into shards, each under its own RWMutex, so lookups of
+// different keys do not contend and a lookup of one hot key takes only a
+// read lock. It needs no goroutine: expired entries go when they are looked
+// up, and when the cache is over its size the inserting call sweeps it.
+type denyCache struct {
+	seed   maphash.Seed
+	max    int64
+	count  atomic.Int64 // entries in all shards
+	sweep  sync.Mutex   // one sweeper at a time
+	shards [denyShards]denyShard
+}
+
+const denyShards = 32
+
+type denyShard struct {
+	mu sync.RWMutex
+	m  map[string]*denyEntry // guarded by mu
+	_  [40]byte              // keep shards on separate cache lines
+}
+
+// denyEntry is immutable once stored.
+type denyEntry struct {
+	until   time.Time // every cost >= 1 is denied before this
+	resetAt time.Time // the key is back to a full limit (lower bound)
+}
+
+func newDenyCache(size int) *denyCache {
+	c := &denyCache{seed: maphash.MakeSeed(), max: int64(size)}
+	for i := range c.shards {
+		c.shards[i].m = make(map[string]*denyEntry)
+	}
+	return c
+}
+
+func (c *denyCache) shard(key string) *denyShard {
+	return &c.shards[maphash.String(c.seed, key)%denyShards]
+}
+
+// lookup returns the local denial for key at now, if there is one.
+func (c *denyCache) lookup(key string, now time.Time, limit int) (Result, bool) {
+	s := c.shard(key)
+	s.mu.RLock()
+	e := s.m[key]
+	s.mu.RUnlock()
+	if e == nil {
+		return Result{}, false
+	}
+	if !now.Before(e.until) {
+		s.mu.Lock()
+		if s.m[key] == e {
+			delete(s.m, key)
+			c.count.Add(-1)
+		}
+		s.mu.Unlock()
+		return Result{}, false
+	}
+	retry := e.until.Sub(now)
+	return Result{
+		Allowed:    false,
+		Limit:      limit,
+		Remaining:  0,
+		RetryAfter: retry,
+		ResetAfter: max(e.resetAt.Sub(now), retry),
+	}, true
+}
+
+// add records that key is denied from start (the local time before the
+// request was sent) for res.RetryAfter.
+func (c *denyCache) add(key string, start time.Time, res Result) {
+	e := &denyEntry{until: start.Add(res.RetryAfter), resetAt: start.Add(res.ResetAfter)}
+	s := c.shard(key)
+	s.mu.Lock()
+	_, had := s.m[key]
+	s.m[key] = e
+	s.mu.Unlock()
+	if !had && c.count.Add(1) > c.max {
+		c.shrink(start)
+	}
+}
+
+// remove forgets key.
+func (c *denyCache) remove(key string) {
+	s := c.shard(key)
+	s.mu.Lock()
+	if _, ok := s.m[key]; ok {
+		delete(s.m, key)
+		c.count.Add(-1)
+	}
+	s.mu.Unlock()
+}
+
+// shrink drops expired entries, then arbitrary ones, until the cache holds
+// at most three quarters of its size, so that a cache full of live entries
+// is swept once per quarter of its size in insertions, not on every one.
+// Dropping a live entry is safe: it only costs a round trip later.
+func (c *denyCache) shrink(now time.Time) {
+	if !c.sweep.TryLock() {
+		return // another call is already sweeping
+	}
+	defer c.sweep.Unlock()
+	target := c.max * 3 / 4
+	for pass := 0; pass < 2 && c.count.Load() > target; pass++ {
+		for i := range c.shards {
+			s := &c.shards[i]
+			s.mu.Lock()
+			for k, e := range s.m {
+				if pass == 0 && now.Before(e.until) {
+					continue
+				}
+				delete(s.m, k)
+				if c.count.Add(-1) <= target && pass == 1 {
+					break
+				}
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+// len returns the number of entries, for tests.
+func (c *denyCache) len() int { return int(c.count.Load()) }

@@ -1,0 +1,171 @@
+package ratelimit
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicekit/sluice/internal/redistest"
+)
+
+// evalshaCalls reads how many EVALSHA commands srv has run since the last
+// CONFIG RESETSTAT.
+func evalshaCalls(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	info, err := srv.Do("INFO", "commandstats")
+	if err != nil {
+		t.Fatalf("INFO commandstats: %v", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls="); ok {
+			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			return n
+		}
+	}
+	return 0
+}
+
+func resetStats(t *testing.T, srv *redistest.Server) {
+	t.Helper()
+	if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+		t.Fatalf("CONFIG RESETSTAT: %v", err)
+	}
+}
+
+// TestDenyCacheSavesRoundTrips floods one key after it is denied and counts
+// the scripts Redis ran: with the deny cache none, without it one per call.
+func TestDenyCacheSavesRoundTrips(t *testing.T) {
+	srv := redistest.NewServer(t)
+	sc := newCache(t, srv.Addr())
+	for _, algo := range algorithms {
+		for _, disable := range []bool{false, true} {
+			t.Run(algo.String()+"/disabled="+strconv.FormatBool(disable), func(t *testing.T) {
+				l := newLimiter(t, sc, Options{Algorithm: algo, Limit: PerMinute(5), DisableDenyCache: disable})
+				resetStats(t, srv)
+				for i := range 5 {
+					if res := allow(t, l, "flood", 1); !res.Allowed {
+						t.Fatalf("call %d: got %+v; want allowed", i+1, res)
+					}
+				}
+				first := allow(t, l, "flood", 1)
+				if first.Allowed {
+					t.Fatalf("call 6: got %+v; want denied", first)
+				}
+				for i := range 1000 {
+					res := allow(t, l, "flood", 1)
+					if res.Allowed || res.Remaining != 0 || res.Limit != 5 {
+						t.Fatalf("flood call %d: got %+v; want denied, limit 5, 0 remaining", i, res)
+					}
+					if res.RetryAfter <= 0 || res.RetryAfter > first.RetryAfter || res.ResetAfter < res.RetryAfter {
+						t.Fatalf("flood call %d: got %+v; want 0 < RetryAfter <= %v <= ResetAfter", i, res, first.RetryAfter)
+					}
+				}
+				want := 6
+				if disable {
+					want = 1006
+				}
+				if got := evalshaCalls(t, srv); got != want {
+					t.Fatalf("EVALSHA calls %d; want %d", got, want)
+				}
+				// Reset clears the local entry too.
+				if err := l.Reset(context.Background(), "flood"); err != nil {
+					t.Fatal(err)
+				}
+				if res := allow(t, l, "flood", 1); !res.Allowed {
+					t.Fatalf("after Reset: got %+v; want allowed", res)
+				}
+			})
+		}
+	}
+}
+
+// TestDenyCacheExpires checks that the local denial ends when Redis's does:
+// the first call after RetryAfter goes to Redis and is allowed.
+func TestDenyCacheExpires(t *testing.T) {
+	srv := redistest.NewServer(t)
+	sc := newCache(t, srv.Addr())
+	for _, algo := range algorithms {
+		t.Run(algo.String(), func(t *testing.T) {
+			l := newLimiter(t, sc, Options{Algorithm: algo, Limit: Limit{Rate: 2, Period: time.Second}})
+			allow(t, l, "k", 1)
+			allow(t, l, "k", 1)
+			denied := allow(t, l, "k", 1)
+			if denied.Allowed {
+				t.Fatalf("call 3: got %+v; want denied", denied)
+			}
+			resetStats(t, srv)
+			if res := allow(t, l, "k", 1); res.Allowed {
+				t.Fatalf("call 4: got %+v; want denied", res)
+			}
+			if got := evalshaCalls(t, srv); got != 0 {
+				t.Fatalf("call 4 ran %d scripts; want 0 (answered locally)", got)
+			}
+			time.Sleep(denied.RetryAfter)
+			if res := allow(t, l, "k", 1); !res.Allowed {
+				t.Fatalf("call after RetryAfter: got %+v; want allowed", res)
+			}
+			if got := evalshaCalls(t, srv); got != 1 {
+				t.Fatalf("call after RetryAfter ran %d scripts; want 1", got)
+			}
+			if n := l.deny.len(); n != 0 {
+				t.Fatalf("deny cache holds %d entries after expiry; want 0", n)
+			}
+		})
+	}
+}
+
+func TestDenyCacheBounded(t *testing.T) {
+	now := time.Now()
+	live := Result{RetryAfter: time.Hour, ResetAfter: time.Hour}
+	c := newDenyCache(8)
+	for i := range 100 {
+		c.add("k"+strconv.Itoa(i), now, live)
+		if n := c.len(); n > 8 {
+			t.Fatalf("after %d adds the cache holds %d entries; want at most 8", i+1, n)
+		}
+	}
+	// Expired entries go first.
+	c = newDenyCache(8)
+	for i := range 8 {
+		c.add("old"+strconv.Itoa(i), now.Add(-time.Hour), Result{RetryAfter: time.Minute})
+	}
+	c.add("live", now, live)
+	if n := c.len(); n != 1 {
+		t.Fatalf("after overflow the cache holds %d entries; want 1 (the expired ones dropped)", n)
+	}
+	if _, ok := c.lookup("live", now, 5); !ok {
+		t.Fatal("the live entry was dropped; want it kept")
+	}
+	// Re-adding a key does not count twice; lookups of expired keys remove
+	// them.
+	c.add("live", now, live)
+	if n := c.len(); n != 1 {
+		t.Fatalf("re-add: %d entries; want 1", n)
+	}
+	if _, ok := c.lookup("live", now.Add(2*time.Hour), 5); ok {
+		t.Fatal("lookup after expiry denied; want no answer")
+	}
+	if n := c.len(); n != 0 {
+		t.Fatalf("after an expired lookup: %d entries; want 0", n)
+	}
+	c.remove("absent")
+	if n := c.len(); n != 0 {
+		t.Fatalf("after removing an absent key: %d entries; want 0", n)
+	}
+}
+
+func TestDenyCacheLookupResult(t *testing.T) {
+	now := time.Now()
+	c := newDenyCache(8)
+	c.add("k", now, Result{RetryAfter: 3 * time.Second, ResetAfter: 10 * time.Second})
+	res, ok := c.lookup("k", now.Add(time.Second), 7)
+	want := Result{Allowed: false, Limit: 7, Remaining: 0, RetryAfter: 2 * time.Second, ResetAfter: 9 * time.Second}
+	if !ok || res != want {
+		t.Fatalf("lookup = %+v, %v; want %+v, true", res, ok, want)
+	}
+	if _, ok := c.lookup("k", now.Add(3*time.Second), 7); ok {
+		t.Fatal("lookup at the deadline denied; want no answer (Redis may allow then)")
+	}
+}

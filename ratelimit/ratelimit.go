@@ -1,0 +1,416 @@
+// Package ratelimit limits how often a key (a client IP, a user, an API
+// token) may do something, across every process that shares one Redis server
+// or Redis Cluster.
+//
+// # Algorithms
+//
+// Each check is one Lua script, one round trip, on the server's clock (TIME
+// or key TTLs; the client clock never decides), with O(1) memory per key:
+//
+//   - FixedWindow: the INCR/PEXPIRE counter. At most Rate requests per
+//     Period, counted from the first request of a window. Cheapest, but a
+//     client can send Rate requests at the end of one window and Rate more at
+//     the start of the next. The counter gets its TTL in the same script that
+//     creates it, and a counter found without a TTL (left by an older,
+//     non-atomic client) gets one again.
+//   - SlidingWindow: two fixed windows, the previous one weighted by how much
+//     of it the sliding window still covers. Smooths the boundary burst.
+//   - GCRA: a token bucket of Burst tokens refilled at Rate per Period, kept
+//     as one timestamp. Smooth, and its RetryAfter is exact to the
+//     microsecond.
+//
+// Denied requests do not count against the limit. AllowN weighs a request;
+// Reset forgets a key.
+//
+// # Deny cache
+//
+// When Redis denies a key until time T, nothing another process does can
+// make it allowed before T, so the Limiter answers that key locally until T
+// without a round trip. This is what keeps Redis alive when one client
+// floods. Local deadlines are computed from the local time taken before the
+// request was sent plus the server's retry-after, so they end no later than
+// the server's. The cache is on by default and holds at most
+// Options.DenyCacheSize keys; it starts no goroutine.
+//
+// # HTTP middleware
+//
+// Middleware limits requests per client IP (IPv6 grouped by /64), trusting
+// X-Forwarded-For and X-Real-IP only from configured proxies, and answers
+// with the RateLimit-Policy and RateLimit header fields of
+// draft-ietf-httpapi-ratelimit-headers-10 and 429 Too Many Requests with
+// Retry-After. When Redis is unreachable it fails open by default, after a
+// bounded wait.
+//
+// # Keys
+//
+// A key is stored as Prefix + "{" + key + "}" + a suffix naming the
+// algorithm, so keys from user input stay inside the prefix and each key
+// hashes to one cluster slot. Limiters with different limits must use
+// different prefixes.
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/sluicekit/sluice/internal/keyspace"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// Errors returned by this package; check them with errors.Is.
+var (
+	// ErrNilCache means New was given a nil *scriptcache.Cache.
+	ErrNilCache = errors.New("ratelimit: nil script cache")
+	// ErrInvalidLimit means Options.Limit is out of range.
+	ErrInvalidLimit = errors.New("ratelimit: invalid limit")
+	// ErrInvalidAlgorithm means Options.Algorithm is not one of the
+	// constants.
+	ErrInvalidAlgorithm = errors.New("ratelimit: invalid algorithm")
+	// ErrInvalidPrefix means Options.Prefix cannot start keys.
+	ErrInvalidPrefix = errors.New("ratelimit: invalid prefix")
+	// ErrInvalidKey means a key is empty or longer than 1024 bytes.
+	ErrInvalidKey = errors.New("ratelimit: invalid key")
+	// ErrInvalidCost means AllowN was given a negative n.
+	ErrInvalidCost = errors.New("ratelimit: negative cost")
+	// ErrCostTooHigh means AllowN was given an n larger than the limit could
+	// ever allow at once (Rate for the window algorithms, Burst for GCRA).
+	// Such a request would be denied forever, so it is refused without a
+	// round trip.
+	ErrCostTooHigh = errors.New("ratelimit: cost exceeds the limit")
+	// ErrInvalidOptions means an Options field other than Limit,
+	// Algorithm and Prefix is out of range.
+	ErrInvalidOptions = errors.New("ratelimit: invalid options")
+	// ErrUnexpectedReply means a script returned something this package
+	// does not understand, such as a key holding another type of value.
+	ErrUnexpectedReply = errors.New("ratelimit: unexpected reply from redis")
+)
+
+// Bounds that catch unit mistakes (a rate in the billions, a period in
+// nanoseconds) before they reach Redis.
+const (
+	maxRate   = 1_000_000_000
+	minPeriod = time.Millisecond
+	maxPeriod = 366 * 24 * time.Hour
+)
+
+// Limit is a rate: Rate requests per Period, and for GCRA a bucket of Burst.
+type Limit struct {
+	// Rate is how many requests are allowed per Period. Required, >= 1.
+	Rate int
+	// Period is the window (FixedWindow, SlidingWindow) or the time the GCRA
+	// bucket takes to refill Rate tokens. Required, between 1ms and 366
+	// days.
+	Period time.Duration
+	// Burst is the GCRA bucket size: how many requests may arrive at once
+	// after a quiet spell. 0 means Rate. The window algorithms allow Rate per
+	// window and require Burst to be 0 (or equal to Rate), so that a Burst
+	// set for GCRA is never silently ignored.
+	Burst int
+}
+
+// PerSecond returns a limit of rate requests per second.
+func PerSecond(rate int) Limit { return Limit{Rate: rate, Period: time.Second} }
+
+// PerMinute returns a limit of rate requests per minute.
+func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute} }
+
+// PerHour returns a limit of rate requests per hour.
+func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour} }
+
+// String returns the limit as "RATE/PERIOD", with ", burst N" for a Burst
+// other than 0.
+func (l Limit) String() string {
+	s := strconv.Itoa(l.Rate) + "/" + l.Period.String()
+	if l.Burst != 0 {
+		s += ", burst " + strconv.Itoa(l.Burst)
+	}
+	return s
+}
+
+// Algorithm selects how a Limiter counts.
+type Algorithm int
+
+const (
+	// GCRA is a token bucket: Burst requests at once, refilled at Rate per
+	// Period. It is the zero value and the default.
+	GCRA Algorithm = iota
+	// FixedWindow allows Rate requests per window of Period that starts with
+	// the first request; up to 2*Rate can pass around a window boundary.
+	FixedWindow
+	// SlidingWindow allows about Rate requests in any Period, estimating the
+	// count from the current and the previous window.
+	SlidingWindow
+)
+
+// String returns the algorithm's name.
+func (a Algorithm) String() string {
+	switch a {
+	case GCRA:
+		return "gcra"
+	case FixedWindow:
+		return "fixed-window"
+	case SlidingWindow:
+		return "sliding-window"
+	}
+	return "Algorithm(" + strconv.Itoa(int(a)) + ")"
+}
+
+// DefaultPrefix starts every key of a Limiter whose Options.Prefix is empty.
+const DefaultPrefix = "sluice:rl:"
+
+// DefaultDenyCacheSize is the number of denied keys a Limiter remembers
+// locally when Options.DenyCacheSize is 0.
+const DefaultDenyCacheSize = 10_000
+
+// Options configures New. The zero value of each field means its default;
+// only Limit is required.
+type Options struct {
+	// Algorithm selects the counting method. Default GCRA.
+	Algorithm Algorithm
+	// Limit is the rate. Required.
+	Limit Limit
+	// Prefix starts every key. Default DefaultPrefix ("sluice:rl:"). It
+	// must not contain '{' or '}'. Limiters of one algorithm with different
+	// Limits must not share a prefix: they would share counters.
+	Prefix string
+	// DenyCacheSize caps the number of keys the local deny cache holds.
+	// Default DefaultDenyCacheSize (10,000 keys, a few hundred bytes each).
+	// When it is full, expired entries are dropped first, then arbitrary
+	// ones; dropping an entry only costs a round trip later.
+	DenyCacheSize int
+	// DisableDenyCache sends every call to Redis.
+	DisableDenyCache bool
+}
+
+// Limiter checks requests against one Limit. It is safe for concurrent use
+// and holds no goroutine, so it needs no Close.
+type Limiter struct {
+	script   *scriptcache.Script
+	sc       *scriptcache.Cache
+	algo     Algorithm
+	limit    Limit
+	capacity int    // most cost one call can be allowed: Rate or Burst
+	prefix   string // key prefix
+	suffix   string // per algorithm, so algorithms never share a key
+	args1    []string
+	arg0     string // first two script arguments, fixed per limiter
+	arg1     string
+	unit     time.Duration // of the script's time replies
+	deny     *denyCache    // nil when disabled
+	now      func() time.Time
+}
+
+// Result is the answer to one Allow or AllowN call.
+//
+// Worked example, FixedWindow with Limit{Rate: 10, Period: time.Minute}: the
+// first call of a window returns Allowed true, Limit 10, Remaining 9,
+// RetryAfter 0 and ResetAfter 1m (the window ends in a minute). 42 seconds
+// and nine calls later the tenth call returns Remaining 0, ResetAfter 18s;
+// the eleventh returns Allowed false, Remaining 0, RetryAfter 18s, ResetAfter
+// 18s.
+type Result struct {
+	// Allowed reports whether the request may proceed. A denied request
+	// was not counted.
+	Allowed bool
+	// Limit is the most requests the limiter allows at once: Rate for the
+	// window algorithms, Burst for GCRA. With GCRA and Limit{Rate: 10,
+	// Period: time.Second, Burst: 20}, Limit is 20.
+	Limit int
+	// Remaining is how many more requests of cost 1 would be allowed right
+	// now, after this call. With GCRA 10/s, burst 20, a fresh key's first
+	// call leaves 19; the same call made 100ms after 19 others leaves 1.
+	Remaining int
+	// RetryAfter is how long to wait before the same request (same cost)
+	// could be allowed; 0 when Allowed. With GCRA 10/s, burst 1, a call
+	// 30ms after an allowed one is denied with RetryAfter 70ms.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the key is back to its initial state
+	// (Remaining == Limit) if no more requests come. With FixedWindow it is
+	// the end of the window; with GCRA 10/s, burst 20, after 5 quick calls
+	// it is 500ms.
+	ResetAfter time.Duration
+}
+
+// New returns a Limiter that runs on sc's Redis.
+func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
+	if sc == nil {
+		return nil, ErrNilCache
+	}
+	lim := opts.Limit
+	switch {
+	case lim.Rate < 1 || lim.Rate > maxRate:
+		return nil, fmt.Errorf("%w: rate %d is not between 1 and %d", ErrInvalidLimit, lim.Rate, maxRate)
+	case lim.Period < minPeriod || lim.Period > maxPeriod:
+		return nil, fmt.Errorf("%w: period %v is not between %v and %v", ErrInvalidLimit, lim.Period, minPeriod, maxPeriod)
+	case lim.Burst < 0 || lim.Burst > maxRate:
+		return nil, fmt.Errorf("%w: burst %d is not between 0 and %d", ErrInvalidLimit, lim.Burst, maxRate)
+	}
+	prefix := opts.Prefix
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	if err := keyspace.CheckPrefix(prefix); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidPrefix, err)
+	}
+	if opts.DenyCacheSize < 0 {
+		return nil, fmt.Errorf("%w: negative DenyCacheSize %d", ErrInvalidOptions, opts.DenyCacheSize)
+	}
+	l := &Limiter{
+		sc:     sc,
+		algo:   opts.Algorithm,
+		limit:  lim,
+		prefix: prefix,
+		now:    time.Now,
+	}
+	var name string
+	switch opts.Algorithm {
+	case FixedWindow, SlidingWindow:
+		if lim.Burst != 0 && lim.Burst != lim.Rate {
+			return nil, fmt.Errorf("%w: burst %d is only meaningful for GCRA", ErrInvalidLimit, lim.Burst)
+		}
+		l.capacity = lim.Rate
+		l.arg0 = strconv.Itoa(lim.Rate)
+		l.arg1 = strconv.FormatInt(lim.Period.Milliseconds(), 10)
+		if opts.Algorithm == FixedWindow {
+			name, l.suffix, l.unit = "ratelimit_fixed", ":f", time.Millisecond
+		} else {
+			name, l.suffix, l.unit = "ratelimit_sliding", ":s", time.Microsecond
+		}
+	case GCRA:
+		burst := lim.Burst
+		if burst == 0 {
+			burst = lim.Rate
+		}
+		l.capacity = burst
+		interval := float64(lim.Period.Microseconds()) / float64(lim.Rate)
+		if interval*float64(burst) > float64(maxPeriod.Microseconds()) {
+			return nil, fmt.Errorf("%w: burst %d at %v takes longer than %v to refill", ErrInvalidLimit, burst, lim, maxPeriod)
+		}
+		l.arg0 = strconv.FormatFloat(interval, 'g', -1, 64)
+		l.arg1 = strconv.Itoa(burst)
+		name, l.suffix, l.unit = "ratelimit_gcra", ":g", time.Microsecond
+	default:
+		return nil, fmt.Errorf("%w: %d", ErrInvalidAlgorithm, int(opts.Algorithm))
+	}
+	s, err := sc.Script(name)
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: %w", err)
+	}
+	l.script = s
+	l.args1 = []string{l.arg0, l.arg1, "1"}
+	if !opts.DisableDenyCache {
+		size := opts.DenyCacheSize
+		if size == 0 {
+			size = DefaultDenyCacheSize
+		}
+		l.deny = newDenyCache(size)
+	}
+	return l, nil
+}
+
+// Limit returns the limiter's Limit, with Burst as configured.
+func (l *Limiter) Limit() Limit { return l.limit }
+
+// Algorithm returns the limiter's algorithm.
+func (l *Limiter) Algorithm() Algorithm { return l.algo }
+
+// Allow reports whether one request for key may proceed, and counts it if
+// so. It is AllowN(ctx, key, 1).
+func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
+	return l.AllowN(ctx, key, 1)
+}
+
+// AllowN reports whether a request of cost n for key may proceed, and counts
+// it (as n requests) if so. A denied request is not counted. n == 0 only
+// reads the key's state. Errors: ErrInvalidKey, ErrInvalidCost,
+// ErrCostTooHigh, or the Redis error (wrapped).
+func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error) {
+	if err := keyspace.CheckName(key); err != nil {
+		return Result{}, fmt.Errorf("%w: %w", ErrInvalidKey, err)
+	}
+	switch {
+	case n < 0:
+		return Result{}, fmt.Errorf("%w: %d", ErrInvalidCost, n)
+	case n > l.capacity:
+		return Result{}, fmt.Errorf("%w: %d > %d", ErrCostTooHigh, n, l.capacity)
+	}
+	// Taken before the request is sent, so a deadline built on it is never
+	// later than the server's.
+	start := l.now()
+	if l.deny != nil && n > 0 {
+		if res, ok := l.deny.lookup(key, start, l.capacity); ok {
+			return res, nil
+		}
+	}
+	args := l.args1
+	if n != 1 {
+		args = []string{l.arg0, l.arg1, strconv.Itoa(n)}
+	}
+	reply, err := l.script.Exec(ctx, []string{keyspace.Key(l.prefix, key, l.suffix)}, args).ToArray()
+	if err != nil {
+		return Result{}, fmt.Errorf("ratelimit: %w", err)
+	}
+	if len(reply) != 3 && len(reply) != 4 {
+		return Result{}, fmt.Errorf("%w: %d values", ErrUnexpectedReply, len(reply))
+	}
+	var v [4]int64
+	for i := range reply {
+		if v[i], err = reply[i].AsInt64(); err != nil {
+			return Result{}, fmt.Errorf("%w: %w", ErrUnexpectedReply, err)
+		}
+	}
+	res := Result{Allowed: v[0] == 1, Limit: l.capacity}
+	if l.algo == FixedWindow {
+		// {allowed, count, ttl ms}: the window ends at the TTL, for every
+		// cost.
+		res.Remaining = max(l.capacity-int(v[1]), 0)
+		res.ResetAfter = time.Duration(v[2]) * time.Millisecond
+		if !res.Allowed {
+			res.RetryAfter = res.ResetAfter
+		}
+	} else {
+		res.Remaining = int(v[1])
+		res.RetryAfter = time.Duration(v[2]) * l.unit
+		res.ResetAfter = time.Duration(v[3]) * l.unit
+	}
+	if !res.Allowed && l.deny != nil && res.RetryAfter > 0 && l.denialCoversAll(res, n) {
+		l.deny.add(key, start, res)
+	}
+	return res, nil
+}
+
+// denialCoversAll reports whether a denial of cost n means that every cost
+// >= 1 stays denied for res.RetryAfter. For n == 1 that is what RetryAfter
+// says (a larger cost needs longer). A fixed window with nothing left stays
+// full until it ends, whatever the cost asked.
+func (l *Limiter) denialCoversAll(res Result, n int) bool {
+	return n == 1 || (l.algo == FixedWindow && res.Remaining == 0)
+}
+
+// Reset forgets key: its next request starts from a full limit. Other
+// processes' deny caches do not hear of it and may keep denying the key
+// until the time Redis last gave them.
+func (l *Limiter) Reset(ctx context.Context, key string) error {
+	if err := keyspace.CheckName(key); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
+	}
+	if l.deny != nil {
+		l.deny.remove(key)
+	}
+	c := l.sc.Client()
+	if err := c.Do(ctx, c.B().Del().Key(keyspace.Key(l.prefix, key, l.suffix)).Build()).Error(); err != nil {
+		return fmt.Errorf("ratelimit: reset: %w", err)
+	}
+	return nil
+}
+
+// ceilSeconds rounds d up to whole seconds, as HTTP headers need them.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
