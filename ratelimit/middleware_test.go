@@ -1,0 +1,401 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicekit/sluice/internal/keyspace"
+	"github.com/sluicekit/sluice/internal/redistest"
+)
+
+var testProxies = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("fd00::/8"),
+}
+
+func request(remote string, headers ...string) *http.Request {
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.RemoteAddr = remote
+	for i := 0; i+1 < len(headers); i += 2 {
+		r.Header.Add(headers[i], headers[i+1])
+	}
+	return r
+}
+
+func TestClientIP(t *testing.T) {
+	tests := []struct {
+		name    string
+		r       *http.Request
+		want    string
+		wantErr bool
+	}{
+		{"peer", request("203.0.113.7:1234"), "203.0.113.7", false},
+		{"peer without port", request("203.0.113.7"), "203.0.113.7", false},
+		{"ipv6 peer", request("[2001:db8::1]:443"), "2001:db8::1", false},
+		{"mapped peer", request("[::ffff:203.0.113.7]:443"), "203.0.113.7", false},
+		{"zoned peer", request("[fe80::1%eth0]:443"), "fe80::1", false},
+		{"untrusted peer ignores XFF", request("203.0.113.7:1", "X-Forwarded-For", "1.2.3.4"), "203.0.113.7", false},
+		{"untrusted peer ignores X-Real-IP", request("203.0.113.7:1", "X-Real-IP", "1.2.3.4"), "203.0.113.7", false},
+		{"trusted proxy", request("10.0.0.1:1", "X-Forwarded-For", "198.51.100.9"), "198.51.100.9", false},
+		{"proxy chain", request("10.0.0.1:1", "X-Forwarded-For", "198.51.100.9, 10.0.0.2, 10.0.0.3"), "198.51.100.9", false},
+		{"spoofed left-most entry", request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6, 198.51.100.9, 10.0.0.2"), "198.51.100.9", false},
+		{"several header lines", request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6", "X-Forwarded-For", "198.51.100.9,10.0.0.2"), "198.51.100.9", false},
+		{"entry with port", request("10.0.0.1:1", "X-Forwarded-For", "198.51.100.9:5555"), "198.51.100.9", false},
+		{"ipv6 entry in brackets", request("10.0.0.1:1", "X-Forwarded-For", "[2001:db8::9]"), "2001:db8::9", false},
+		{"ipv6 proxy", request("[fd00::1]:1", "X-Forwarded-For", "2001:db8::9, fd00::2"), "2001:db8::9", false},
+		{"all proxies", request("10.0.0.1:1", "X-Forwarded-For", "10.0.0.5, 10.0.0.2"), "10.0.0.5", false},
+		{"garbage stops the walk", request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6, garbage, 10.0.0.2"), "10.0.0.2", false},
+		{"garbage right after the peer", request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6, unknown"), "10.0.0.1", false},
+		{"empty XFF", request("10.0.0.1:1", "X-Forwarded-For", ""), "10.0.0.1", false},
+		{"X-Real-IP from proxy", request("10.0.0.1:1", "X-Real-IP", "198.51.100.9"), "198.51.100.9", false},
+		{"bad X-Real-IP", request("10.0.0.1:1", "X-Real-IP", "nope"), "10.0.0.1", false},
+		{"XFF wins over X-Real-IP", request("10.0.0.1:1", "X-Real-IP", "6.6.6.6", "X-Forwarded-For", "198.51.100.9"), "198.51.100.9", false},
+		{"unix socket", request("@"), "", true},
+		{"empty remote", request(""), "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ip, err := ClientIP(tt.r, testProxies)
+			if tt.wantErr {
+				if !errors.Is(err, ErrNoClientIP) {
+					t.Fatalf("ClientIP = %v, %v; want ErrNoClientIP", ip, err)
+				}
+				return
+			}
+			if err != nil || ip.String() != tt.want {
+				t.Fatalf("ClientIP = %v, %v; want %s", ip, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestIPKey(t *testing.T) {
+	tests := []struct {
+		ip     string
+		v4, v6 int
+		want   string
+	}{
+		{"203.0.113.7", 0, 0, "203.0.113.7"},
+		{"203.0.113.7", 24, 0, "203.0.113.0/24"},
+		{"2001:db8:1:2:3:4:5:6", 0, 0, "2001:db8:1:2::/64"},
+		{"2001:db8:1:2:3:4:5:6", 0, 128, "2001:db8:1:2:3:4:5:6"},
+		{"2001:db8:1:2:3:4:5:6", 0, 48, "2001:db8:1::/48"},
+		{"::ffff:203.0.113.7", 0, 0, "203.0.113.7"},
+		{"203.0.113.7", 99, 0, "203.0.113.7"},
+		{"203.0.113.7", -5, 0, "128.0.0.0/1"},
+	}
+	for _, tt := range tests {
+		if got := IPKey(netip.MustParseAddr(tt.ip), tt.v4, tt.v6); got != tt.want {
+			t.Errorf("IPKey(%s, %d, %d) = %q; want %q", tt.ip, tt.v4, tt.v6, got, tt.want)
+		}
+	}
+}
+
+// errRecorder collects the errors the middleware reports.
+type errRecorder struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (e *errRecorder) record(_ *http.Request, err error) {
+	e.mu.Lock()
+	e.errs = append(e.errs, err)
+	e.mu.Unlock()
+}
+
+func (e *errRecorder) list() []error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]error(nil), e.errs...)
+}
+
+var okHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+
+func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func TestMiddlewareKeys(t *testing.T) {
+	sc := newCache(t, redistest.Single(t).Addr())
+	newHandler := func(t *testing.T, opts MiddlewareOptions) http.Handler {
+		l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(1)})
+		return Middleware(l, opts)(okHandler)
+	}
+	t.Run("spoofed XFF from untrusted peer", func(t *testing.T) {
+		h := newHandler(t, MiddlewareOptions{TrustedProxies: testProxies})
+		for i := range 5 {
+			w := serve(h, request("203.0.113.7:4000", "X-Forwarded-For", "198.51.100."+strconv.Itoa(i)))
+			if want := map[bool]int{true: 200, false: 429}[i == 0]; w.Code != want {
+				t.Fatalf("request %d: status %d; want %d (XFF must not change the key)", i, w.Code, want)
+			}
+		}
+	})
+	t.Run("trusted chain", func(t *testing.T) {
+		h := newHandler(t, MiddlewareOptions{TrustedProxies: testProxies})
+		// Two clients behind the same proxies: separate keys; a client
+		// forging the left-most entry still gets its own key.
+		for _, tc := range []struct {
+			xff  string
+			want int
+		}{
+			{"198.51.100.1, 10.0.0.2", 200},
+			{"198.51.100.2, 10.0.0.2", 200},
+			{"6.6.6.6, 198.51.100.1, 10.0.0.2", 429},
+			{"198.51.100.2", 429},
+		} {
+			if w := serve(h, request("10.0.0.1:80", "X-Forwarded-For", tc.xff)); w.Code != tc.want {
+				t.Fatalf("XFF %q: status %d; want %d", tc.xff, w.Code, tc.want)
+			}
+		}
+	})
+	t.Run("ipv6 /64", func(t *testing.T) {
+		h := newHandler(t, MiddlewareOptions{})
+		for _, tc := range []struct {
+			remote string
+			want   int
+		}{
+			{"[2001:db8:1:2::1]:1", 200},
+			{"[2001:db8:1:2:ffff::9]:1", 429}, // same /64
+			{"[2001:db8:1:3::1]:1", 200},      // next /64
+		} {
+			if w := serve(h, request(tc.remote)); w.Code != tc.want {
+				t.Fatalf("%s: status %d; want %d", tc.remote, w.Code, tc.want)
+			}
+		}
+	})
+	t.Run("ipv6 /128", func(t *testing.T) {
+		h := newHandler(t, MiddlewareOptions{IPv6PrefixLen: 128})
+		for _, remote := range []string{"[2001:db8:1:2::1]:1", "[2001:db8:1:2::2]:1"} {
+			if w := serve(h, request(remote)); w.Code != 200 {
+				t.Fatalf("%s: status %d; want 200", remote, w.Code)
+			}
+		}
+	})
+	t.Run("custom key", func(t *testing.T) {
+		var errs errRecorder
+		h := newHandler(t, MiddlewareOptions{
+			OnError: errs.record,
+			KeyFunc: func(r *http.Request) (string, error) {
+				if r.URL.Path == "/health" {
+					return "", nil
+				}
+				if tok := r.Header.Get("Token"); tok != "" {
+					return "token:" + tok, nil
+				}
+				return "", errors.New("no token")
+			},
+		})
+		for i := range 3 {
+			health := httptest.NewRequest(http.MethodGet, "/health", nil)
+			if w := serve(h, health); w.Code != 200 || w.Header().Get("RateLimit") != "" {
+				t.Fatalf("health %d: status %d, RateLimit %q; want 200 unlimited", i, w.Code, w.Header().Get("RateLimit"))
+			}
+		}
+		if w := serve(h, request("1.2.3.4:1", "Token", "a")); w.Code != 200 {
+			t.Fatalf("token a: status %d; want 200", w.Code)
+		}
+		if w := serve(h, request("5.6.7.8:1", "Token", "a")); w.Code != 429 {
+			t.Fatalf("token a again: status %d; want 429", w.Code)
+		}
+		if w := serve(h, request("5.6.7.8:1")); w.Code != 200 || len(errs.list()) != 1 {
+			t.Fatalf("key error: status %d, %d errors reported; want 200 (fail open) and 1", w.Code, len(errs.list()))
+		}
+	})
+}
+
+func TestMiddlewareHeaders(t *testing.T) {
+	sc := newCache(t, redistest.Single(t).Addr())
+	t.Run("fixed window", func(t *testing.T) {
+		l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(2)})
+		h := Middleware(l, MiddlewareOptions{XRateLimitHeaders: true})(okHandler)
+		for i, want := range []struct {
+			code      int
+			remaining string
+		}{{200, "1"}, {200, "0"}, {429, "0"}} {
+			before := time.Now()
+			w := serve(h, request("192.0.2.1:1"))
+			hd := w.Header()
+			if w.Code != want.code {
+				t.Fatalf("request %d: status %d; want %d", i+1, w.Code, want.code)
+			}
+			if got := hd.Get("RateLimit-Policy"); got != `"default";q=2;w=60` {
+				t.Errorf("request %d: RateLimit-Policy %q; want %q", i+1, got, `"default";q=2;w=60`)
+			}
+			if got, want := hd.Get("RateLimit"), `"default";r=`+want.remaining+`;t=60`; got != want {
+				t.Errorf("request %d: RateLimit %q; want %q", i+1, got, want)
+			}
+			if got := hd.Get("X-RateLimit-Limit"); got != "2" {
+				t.Errorf("request %d: X-RateLimit-Limit %q; want 2", i+1, got)
+			}
+			if got := hd.Get("X-RateLimit-Remaining"); got != want.remaining {
+				t.Errorf("request %d: X-RateLimit-Remaining %q; want %s", i+1, got, want.remaining)
+			}
+			reset, _ := strconv.ParseInt(hd.Get("X-RateLimit-Reset"), 10, 64)
+			if lo, hi := before.Unix()+59, time.Now().Unix()+61; reset < lo || reset > hi {
+				t.Errorf("request %d: X-RateLimit-Reset %d; want in [%d, %d]", i+1, reset, lo, hi)
+			}
+			if want.code == 429 {
+				if got := hd.Get("Retry-After"); got != "60" {
+					t.Errorf("denied: Retry-After %q; want 60", got)
+				}
+				if body := w.Body.String(); body != "too many requests\n" {
+					t.Errorf("denied: body %q; want %q", body, "too many requests\n")
+				}
+			} else if hd.Get("Retry-After") != "" {
+				t.Errorf("allowed: Retry-After %q; want none", hd.Get("Retry-After"))
+			}
+		}
+	})
+	t.Run("gcra burst", func(t *testing.T) {
+		l := newLimiter(t, sc, Options{Limit: Limit{Rate: 1, Period: 10 * time.Second, Burst: 3}})
+		var denied Result
+		h := Middleware(l, MiddlewareOptions{
+			PolicyName: `per "ip"`,
+			OnDenied: func(w http.ResponseWriter, r *http.Request, res Result) {
+				denied = res
+				w.WriteHeader(http.StatusTeapot)
+			},
+		})(okHandler)
+		w := serve(h, request("192.0.2.1:1"))
+		if got, want := w.Header().Get("RateLimit-Policy"), `"per \"ip\"";q=3;w=30`; got != want {
+			t.Errorf("RateLimit-Policy %q; want %q", got, want)
+		}
+		if got, want := w.Header().Get("RateLimit"), `"per \"ip\"";r=2;t=10`; got != want {
+			t.Errorf("RateLimit %q; want %q", got, want)
+		}
+		serve(h, request("192.0.2.1:1"))
+		serve(h, request("192.0.2.1:1"))
+		w = serve(h, request("192.0.2.1:1"))
+		if w.Code != http.StatusTeapot || denied.Allowed || denied.RetryAfter <= 0 {
+			t.Fatalf("status %d, result %+v; want the custom deny handler with a denial", w.Code, denied)
+		}
+		// RetryAfter is just under 10s; Retry-After rounds it up.
+		if got := w.Header().Get("Retry-After"); got != "10" {
+			t.Errorf("Retry-After %q; want 10", got)
+		}
+		if w.Header().Get("X-RateLimit-Limit") != "" {
+			t.Errorf("X-RateLimit-Limit sent without XRateLimitHeaders")
+		}
+	})
+	t.Run("disabled", func(t *testing.T) {
+		l := newLimiter(t, sc, Options{Limit: PerMinute(1)})
+		h := Middleware(l, MiddlewareOptions{DisableHeaders: true})(okHandler)
+		w := serve(h, request("192.0.2.1:1"))
+		if w.Header().Get("RateLimit") != "" || w.Header().Get("RateLimit-Policy") != "" {
+			t.Errorf("headers sent with DisableHeaders: %v", w.Header())
+		}
+		w = serve(h, request("192.0.2.1:1"))
+		if w.Code != 429 || w.Header().Get("Retry-After") == "" {
+			t.Errorf("denied with DisableHeaders: status %d, Retry-After %q; want 429 with Retry-After", w.Code, w.Header().Get("Retry-After"))
+		}
+	})
+}
+
+// TestMiddlewareRedisDown stops Redis and checks both failure policies, and
+// that a hung Redis (SIGSTOP) does not hold requests past the timeout.
+func TestMiddlewareRedisDown(t *testing.T) {
+	srv := redistest.NewServer(t)
+	sc := newCache(t, srv.Addr())
+	l := newLimiter(t, sc, Options{Limit: PerMinute(100)})
+	var errs errRecorder
+	open := Middleware(l, MiddlewareOptions{OnError: errs.record, Timeout: 100 * time.Millisecond})(okHandler)
+	closed := Middleware(l, MiddlewareOptions{OnError: errs.record, Timeout: 100 * time.Millisecond, FailClosed: true})(okHandler)
+	if w := serve(open, request("192.0.2.1:1")); w.Code != 200 || w.Header().Get("RateLimit") == "" {
+		t.Fatalf("with Redis up: status %d, RateLimit %q; want 200 with headers", w.Code, w.Header().Get("RateLimit"))
+	}
+
+	t.Run("paused", func(t *testing.T) {
+		if err := srv.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Resume()
+		done := make(chan int, 1)
+		go func() { done <- serve(closed, request("192.0.2.2:1")).Code }()
+		select {
+		case code := <-done:
+			if code != http.StatusServiceUnavailable {
+				t.Fatalf("fail closed on a hung Redis: status %d; want 503", code)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("request still waiting on a hung Redis after 30s; want it bounded by the 100ms timeout")
+		}
+		errList := errs.list()
+		if len(errList) == 0 || !errors.Is(errList[len(errList)-1], context.DeadlineExceeded) {
+			t.Fatalf("errors reported %v; want the last to be a deadline", errList)
+		}
+	})
+
+	srv.Kill()
+	before := len(errs.list())
+	if w := serve(open, request("192.0.2.3:1")); w.Code != 200 || w.Body.String() != "ok" || w.Header().Get("RateLimit") != "" {
+		t.Fatalf("fail open: status %d, body %q, RateLimit %q; want 200 ok without headers", w.Code, w.Body.String(), w.Header().Get("RateLimit"))
+	}
+	if w := serve(closed, request("192.0.2.3:1")); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("fail closed: status %d; want 503", w.Code)
+	}
+	if got := len(errs.list()) - before; got != 2 {
+		t.Fatalf("%d errors reported with Redis down; want 2", got)
+	}
+}
+
+// FuzzClientIP feeds arbitrary RemoteAddr and header values to ClientIP and
+// IPKey: they must not panic, must return a clean address that came from
+// the request, and must give a key the limiter accepts.
+func FuzzClientIP(f *testing.F) {
+	f.Add("203.0.113.7:1234", "1.2.3.4", "")
+	f.Add("10.0.0.1:80", "6.6.6.6, 198.51.100.9, 10.0.0.2", "5.5.5.5")
+	f.Add("[fd00::1]:1", "[2001:db8::1]:80,fd00::2", "")
+	f.Add("[fe80::1%eth0]:443", "::ffff:1.2.3.4", "x")
+	f.Fuzz(func(t *testing.T, remote, xff, realIP string) {
+		r := &http.Request{RemoteAddr: remote, Header: http.Header{}}
+		for _, line := range strings.Split(xff, "\n") {
+			r.Header.Add("X-Forwarded-For", line)
+		}
+		r.Header.Set("X-Real-IP", realIP)
+		ip, err := ClientIP(r, testProxies)
+		if err != nil {
+			if !errors.Is(err, ErrNoClientIP) {
+				t.Fatalf("ClientIP error %v; want ErrNoClientIP", err)
+			}
+			return
+		}
+		if !ip.IsValid() || ip.Zone() != "" || ip.Is4In6() {
+			t.Fatalf("ClientIP = %#v; want a valid, unzoned, unmapped address", ip)
+		}
+		peer, _ := parseIP(remote)
+		if !trusted(peer, testProxies) && ip != peer {
+			t.Fatalf("untrusted peer %v: ClientIP = %v; want the peer", peer, ip)
+		}
+		if ip != peer && !strings.Contains(xff+realIP, ip.String()) && !strings.Contains(strings.ToLower(xff+realIP), ip.String()) {
+			// The address may be written differently in the header
+			// (leading zeros, upper case, mapped form); parse every
+			// candidate to be sure it came from there.
+			found := false
+			for _, s := range strings.FieldsFunc(xff+","+realIP, func(c rune) bool { return c == ',' || c == '\n' }) {
+				if a, ok := parseIP(s); ok && a == ip {
+					found = true
+				}
+			}
+			if !found {
+				t.Fatalf("ClientIP = %v, which is neither the peer nor in the headers", ip)
+			}
+		}
+		for _, bits := range [][2]int{{0, 0}, {24, 48}, {-1, 200}} {
+			key := IPKey(ip, bits[0], bits[1])
+			if err := keyspace.CheckName(key); err != nil || strings.ContainsAny(key, "{}") {
+				t.Fatalf("IPKey(%v, %d, %d) = %q (%v); want a plain valid key", ip, bits[0], bits[1], key, err)
+			}
+		}
+	})
+}
