@@ -1,0 +1,128 @@
+-- semaphore_acquire: take n permits of a counting semaphore with expiring
+-- permits, after reclaiming expired ones.
+--
+-- Layout of one semaphore: the hash KEYS[1] maps each permit id to its
+-- weight, plus two reserved fields: ':used' (the sum of the weights held)
+-- and ':cap' (the capacity the held permits were granted under). The sorted
+-- set KEYS[2] maps each permit id to its expiry in server milliseconds. Both
+-- keys expire at the latest permit expiry and are deleted when the last
+-- permit goes, so nothing outlives the permits.
+--
+-- Up to 16 expired permits are reclaimed per call (bounded work); if more
+-- remain, the reply's wait is 0 and the caller simply calls again. When the
+-- reclaim frees capacity that this call does not take, the free count is
+-- published so waiters elsewhere try again.
+--
+-- The capacity is fixed while any permit is held: a caller with another
+-- capacity is refused (status -1). When no permit is held, the caller's
+-- capacity applies. Granting an id that is already held and live renews it
+-- instead of counting it twice, so a retry after a lost reply is harmless.
+--
+-- KEYS[1]  permits hash
+-- KEYS[2]  expiry sorted set
+-- KEYS[3]  wake-up channel
+-- ARGV[1]  capacity (integer, 1 .. 2^53)
+-- ARGV[2]  n: permits to take (1 .. capacity; 0 only reclaims and reports)
+-- ARGV[3]  permit id
+-- ARGV[4]  lease in milliseconds (integer >= 1)
+-- ARGV[5]  "s" to publish with SPUBLISH (cluster), else PUBLISH
+--
+-- Returns  {status, used, capacity, wait}: status 1 granted (or n = 0),
+--          0 not granted, -1 capacity mismatch (capacity is then the stored
+--          one); used is the weight held after the call; wait is, when not
+--          granted, the milliseconds until the earliest permit expiry, 0 if
+--          expired permits remain to reclaim, -1 if none is known.
+-- Complexity: O(log N) for N permits held, plus the publish.
+local function num(x)
+  return string.format('%.0f', x)
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cap = tonumber(ARGV[1])
+local n = tonumber(ARGV[2])
+local id = ARGV[3]
+
+local used = tonumber(redis.call('HGET', KEYS[1], ':used') or '0')
+local stored = tonumber(redis.call('HGET', KEYS[1], ':cap') or ARGV[1])
+
+-- Reclaim expired permits, the oldest first.
+local freed = 0
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', num(now), 'LIMIT', 0, 16)
+if #expired > 0 then
+  local weights = redis.call('HMGET', KEYS[1], unpack(expired))
+  for i = 1, #expired do
+    freed = freed + tonumber(weights[i] or '0')
+  end
+  redis.call('HDEL', KEYS[1], unpack(expired))
+  redis.call('ZREM', KEYS[2], unpack(expired))
+  used = used - freed
+  if used <= 0 or redis.call('ZCARD', KEYS[2]) == 0 then
+    redis.call('DEL', KEYS[1], KEYS[2])
+    used = 0
+  else
+    redis.call('HSET', KEYS[1], ':used', num(used))
+  end
+end
+if used == 0 then
+  stored = cap
+end
+
+local function wake()
+  local free = stored - used
+  if freed > 0 and free > 0 then
+    if ARGV[5] == 's' then
+      redis.call('SPUBLISH', KEYS[3], num(free))
+    else
+      redis.call('PUBLISH', KEYS[3], num(free))
+    end
+  end
+end
+
+-- How long until the earliest permit expires.
+local function wait()
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if #first == 0 then
+    return -1
+  end
+  return math.max(tonumber(first[2]) - now, 0)
+end
+
+if stored ~= cap then
+  wake()
+  return {-1, used, stored, wait()}
+end
+if n == 0 then
+  wake()
+  return {1, used, cap, wait()}
+end
+
+local exp = now + tonumber(ARGV[4])
+local score = redis.call('ZSCORE', KEYS[2], id)
+if score and tonumber(score) <= now then
+  -- This id's own earlier grant expired and was not reclaimed above: drop
+  -- it so its weight is not counted twice.
+  local w = tonumber(redis.call('HGET', KEYS[1], id) or '0')
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+  used = used - w
+  freed = freed + w
+  score = nil
+end
+if score then
+  -- Already granted to this id (a retry): renew, do not count twice.
+  redis.call('ZADD', KEYS[2], num(exp), id)
+elseif used + n <= cap then
+  used = used + n
+  redis.call('HSET', KEYS[1], id, num(n), ':used', num(used), ':cap', num(cap))
+  redis.call('ZADD', KEYS[2], num(exp), id)
+else
+  wake()
+  return {0, used, cap, wait()}
+end
+local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+local at = num(math.max(tonumber(last[2]), exp))
+redis.call('PEXPIREAT', KEYS[1], at)
+redis.call('PEXPIREAT', KEYS[2], at)
+wake()
+return {1, used, cap, 0}

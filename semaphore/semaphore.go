@@ -1,0 +1,583 @@
+// Package semaphore is a distributed counting semaphore on Redis whose
+// permits expire: at most N permits of a named semaphore are held at once
+// across every process that shares one Redis server or Redis Cluster, and a
+// process that dies without releasing gives its permits back when their
+// lease runs out.
+//
+// A Manager owns what the semaphores of a process share: one pub/sub
+// subscription per semaphore name that anyone here waits on, and one
+// watchdog that renews every held permit. Create one per process, share it,
+// and Close it on shutdown. A Semaphore is a name and a capacity:
+//
+//	mgr, err := semaphore.NewManager(sc, semaphore.Options{})
+//	defer mgr.Close()
+//	sem, err := mgr.NewSemaphore("upstream", 8)
+//	p, err := sem.Acquire(ctx, 1)
+//	if err != nil { ... }
+//	defer p.Release(ctx)
+//
+// Acquire(ctx, n) takes n permits at once, like x/sync/semaphore.Weighted,
+// and returns a Permit whose Release gives exactly those back. Releasing a
+// permit twice, or one that expired, returns ErrNotHeld and frees nothing
+// that belongs to anyone else.
+//
+// # Capacity
+//
+// The capacity is stored in Redis with the permits. It is fixed while any
+// permit is held: an Acquire (or Available) through a Semaphore configured
+// with another capacity fails with ErrCapacityMismatch instead of letting the
+// larger value win. When no permit is held, whichever capacity the next
+// Acquire brings applies. To resize, drain the semaphore (or let its permits
+// expire) and use the new capacity everywhere.
+//
+// # Expiry and reclamation
+//
+// Every permit has a lease. With Options.Lease zero it is a WatchdogLease
+// (30 s) that the Manager renews every third of it while the permit is held,
+// so a crashed process frees its permits within one lease. With a Lease set
+// there is no renewal: a permit expires that long after it was granted.
+// Expired permits are reclaimed by the acquire and release scripts, at most
+// 16 per call, so no call does unbounded work; their capacity is then
+// announced to waiters.
+//
+// A holder can lose its permit: it expired (renewals failed for a whole
+// lease, a paused process, a fixed lease ran out), its keys were deleted, or
+// the Manager was closed. The holder is told: Lost's channel closes and Err
+// returns an error wrapping ErrLost and the reason. Loss is judged on the
+// client clock, counting each lease from before the request that set it was
+// sent, so the signal comes before Redis can count the permit as free.
+//
+// # Waiting
+//
+// An Acquire that finds too few permits free subscribes to the semaphore's
+// channel, waits for the subscription to be confirmed (so no release is
+// missed), and tries again whenever a release is published or the earliest
+// permit expiry passes, whichever comes first. A release publishes how many
+// permits are now free, and each process wakes only as many of its local
+// waiters as that many permits could satisfy, in arrival order, not the
+// whole herd. On a Redis 7 cluster the channel is sharded (SPUBLISH).
+// Waiting is not fair across processes: a request for many permits can be
+// overtaken by smaller ones that fit first.
+//
+// If ctx ends while waiting, Acquire returns an error wrapping ErrNotObtained
+// and ctx.Err() and holds nothing. If a reply is lost (ctx ended or the
+// connection failed while the request was in flight), the permit may have
+// been granted anyway; Acquire then tries to release it, and if that fails
+// too, the permit, never renewed, expires within one lease.
+//
+// # Failover
+//
+// Redis replication is asynchronous. If the primary fails after granting a
+// permit but before a replica received it, the promoted replica does not
+// know that permit and may grant it again: the semaphore can then exceed N
+// until the forgotten permits' leases end (the watchdog's renewal finds them
+// gone and reports them lost). Redis semaphores bound load; they are not
+// consensus.
+//
+// # Keys
+//
+// A semaphore named S is the hash PREFIX{S} (permit id to weight, plus the
+// capacity and the weight in use), the sorted set PREFIX{S}:e (permit id to
+// expiry, server milliseconds) and the channel PREFIX{S}:w. PREFIX defaults
+// to "sluice:sem:"; the braces keep everything in one cluster slot. Both
+// keys expire with the latest permit and are deleted with the last one, so
+// an idle semaphore leaves nothing behind.
+//
+// On miniredis (tests, examples) the rueidis client needs DisableCache and
+// AlwaysRESP2.
+package semaphore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sluicekit/sluice/internal/keyspace"
+	"github.com/sluicekit/sluice/internal/lease"
+	"github.com/sluicekit/sluice/internal/notify"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// Errors of this package; check them with errors.Is.
+var (
+	// ErrNotObtained means Acquire gave up (its context ended; the error
+	// also wraps ctx.Err()) or TryAcquire found too few permits free.
+	ErrNotObtained = errors.New("semaphore: not obtained")
+	// ErrNotHeld means Release found the permit not held: already
+	// released, expired, or deleted. Nothing else was changed.
+	ErrNotHeld = errors.New("semaphore: permit not held")
+	// ErrLost means a held permit was lost; Err wraps it with the reason.
+	ErrLost = errors.New("semaphore: permit lost")
+	// ErrClosed means the Manager was closed.
+	ErrClosed = errors.New("semaphore: manager closed")
+	// ErrCapacityMismatch means the semaphore's permits are held under a
+	// different capacity than this Semaphore's (see the package doc).
+	ErrCapacityMismatch = errors.New("semaphore: capacity mismatch")
+	// ErrInvalidName means the semaphore name is empty or too long.
+	ErrInvalidName = errors.New("semaphore: invalid name")
+	// ErrInvalidCapacity means a capacity outside [1, MaxCapacity].
+	ErrInvalidCapacity = errors.New("semaphore: invalid capacity")
+	// ErrInvalidWeight means a number of permits outside [1, capacity].
+	ErrInvalidWeight = errors.New("semaphore: invalid number of permits")
+	// ErrInvalidOptions means Options are out of range.
+	ErrInvalidOptions = errors.New("semaphore: invalid options")
+)
+
+// Defaults and limits.
+const (
+	DefaultWatchdogLease = 30 * time.Second
+	DefaultPrefix        = "sluice:sem:"
+	// MaxCapacity is the largest capacity: the scripts count in Lua
+	// numbers, which are exact integers up to 2^53.
+	MaxCapacity = 1 << 53
+)
+
+// maxLease bounds leases so their milliseconds fit everywhere they go.
+const maxLease = 365 * 24 * time.Hour
+
+// cleanupTimeout bounds the release sent after an Acquire whose reply was
+// lost.
+const cleanupTimeout = time.Second
+
+// Options configure a Manager. The zero value is the default.
+type Options struct {
+	// Lease is a fixed lease for every permit: a permit expires that long
+	// after it was granted unless released before, and is never renewed.
+	// Zero means a watchdog lease instead. At least 30 ms.
+	Lease time.Duration
+	// WatchdogLease is the lease of a permit without a fixed Lease; it is
+	// renewed every WatchdogLease/3 while the permit is held, so a crashed
+	// holder's permits come back within this long. Zero means
+	// DefaultWatchdogLease (30 s). At least 30 ms.
+	WatchdogLease time.Duration
+	// Prefix starts every key. Empty means DefaultPrefix ("sluice:sem:").
+	// It must not contain braces (they would move the cluster hash tag).
+	Prefix string
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.WatchdogLease == 0 {
+		o.WatchdogLease = DefaultWatchdogLease
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if err := checkLease(o.Lease, true); err != nil {
+		return o, err
+	}
+	if err := checkLease(o.WatchdogLease, false); err != nil {
+		return o, fmt.Errorf("%w (watchdog lease)", err)
+	}
+	if err := keyspace.CheckPrefix(o.Prefix); err != nil {
+		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	return o, nil
+}
+
+func checkLease(d time.Duration, zeroOK bool) error {
+	if (d == 0 && zeroOK) || (d >= 30*time.Millisecond && d <= maxLease) {
+		return nil
+	}
+	return fmt.Errorf("%w: lease %v outside [30ms, %v]", ErrInvalidOptions, d, maxLease)
+}
+
+// Manager creates Semaphores and owns what they share: the wake-up
+// subscriptions and the watchdog. It is safe for concurrent use.
+type Manager struct {
+	opts     Options
+	lease    time.Duration // every permit's lease
+	watchdog bool          // renew permits (no fixed Lease)
+	leaseMs  string        // lease in ms, as sent to the scripts
+	pubMode  string        // "s" (SPUBLISH) or "p"
+
+	acquire, release, renew, holders *scriptcache.Script
+
+	hub    *notify.Hub
+	keeper *lease.Keeper
+	closed atomic.Bool
+}
+
+// NewManager returns a Manager that runs its scripts through sc. Close it
+// when done.
+func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
+	if sc == nil {
+		return nil, fmt.Errorf("%w: nil script cache", ErrInvalidOptions)
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	m := &Manager{opts: opts, lease: opts.Lease, pubMode: "p"}
+	if m.lease == 0 {
+		m.lease, m.watchdog = opts.WatchdogLease, true
+	}
+	m.leaseMs = strconv.FormatInt(m.lease.Milliseconds(), 10)
+	if sc.ShardedPubSub() {
+		m.pubMode = "s"
+	}
+	for name, dst := range map[string]**scriptcache.Script{
+		"semaphore_acquire": &m.acquire, "semaphore_release": &m.release,
+		"semaphore_renew": &m.renew, "semaphore_holders": &m.holders,
+	} {
+		if *dst, err = sc.Script(name); err != nil {
+			return nil, fmt.Errorf("semaphore: %w", err)
+		}
+	}
+	m.hub = notify.New(sc.Client(), sc.ShardedPubSub())
+	m.keeper = lease.NewKeeper()
+	return m, nil
+}
+
+// Close stops the watchdog and the subscriptions and waits for their
+// goroutines. Permits still held are no longer renewed: their holders are
+// told (Lost closes, Err wraps ErrLost and ErrClosed) and the permits expire
+// by their lease unless released. Waiting Acquires return ErrClosed.
+func (m *Manager) Close() {
+	if m.closed.Swap(true) {
+		return
+	}
+	m.hub.Close()
+	m.keeper.Close()
+}
+
+// NewSemaphore returns the semaphore called name with the given capacity.
+// It does not talk to Redis; the capacity is checked against the stored one
+// by Acquire (see the package doc).
+func (m *Manager) NewSemaphore(name string, capacity int64) (*Semaphore, error) {
+	if err := keyspace.CheckName(name); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidName, err)
+	}
+	if capacity < 1 || capacity > MaxCapacity {
+		return nil, fmt.Errorf("%w: %d outside [1, %d]", ErrInvalidCapacity, capacity, int64(MaxCapacity))
+	}
+	p := m.opts.Prefix
+	return &Semaphore{
+		m:        m,
+		name:     name,
+		capacity: capacity,
+		capArg:   strconv.FormatInt(capacity, 10),
+		keys:     []string{keyspace.Key(p, name, ""), keyspace.Key(p, name, ":e"), keyspace.Key(p, name, ":w")},
+	}, nil
+}
+
+// Semaphore is one named counting semaphore seen with one capacity. It
+// holds no state of its own and is safe for concurrent use.
+type Semaphore struct {
+	m        *Manager
+	name     string
+	capacity int64
+	capArg   string
+	keys     []string // permits hash, expiry set, wake-up channel
+}
+
+// Name returns the semaphore's name.
+func (s *Semaphore) Name() string { return s.name }
+
+// Capacity returns the capacity this Semaphore was made with.
+func (s *Semaphore) Capacity() int64 { return s.capacity }
+
+// Acquire takes n permits, waiting as long as ctx allows. If ctx ends first
+// it returns an error wrapping ErrNotObtained and ctx.Err(), and holds
+// nothing. n must be between 1 and the capacity (ErrInvalidWeight).
+func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Permit, error) {
+	if err := s.checkWeight(n); err != nil {
+		return nil, err
+	}
+	id := uuid.NewString()
+	p, wait, err := s.attempt(ctx, id, n)
+	if p != nil || err != nil {
+		return p, err
+	}
+	w, err := s.m.hub.Subscribe(s.keys[2], n)
+	if err != nil {
+		return nil, ErrClosed
+	}
+	defer w.Close()
+	// Try again only once the subscription is confirmed: a release between
+	// the first attempt and the subscription would otherwise be missed.
+	if err := w.Ready(ctx, wait); err != nil {
+		return nil, s.notObtained(err)
+	}
+	for {
+		if p, wait, err = s.attempt(ctx, id, n); p != nil || err != nil {
+			return p, err
+		}
+		if err := w.Wait(ctx, wait); err != nil {
+			return nil, s.notObtained(err)
+		}
+		if s.m.closed.Load() {
+			return nil, ErrClosed
+		}
+	}
+}
+
+// TryAcquire makes one attempt to take n permits: it returns the Permit, or
+// an error wrapping ErrNotObtained if too few permits are free.
+func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*Permit, error) {
+	if err := s.checkWeight(n); err != nil {
+		return nil, err
+	}
+	p, _, err := s.attempt(ctx, uuid.NewString(), n)
+	if p != nil || err != nil {
+		return p, err
+	}
+	return nil, fmt.Errorf("%w: %q has fewer than %d permits free", ErrNotObtained, s.name, n)
+}
+
+func (s *Semaphore) checkWeight(n int64) error {
+	if n < 1 || n > s.capacity {
+		return fmt.Errorf("%w: %d outside [1, %d] for %q", ErrInvalidWeight, n, s.capacity, s.name)
+	}
+	return nil
+}
+
+func (s *Semaphore) notObtained(cause error) error {
+	return fmt.Errorf("%w: %q: %w", ErrNotObtained, s.name, cause)
+}
+
+// reply is the acquire script's answer.
+type reply struct {
+	status, used, capacity, wait int64
+}
+
+// call runs the acquire script with n permits (0: only reclaim and report).
+func (s *Semaphore) call(ctx context.Context, id string, n int64) (reply, error) {
+	vs, err := s.m.acquire.Exec(ctx, s.keys, []string{s.capArg, strconv.FormatInt(n, 10), id, s.m.leaseMs, s.m.pubMode}).ToArray()
+	if err != nil {
+		return reply{}, err
+	}
+	if len(vs) != 4 {
+		return reply{}, fmt.Errorf("unexpected reply of %d values", len(vs))
+	}
+	var r reply
+	for i, dst := range []*int64{&r.status, &r.used, &r.capacity, &r.wait} {
+		if *dst, err = vs[i].AsInt64(); err != nil {
+			return reply{}, fmt.Errorf("unexpected reply: %w", err)
+		}
+	}
+	if r.status < 0 {
+		return r, fmt.Errorf("%w: %q is held under capacity %d, this Semaphore has %d",
+			ErrCapacityMismatch, s.name, r.capacity, s.capacity)
+	}
+	return r, nil
+}
+
+// attempt tries once to take n permits for id. It returns the permit, or
+// how long to wait before the next try, or an error.
+func (s *Semaphore) attempt(ctx context.Context, id string, n int64) (*Permit, time.Duration, error) {
+	if s.m.closed.Load() {
+		return nil, 0, ErrClosed
+	}
+	sent := time.Now()
+	r, err := s.call(ctx, id, n)
+	if err != nil {
+		if errors.Is(err, ErrCapacityMismatch) {
+			return nil, 0, err
+		}
+		// The request may have run and granted the permit even though its
+		// reply is lost: give it back so a failed Acquire holds nothing.
+		s.cleanup(ctx, id)
+		if ctx.Err() != nil {
+			return nil, 0, s.notObtained(ctx.Err())
+		}
+		return nil, 0, fmt.Errorf("semaphore: acquire %q: %w", s.name, err)
+	}
+	if r.status == 0 {
+		// Wake up when the earliest permit expires, at the latest after one
+		// lease (the hint is unknown, or that permit will be renewed).
+		wait := time.Duration(r.wait) * time.Millisecond
+		if r.wait < 0 || wait > s.m.lease {
+			wait = s.m.lease
+		} else if r.wait > 0 {
+			wait += time.Millisecond // past the expiry, not on it
+		}
+		return nil, wait, nil
+	}
+	p := &Permit{s: s, id: id, weight: n, lost: make(chan struct{})}
+	var renew lease.Renew
+	if s.m.watchdog {
+		renew = p.renew
+	}
+	lse := s.m.keeper.Add(sent, s.m.lease, renew, p.lose)
+	p.mu.Lock()
+	p.lse = lse
+	closed := p.err != nil && errors.Is(p.err, ErrClosed)
+	p.mu.Unlock()
+	if closed {
+		// Close ran during the request: nobody would renew this permit.
+		s.cleanup(ctx, id)
+		return nil, 0, ErrClosed
+	}
+	return p, 0, nil
+}
+
+// cleanup releases id, best effort, with its own short deadline since ctx
+// may be done already.
+func (s *Semaphore) cleanup(ctx context.Context, id string) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	s.m.release.Exec(cctx, s.keys, []string{id, s.m.pubMode})
+}
+
+// Available returns how many permits are free now. It reclaims expired
+// permits on the way, so their capacity counts as free.
+func (s *Semaphore) Available(ctx context.Context) (int64, error) {
+	for range 64 {
+		r, err := s.call(ctx, "", 0)
+		if err != nil {
+			if errors.Is(err, ErrCapacityMismatch) {
+				return 0, err
+			}
+			return 0, fmt.Errorf("semaphore: available %q: %w", s.name, err)
+		}
+		if r.wait != 0 || r.used == 0 {
+			return r.capacity - r.used, nil
+		}
+		// More than one batch of expired permits: reclaim the next.
+	}
+	return 0, fmt.Errorf("semaphore: available %q: too many expired permits to reclaim", s.name)
+}
+
+// Holder is one live permit, as listed by Holders.
+type Holder struct {
+	// ID is the permit's id (Permit.ID).
+	ID string
+	// Weight is how many permits it holds.
+	Weight int64
+	// Remaining is how long its lease has left on the server's clock.
+	Remaining time.Duration
+}
+
+// Holders lists the live permits of the semaphore, earliest expiry first,
+// for operators. Expired permits not yet reclaimed are not listed.
+func (s *Semaphore) Holders(ctx context.Context) ([]Holder, error) {
+	vs, err := s.m.holders.Exec(ctx, s.keys[:2], nil).ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("semaphore: holders %q: %w", s.name, err)
+	}
+	if len(vs)%3 != 0 {
+		return nil, fmt.Errorf("semaphore: holders %q: unexpected reply of %d values", s.name, len(vs))
+	}
+	out := make([]Holder, 0, len(vs)/3)
+	for i := 0; i < len(vs); i += 3 {
+		id, err1 := vs[i].ToString()
+		ws, err2 := vs[i+1].ToString()
+		ms, err3 := vs[i+2].AsInt64()
+		w, err4 := strconv.ParseInt(ws, 10, 64)
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			return nil, fmt.Errorf("semaphore: holders %q: unexpected reply: %w", s.name, err)
+		}
+		out = append(out, Holder{ID: id, Weight: w, Remaining: time.Duration(ms) * time.Millisecond})
+	}
+	return out, nil
+}
+
+// Permit is a number of permits taken by one Acquire. Its methods are safe
+// for concurrent use.
+type Permit struct {
+	s      *Semaphore
+	id     string
+	weight int64
+	lost   chan struct{} // closed on loss
+
+	op sync.Mutex // serializes Release
+
+	mu       sync.Mutex // guards the fields below; never held across a call
+	lse      *lease.Lease
+	err      error // why the permit was lost
+	released bool  // Release got an answer
+}
+
+// ID returns the permit's id, as listed by Holders.
+func (p *Permit) ID() string { return p.id }
+
+// Weight returns how many permits this Permit holds.
+func (p *Permit) Weight() int64 { return p.weight }
+
+// Lost returns a channel that is closed when the permit is lost before it
+// is released. Release does not close it.
+func (p *Permit) Lost() <-chan struct{} { return p.lost }
+
+// Err returns why the permit was lost (wrapping ErrLost), or nil.
+func (p *Permit) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// Release gives the permits back and wakes waiters. It returns an error
+// wrapping ErrNotHeld if they were not held any more (released before,
+// expired, deleted); nothing else is freed then. If Release fails with any
+// other error (the reply was lost), calling it again is safe; the permit is
+// no longer renewed, so at worst it expires within one lease.
+func (p *Permit) Release(ctx context.Context) error {
+	p.op.Lock()
+	defer p.op.Unlock()
+	p.mu.Lock()
+	released, lse, lostErr := p.released, p.lse, p.err
+	p.mu.Unlock()
+	if released {
+		return fmt.Errorf("%w: %q: released before", ErrNotHeld, p.s.name)
+	}
+	// Stop renewing first: if the release fails, the permit must not be
+	// kept alive by the watchdog forever.
+	lse.Stop()
+	vs, err := p.s.m.release.Exec(ctx, p.s.keys, []string{p.id, p.s.m.pubMode}).ToArray()
+	if err != nil {
+		return fmt.Errorf("semaphore: release %q: %w", p.s.name, err)
+	}
+	held := int64(-1)
+	if len(vs) == 2 {
+		held, _ = vs[0].AsInt64()
+	}
+	if held < 0 {
+		return fmt.Errorf("semaphore: release %q: unexpected reply", p.s.name)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.released = true
+	if held == 1 {
+		return nil
+	}
+	if lostErr != nil {
+		return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
+	}
+	// Redis says it is gone before the watchdog noticed.
+	if p.err == nil {
+		p.err = fmt.Errorf("%w: %q: found not held at release", ErrLost, p.s.name)
+		close(p.lost)
+	}
+	return fmt.Errorf("%w: %w", ErrNotHeld, p.err)
+}
+
+// renew is the watchdog's renewal of this permit.
+func (p *Permit) renew(ctx context.Context) error {
+	ok, err := p.s.m.renew.Exec(ctx, p.s.keys[:2], []string{p.id, p.s.m.leaseMs}).AsInt64()
+	if err != nil {
+		return err
+	}
+	if ok == 0 {
+		return fmt.Errorf("%w: expired or deleted", lease.ErrGone)
+	}
+	return nil
+}
+
+// lose records the loss of the permit; called by the lease keeper.
+func (p *Permit) lose(cause error) {
+	if errors.Is(cause, lease.ErrClosed) {
+		cause = fmt.Errorf("%w: %w", ErrClosed, cause)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.released || p.err != nil {
+		return
+	}
+	p.err = fmt.Errorf("%w: %q: %w", ErrLost, p.s.name, cause)
+	close(p.lost)
+}
