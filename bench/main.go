@@ -1,0 +1,174 @@
+// Command bench runs every sluice primitive end to end and measures it, on
+// an embedded miniredis by default or on a real Redis or Redis Cluster, and
+// with -peers compares it with the libraries people use for the same jobs.
+//
+//	go run .                                  # embedded server, no setup
+//	go run . -redis 127.0.0.1:6379 -peers      # real numbers, with peers
+//	go run . -quick                           # CI smoke test, under 20 s
+//
+// It is its own module so that the peers' dependencies never enter the
+// library's go.mod.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"regexp"
+	"runtime"
+	"slices"
+	"time"
+)
+
+// envRedis names the environment variable that -redis defaults to.
+const envRedis = "SLUICE_BENCH_REDIS"
+
+// config is what the command line asks for.
+type config struct {
+	redis    string
+	peers    bool
+	quick    bool
+	json     string
+	rounds   int
+	duration time.Duration
+	run      string
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.redis, "redis", os.Getenv(envRedis),
+		"Redis to run against: host:port, redis://[user:password@]host:port, or a comma-separated\n"+
+			"cluster seed list; empty starts an embedded miniredis (env "+envRedis+")")
+	flag.BoolVar(&c.peers, "peers", false, "also run the peer libraries on the same workloads, interleaved")
+	flag.BoolVar(&c.quick, "quick", false, "one short round of everything, for CI (under 20 s)")
+	flag.StringVar(&c.json, "json", "", "also write the results as JSON to this `file`")
+	flag.IntVar(&c.rounds, "rounds", 0, "rounds per workload; the median is reported (default 3, 1 with -quick)")
+	flag.DurationVar(&c.duration, "duration", 0, "length of one measurement (default 600ms, 150ms with -quick)")
+	flag.StringVar(&c.run, "run", "", "only run workloads whose name matches this `regexp` (e.g. lock, ratelimit.flood, ceiling)")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	rep, err := run(ctx, c, os.Stdout, newProgress(os.Stderr))
+	if err == nil && c.json != "" {
+		err = writeJSON(c.json, rep)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// errScenario means a scenario's invariant did not hold.
+var errScenario = errors.New("a scenario failed")
+
+// run does the whole job and prints the tables to out.
+func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report, error) {
+	// A hard bound on the whole run, whatever the flags say.
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
+	defer cancel()
+
+	b := &bench{rounds: 3, duration: 600 * time.Millisecond, warmup: 150 * time.Millisecond, peers: c.peers, prog: prog}
+	if c.quick {
+		b.rounds, b.duration, b.warmup = 1, 150*time.Millisecond, 30*time.Millisecond
+	}
+	if c.rounds > 0 {
+		b.rounds = c.rounds
+	}
+	if c.duration > 0 {
+		b.duration = c.duration
+	}
+	if c.run != "" {
+		re, err := regexp.Compile(c.run)
+		if err != nil {
+			return nil, fmt.Errorf("-run: %w", err)
+		}
+		b.filter = re
+	}
+	// Keys of this run never meet those of another run on the same server.
+	b.ns = "sluice-bench:" + rand.Text()[:8] + ":"
+
+	var err error
+	if c.redis == "" {
+		b.srv, err = startEmbedded()
+	} else {
+		b.srv, err = dialServer(ctx, c.redis)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer b.srv.close()
+
+	rep := &report{
+		Server: b.srv.describe(), ServerKind: b.srv.kind(), Started: time.Now(),
+		Rounds: b.rounds, Duration: b.duration.Seconds(), Peers: c.peers, Quick: c.quick,
+		GoVersion: runtime.Version(),
+	}
+	fmt.Fprintf(out, "sluice bench on %s, GOMAXPROCS %d\n", rep.Server, runtime.GOMAXPROCS(0))
+	if b.srv.embedded != nil {
+		fmt.Fprintln(out, "NOTE: this is an embedded miniredis (Lua in Go, in this process), so the numbers below are")
+		fmt.Fprintln(out, "      NOT Redis numbers. For real ones: go run . -redis 127.0.0.1:6379 -peers")
+	}
+
+	for _, sr := range scenarioRunners {
+		if b.selected("scenario." + sr.name) {
+			prog.show("scenario."+sr.name, "sluice", "running")
+			rep.Scenarios = append(rep.Scenarios, sr.run(ctx, b.srv, c.quick))
+		}
+	}
+	prog.clear()
+	printScenarios(out, rep.Scenarios)
+
+	runGroup(ctx, b, lockImpls, lockWorkloads)
+	runGroup(ctx, b, semaphoreImpls, semaphoreWorkloads)
+	runGroup(ctx, b, limiterImpls, limiterWorkloads)
+	rep.Results = b.results
+
+	if b.selected("ceiling") {
+		n := 300_000
+		if c.quick {
+			n = 50_000
+		}
+		scriptOf := map[string]string{}
+		var scripts []string
+		for _, im := range limiterImpls {
+			if im.script != "" && im.kind != peer {
+				scriptOf[im.name] = im.script
+				if !slices.Contains(scripts, im.script) {
+					scripts = append(scripts, im.script)
+				}
+			}
+		}
+		rep.Ceiling = measureCeilings(ctx, b, scripts, n)
+		rep.Fractions = fractions(rep.Results, rep.Ceiling, scriptOf)
+	}
+	prog.clear()
+
+	if len(rep.Results) > 0 {
+		fmt.Fprintf(out, "\nworkloads: %d round(s) of %s each (hand-offs twice that), implementations interleaved,\n", b.rounds, b.duration)
+		fmt.Fprintln(out, "median round shown; allocs/op are process-wide (runtime.MemStats.Mallocs delta / ops);")
+		fmt.Fprintln(out, "vs peer: times better than the best peer (ops/s, or p50 for latency workloads)")
+		printResults(out, rep.Results)
+	}
+	printCeilings(out, rep.Ceiling, rep.Fractions)
+	if !c.peers {
+		fmt.Fprintln(out, "\n(peers not run; add -peers to compare with redsync, redislock, rueidislock, redis_rate, ulule/limiter)")
+	}
+	rep.Elapsed = time.Since(rep.Started).Seconds()
+	fmt.Fprintf(out, "\ndone in %.1fs\n", rep.Elapsed)
+
+	if err := ctx.Err(); err != nil {
+		return rep, fmt.Errorf("run cut short: %w", err)
+	}
+	for _, sc := range rep.Scenarios {
+		if !sc.OK {
+			return rep, fmt.Errorf("%w: %s", errScenario, sc.Name)
+		}
+	}
+	return rep, nil
+}
