@@ -1,0 +1,157 @@
+package semaphore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/rueidis"
+
+	"github.com/sluicekit/sluice/scriptcache"
+	"github.com/sluicekit/sluice/semaphore"
+)
+
+// Examples run on miniredis so that they need no server; use a real Redis
+// in production. Against miniredis the client needs DisableCache and
+// AlwaysRESP2.
+func exampleManager() (*semaphore.Manager, func()) {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	client, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress:  []string{mr.Addr()},
+		DisableCache: true,
+		AlwaysRESP2:  true,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	sc, err := scriptcache.New(context.Background(), client)
+	if err != nil {
+		log.Fatal(err)
+	}
+	mgr, err := semaphore.NewManager(sc, semaphore.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	return mgr, func() { mgr.Close(); client.Close(); mr.Close() }
+}
+
+// A pool of workers bounded fleet-wide: every process that runs this code
+// against the same Redis shares the 3 permits of "fragile-upstream", so at
+// most 3 calls to the upstream run at once however many processes and
+// goroutines there are.
+func Example_workerPool() {
+	mgr, done := exampleManager()
+	defer done()
+
+	upstream, err := mgr.NewSemaphore("fragile-upstream", 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var running, most, finished atomic.Int64
+	callUpstream := func() {
+		n := running.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(5 * time.Millisecond)
+		running.Add(-1)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 8 { // 8 local workers, 20 jobs
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for finished.Load() < 20 {
+				p, err := upstream.Acquire(ctx, 1)
+				if err != nil {
+					log.Print(err)
+					return
+				}
+				if finished.Add(1) <= 20 {
+					callUpstream()
+				}
+				if err := p.Release(ctx); err != nil {
+					log.Print(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Println("at most 3 at once:", most.Load() <= 3)
+	free, err := upstream.Available(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("free afterwards:", free)
+	// Output:
+	// at most 3 at once: true
+	// free afterwards: 3
+}
+
+func ExampleSemaphore_TryAcquire() {
+	mgr, done := exampleManager()
+	defer done()
+	ctx := context.Background()
+
+	sem, err := mgr.NewSemaphore("exports", 4)
+	if err != nil {
+		log.Fatal(err)
+	}
+	big, err := sem.Acquire(ctx, 3) // a heavy job takes 3 of the 4 permits
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := sem.TryAcquire(ctx, 2); errors.Is(err, semaphore.ErrNotObtained) {
+		fmt.Println("2 permits: busy, try later")
+	}
+	small, err := sem.TryAcquire(ctx, 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("1 permit: ok")
+	small.Release(ctx)
+	big.Release(ctx)
+	if err := big.Release(ctx); errors.Is(err, semaphore.ErrNotHeld) {
+		fmt.Println("second release: not held")
+	}
+	// Output:
+	// 2 permits: busy, try later
+	// 1 permit: ok
+	// second release: not held
+}
+
+// A holder should stop work its permit bounds when the permit is lost (its
+// lease ran out without renewal, or the keys were removed).
+func ExamplePermit_Lost() {
+	mgr, done := exampleManager()
+	defer done()
+	ctx := context.Background()
+
+	sem, err := mgr.NewSemaphore("reindex", 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	p, err := sem.Acquire(ctx, 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Release(ctx)
+	select {
+	case <-p.Lost():
+		fmt.Println("stop:", p.Err())
+	case <-time.After(10 * time.Millisecond): // the work
+		fmt.Println("work done with the permit held")
+	}
+	// Output:
+	// work done with the permit held
+}
