@@ -29,7 +29,7 @@ var targets = []target{
 
 var algorithms = []Algorithm{FixedWindow, SlidingWindow, GCRA}
 
-func newCache(t *testing.T, addrs ...string) *scriptcache.Cache {
+func newCache(t testing.TB, addrs ...string) *scriptcache.Cache {
 	t.Helper()
 	sc, err := scriptcache.New(context.Background(), redistest.Client(t, addrs...))
 	if err != nil {

@@ -1,0 +1,84 @@
+package ratelimit
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicekit/sluice/internal/redistest"
+)
+
+// BenchmarkAllow measures allowed calls over many keys, with 1 and 64
+// goroutines, for each algorithm, on the shared real server.
+func BenchmarkAllow(b *testing.B) {
+	sc := newCache(b, redistest.Single(b).Addr())
+	for _, algo := range algorithms {
+		for _, g := range []int{1, 64} {
+			b.Run(algo.String()+"/goroutines="+strconv.Itoa(g), func(b *testing.B) {
+				l, err := New(sc, Options{Algorithm: algo, Limit: Limit{Rate: 1_000_000_000, Period: time.Hour}, Prefix: "bench:" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				run(b, g, func(i int64) string { return keys[i%int64(len(keys))] }, l)
+			})
+		}
+	}
+}
+
+// BenchmarkFlood measures one key that is over its limit, hammered by 64
+// goroutines, with and without the deny cache.
+func BenchmarkFlood(b *testing.B) {
+	sc := newCache(b, redistest.Single(b).Addr())
+	for _, algo := range algorithms {
+		for _, disable := range []bool{false, true} {
+			name := algo.String() + "/denycache=on"
+			if disable {
+				name = algo.String() + "/denycache=off"
+			}
+			b.Run(name, func(b *testing.B) {
+				l, err := New(sc, Options{Algorithm: algo, Limit: PerHour(1), DisableDenyCache: disable,
+					Prefix: "bench:" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				l.Allow(context.Background(), "203.0.113.7")
+				run(b, 64, func(int64) string { return "203.0.113.7" }, l)
+			})
+		}
+	}
+}
+
+var keys = func() []string {
+	k := make([]string, 10_000)
+	for i := range k {
+		k[i] = "198.51." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)
+	}
+	return k
+}()
+
+func run(b *testing.B, goroutines int, key func(int64) string, l *Limiter) {
+	ctx := context.Background()
+	var n atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	if goroutines == 1 {
+		for i := 0; b.Loop(); i++ {
+			if _, err := l.Allow(ctx, key(int64(i))); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return
+	}
+	b.SetParallelism(max(goroutines/runtime.GOMAXPROCS(0), 1))
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := l.Allow(ctx, key(n.Add(1))); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}

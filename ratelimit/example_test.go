@@ -1,0 +1,99 @@
+package ratelimit_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/rueidis"
+
+	"github.com/sluicekit/sluice/ratelimit"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// Examples run on miniredis so that their output is deterministic; use a
+// real Redis server or cluster in production.
+// Its clock is stopped, as if every call came at the same instant.
+func newScriptCache() (*scriptcache.Cache, func()) {
+	mr, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	mr.SetTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{mr.Addr()}, DisableCache: true})
+	if err != nil {
+		panic(err)
+	}
+	sc, err := scriptcache.New(context.Background(), client)
+	if err != nil {
+		panic(err)
+	}
+	return sc, func() { client.Close(); mr.Close() }
+}
+
+// Per-IP rate limiting of a net/http server: two requests per minute per
+// client address, then 429 with Retry-After.
+func ExampleMiddleware() {
+	sc, done := newScriptCache()
+	defer done()
+
+	limiter, err := ratelimit.New(sc, ratelimit.Options{
+		Algorithm: ratelimit.FixedWindow,
+		Limit:     ratelimit.PerMinute(2),
+	})
+	if err != nil {
+		panic(err)
+	}
+	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "hello")
+	})
+	mux := http.NewServeMux()
+	mux.Handle("/", ratelimit.Middleware(limiter, ratelimit.MiddlewareOptions{})(hello))
+
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	for range 3 {
+		resp, err := srv.Client().Get(srv.URL)
+		if err != nil {
+			panic(err)
+		}
+		resp.Body.Close()
+		fmt.Printf("%s, RateLimit: %s, Retry-After: %q\n", resp.Status, resp.Header.Get("RateLimit"), resp.Header.Get("Retry-After"))
+	}
+	// Output:
+	// 200 OK, RateLimit: "default";r=1;t=60, Retry-After: ""
+	// 200 OK, RateLimit: "default";r=0;t=60, Retry-After: ""
+	// 429 Too Many Requests, RateLimit: "default";r=0;t=60, Retry-After: "60"
+}
+
+// A GCRA limiter of 10 requests per second with bursts of 3, and a weighted
+// request.
+func ExampleLimiter_AllowN() {
+	sc, done := newScriptCache()
+	defer done()
+
+	limiter, err := ratelimit.New(sc, ratelimit.Options{
+		Algorithm: ratelimit.GCRA,
+		Limit:     ratelimit.Limit{Rate: 10, Period: time.Second, Burst: 3},
+	})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	res, err := limiter.AllowN(ctx, "user:42", 2)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(res.Allowed, res.Remaining, res.ResetAfter)
+	res, err = limiter.AllowN(ctx, "user:42", 2)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(res.Allowed, res.Remaining, res.RetryAfter)
+	// Output:
+	// true 1 200ms
+	// false 1 100ms
+}
