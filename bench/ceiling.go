@@ -74,7 +74,7 @@ func measureCeilings(ctx context.Context, b *bench, scripts []string, benchmarkN
 		if useBenchmark {
 			b.prog.show("ceiling", name, "redis-benchmark")
 			c := ceiling{Script: name, Method: "redis-benchmark -P 16"}
-			c.OpsPerSec, err = redisBenchmark(ctx, b.srv, s.SHA1(), args, benchmarkN)
+			c.OpsPerSec, err = redisBenchmark(ctx, b.srv, s.SHA1(), args, b.ns+"ceiling-rb:"+name+":", benchmarkN)
 			if err != nil {
 				c.Err = err.Error()
 			}
@@ -92,8 +92,9 @@ func measureCeilings(ctx context.Context, b *bench, scripts []string, benchmarkN
 }
 
 // redisBenchmark runs n EVALSHA calls of sha with 50 connections and 16
-// commands in flight per connection, on random keys, and returns the rate.
-func redisBenchmark(ctx context.Context, s *server, sha string, args []string, n int) (float64, error) {
+// commands in flight per connection, on random keys starting with ns, and
+// returns the rate.
+func redisBenchmark(ctx context.Context, s *server, sha string, args []string, ns string, n int) (float64, error) {
 	host, port, ok := strings.Cut(s.addrs[0], ":")
 	if !ok {
 		return 0, fmt.Errorf("address %q has no port", s.addrs[0])
@@ -107,11 +108,14 @@ func redisBenchmark(ctx context.Context, s *server, sha string, args []string, n
 	if s.password != "" {
 		argv = append(argv, "-a", s.password)
 	}
-	argv = append(argv, "EVALSHA", sha, "1", "sluice-bench:ceiling:__rand_int__")
+	argv = append(argv, "EVALSHA", sha, "1", ns+"__rand_int__")
 	argv = append(argv, args...)
-	out, err := exec.CommandContext(ctx, "redis-benchmark", argv...).Output()
+	cmd := exec.CommandContext(ctx, "redis-benchmark", argv...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return 0, fmt.Errorf("redis-benchmark: %w", err)
+		return 0, fmt.Errorf("redis-benchmark: %w: %s", err, strings.TrimSpace(stderr.String()))
 	}
 	// --csv prints a header and one row: "test","rps",...
 	rows, err := csv.NewReader(strings.NewReader(string(out))).ReadAll()

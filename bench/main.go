@@ -118,7 +118,7 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 	for _, sr := range scenarioRunners {
 		if b.selected("scenario." + sr.name) {
 			prog.show("scenario."+sr.name, "sluice", "running")
-			rep.Scenarios = append(rep.Scenarios, sr.run(ctx, b.srv, c.quick))
+			rep.Scenarios = append(rep.Scenarios, sr.run(ctx, b.srv, b.ns+sr.name+":", c.quick))
 		}
 	}
 	prog.clear()

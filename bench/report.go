@@ -109,9 +109,11 @@ func printResults(w io.Writer, results []result) {
 	}
 }
 
+// percent prints a share with two significant digits below 1%, so that a
+// flood's tiny allowed share does not show as 0%.
 func percent(f float64) string {
 	if f > 0 && f < 0.01 {
-		return fmt.Sprintf("%.2f%%", f*100)
+		return fmt.Sprintf("%.2g%%", f*100)
 	}
 	return fmt.Sprintf("%.0f%%", f*100)
 }

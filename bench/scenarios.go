@@ -15,15 +15,18 @@ type scenario struct {
 	Err   string   `json:"error,omitempty"`
 }
 
-// scenarioRunner runs one scenario; quick asks for a smaller one.
+// scenarioRunner runs one scenario with keys starting with ns; quick asks
+// for a smaller one.
 type scenarioRunner struct {
 	name string
-	run  func(ctx context.Context, s *server, quick bool) scenario
+	run  func(ctx context.Context, s *server, ns string, quick bool) scenario
 }
 
-// scenarioRunners is filled by the scenario_*.go files' init functions, in
-// file name order.
-var scenarioRunners []scenarioRunner
+// scenarioRunners are the end-to-end scenarios, in the order they run.
+var scenarioRunners = []scenarioRunner{
+	{"throttle", throttleScenario},
+	{"workers", workersScenario},
+}
 
 func printScenarios(w io.Writer, scs []scenario) {
 	for _, sc := range scs {
