@@ -577,3 +577,36 @@ func evalshaCalls(t testing.TB, srv *redistest.Server) int64 {
 	}
 	return 0
 }
+
+// TestLostReplyReleased checks that an Acquire whose request reaches Redis
+// only after its context ended holds nothing: the request still runs and
+// grants the permit, and Acquire's clean-up release must free it.
+func TestLostReplyReleased(t *testing.T) {
+	srv := redistest.NewServer(t)
+	e := newEnv(t, []string{srv.Addr()}, semaphore.Options{})
+	s := e.sem(t, uniqueName(t), 2)
+	wantAvailable(t, s, 2) // connection up, scripts loaded
+
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := make(chan error, 1)
+	time.AfterFunc(500*time.Millisecond, func() { resumed <- srv.Resume() })
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	p, err := s.Acquire(ctx, 1)
+	if err := <-resumed; err != nil {
+		t.Fatal(err)
+	}
+	if p != nil || !errors.Is(err, semaphore.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire against a paused server = (%v, %v), want ErrNotObtained wrapping DeadlineExceeded", p, err)
+	}
+	hs, err := s.Holders(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hs) != 0 {
+		t.Fatalf("Holders after a timed-out Acquire = %+v, want none", hs)
+	}
+	wantAvailable(t, s, 2)
+}
