@@ -38,8 +38,10 @@ if after > tolerance then
 end
 
 if cost > 0 then
+  -- %d: some Redis versions would write a round Lua number in exponent
+  -- form ("1e+08"), which PX rejects.
   redis.call('SET', KEYS[1], string.format('%.17g', now + after),
-    'PX', math.max(math.ceil(after / 1000), 1))
+    'PX', string.format('%d', math.max(math.ceil(after / 1000), 1)))
 end
 local remaining = math.max(math.floor((tolerance - after) / interval + 1e-9), 0)
 return {1, remaining, 0, math.ceil(after)}

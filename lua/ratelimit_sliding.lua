@@ -67,10 +67,12 @@ end
 
 if cost > 0 then
   cur = cur + cost
-  redis.call('HSET', KEYS[1], 'w', idx, 'c', cur, 'p', prev)
+  -- Numbers go to commands through %d: some Redis versions would write a
+  -- round Lua number in exponent form ("1e+08"), which PEXPIRE rejects.
+  redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', cur, 'p', prev)
   -- This window's count is still needed, as the previous one, until the
   -- next window ends.
-  redis.call('PEXPIRE', KEYS[1], math.ceil((2 * window - elapsed) / 1000))
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((2 * window - elapsed) / 1000)))
 end
 local remaining = math.max(math.floor(limit - estimate - cost), 0)
 return {1, remaining, 0, math.ceil(reset_after(cur, prev))}

@@ -100,6 +100,10 @@ type middleware struct {
 }
 
 func newMiddleware(l *Limiter, opts MiddlewareOptions) *middleware {
+	if l == nil {
+		// A programming error, caught when the handler chain is built.
+		panic("ratelimit: Middleware called with a nil *Limiter")
+	}
 	m := &middleware{l: l, opts: opts, timeout: opts.Timeout}
 	if m.timeout <= 0 {
 		m.timeout = DefaultTimeout

@@ -420,3 +420,18 @@ func TestLimitString(t *testing.T) {
 		t.Errorf("Algorithm(9).String() = %q", got)
 	}
 }
+
+// TestRoundPeriods uses periods whose millisecond counts Redis 7 would
+// print in exponent form ("1e+08") if a script passed them to a command as
+// Lua numbers; PEXPIRE and SET PX reject that.
+func TestRoundPeriods(t *testing.T) {
+	sc := newCache(t, redistest.Single(t).Addr())
+	for _, algo := range algorithms {
+		for _, period := range []time.Duration{100_000 * time.Second, 1_000_000 * time.Second} {
+			l := newLimiter(t, sc, Options{Algorithm: algo, Limit: Limit{Rate: 1, Period: period}, DisableDenyCache: true})
+			if res := allow(t, l, "k"+period.String(), 1); !res.Allowed {
+				t.Fatalf("%v, period %v: got %+v; want allowed", algo, period, res)
+			}
+		}
+	}
+}
