@@ -184,10 +184,62 @@ func (s *Script) SHA1() string { return s.sha }
 
 // Exec runs the script with keys and args and returns its reply. NOSCRIPT
 // never reaches the caller. On a cluster, keys must share one slot.
+//
+// When ctx ends before the reply arrives, Exec returns ctx.Err() at once,
+// but the script may still run: callers must treat that as an unknown
+// outcome. rueidis never sees ctx itself. It would close a connection that
+// other callers share when a deadline passed mid-command, and dial a fresh
+// connection under whichever caller's context came first, failing all who
+// wait on that dial when that one context ends. So the call runs with a
+// context that is never cancelled, in a goroutine that ends when Redis
+// answers or the client's own timeouts (ConnWriteTimeout) or Close end it.
 func (s *Script) Exec(ctx context.Context, keys, args []string) rueidis.RedisResult {
+	return s.ExecOrLate(ctx, keys, args, nil)
+}
+
+// ExecOrLate is Exec, and when ctx ends before the reply arrives, it calls
+// late (if not nil) with the reply once it does, from another goroutine.
+// A primitive uses it to undo what a call it gave up on did after all, such
+// as an acquisition nobody is waiting for.
+func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(rueidis.RedisResult)) rueidis.RedisResult {
 	if err := s.c.checkSlots(keys); err != nil {
 		return rueidis.NewErrorResult(err)
 	}
+	done := ctx.Done()
+	if done == nil {
+		return s.exec(ctx, keys, args)
+	}
+	if err := ctx.Err(); err != nil {
+		return rueidis.NewErrorResult(err)
+	}
+	reply := make(chan rueidis.RedisResult) // unbuffered: the reply goes to the caller or to late, never both
+	abandoned := make(chan struct{})
+	go func() {
+		r := s.exec(context.WithoutCancel(ctx), keys, args)
+		select {
+		case reply <- r:
+		case <-abandoned:
+			if late != nil {
+				late(r)
+			}
+		}
+	}()
+	select {
+	case r := <-reply:
+		return r
+	case <-done:
+		close(abandoned)
+		// The reply may have come at the same moment: take it if so.
+		select {
+		case r := <-reply:
+			return r
+		default:
+		}
+		return rueidis.NewErrorResult(ctx.Err())
+	}
+}
+
+func (s *Script) exec(ctx context.Context, keys, args []string) rueidis.RedisResult {
 	client := s.c.client
 	r := client.Do(ctx, client.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 	if !isNoScript(r.Error()) {

@@ -7,8 +7,10 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
@@ -316,4 +318,70 @@ func ExampleNew() {
 	n, err := incr.Exec(ctx, []string{"visits"}, nil).AsInt64()
 	fmt.Println(n, err)
 	// Output: 1 <nil>
+}
+
+// TestCallerDeadlinesAreIsolated: callers whose contexts end early must not
+// fail other callers' commands (rueidis would close or fail to dial the
+// connection they share if it saw those deadlines).
+func TestCallerDeadlinesAreIsolated(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	sc, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()), scriptcache.WithFS(testFS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := sc.Script("incr")
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := range 300 {
+		wg.Go(func() {
+			short, cancel := context.WithTimeout(ctx, time.Duration(i%20)*100*time.Microsecond)
+			defer cancel()
+			s.Exec(short, []string{"isolated"}, nil)
+			if err := s.Exec(ctx, []string{"isolated"}, nil).Error(); err != nil {
+				failed.Add(1)
+				t.Logf("call without deadline failed: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d calls without a deadline failed because of other callers' deadlines", n)
+	}
+}
+
+// TestExecOrLate: a caller that gives up gets ctx.Err() at once, and the
+// reply, when it comes, goes to late.
+func TestExecOrLate(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	sc, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()), scriptcache.WithFS(testFS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := sc.Script("incr")
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	late := make(chan int64, 1)
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	err = s.ExecOrLate(short, []string{"late"}, nil, func(r rueidis.RedisResult) {
+		n, _ := r.AsInt64()
+		late <- n
+	}).Error()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ExecOrLate on a paused server = %v, want DeadlineExceeded", err)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-late:
+		if n != 1 {
+			t.Fatalf("late reply = %d, want 1", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("late was not called with the reply")
+	}
 }
