@@ -1,0 +1,604 @@
+// Package mutex is a distributed, reentrant lease lock on Redis, in the style
+// of Redisson's RLock, with fencing tokens and a loss signal.
+//
+// A Locker owns what the locks of a process share: one pub/sub subscription
+// per lock name that anyone here waits on, and one watchdog that renews every
+// held lease. Create one per process and Close it on shutdown. A Mutex is one
+// owner of one named lock:
+//
+//	locks, err := mutex.NewLocker(sc, mutex.Options{})
+//	defer locks.Close()
+//	m, err := locks.NewMutex("order:42")
+//	if err := m.Lock(ctx); err != nil { ... }
+//	defer m.Unlock(ctx)
+//
+// # Owners and reentrancy
+//
+// Every Mutex value has its own owner id (a random UUID, or WithOwner). Lock
+// on a value that already holds the lock nests, and each Unlock undoes one
+// Lock; the lock is free after the last. Owner identity is the value, not the
+// goroutine: goroutines that must exclude each other need a Mutex each
+// (NewMutex is cheap; all of a Locker's Mutexes share its subscriptions).
+//
+// # Leases
+//
+// With Options.Lease zero, a lock is held with a WatchdogLease (30 s) that the
+// Locker renews every third of it while the lock is held, so a crashed
+// process frees it within one lease. With a Lease set, there is no renewal:
+// the lock expires by itself that long after the outermost Lock.
+//
+// # Loss
+//
+// A holder can lose the lock: the key was deleted or expired, Redis restarted
+// without persistence, renewals failed for a whole lease (a partition, a
+// paused process), or the Locker was closed. The holder is told: Lost's
+// channel closes and Err returns an error wrapping ErrLost and the reason.
+// Loss is judged on the client clock, counting each lease from before the
+// request that set it was sent, so the signal comes before Redis could have
+// let anyone else in. Work that must not run without the lock should watch
+// Lost or, better, use the fencing token.
+//
+// # Fencing tokens
+//
+// Token returns a number issued to each outermost acquisition; it is strictly
+// greater than the tokens of every earlier acquisition of the same lock name,
+// so a storage layer that remembers the highest token it has seen can refuse
+// a write from a holder that lost the lock without knowing (a GC pause, a
+// partition). Tokens are the Redis server's clock in microseconds, or one more
+// than the previous token when that is larger; the previous token is kept
+// for a second after a release. No key is left behind for them. Monotonicity
+// breaks only if the Redis clock steps back by more than that second while
+// the lock is free, or on failover to a replica whose clock is behind the old
+// primary's, or that did not receive the last acquisitions (replication is
+// asynchronous). Redis locks are leases, not consensus: the fencing check in
+// the storage is what makes a stale holder harmless.
+//
+// # Waiting
+//
+// A Lock that finds the lock held subscribes to the lock's channel, waits for
+// the subscription to be confirmed (so no release is missed between attempt
+// and subscription), and then tries again whenever a release is published, or
+// when the holder's lease runs out, whichever comes first. A release wakes one
+// waiter per process. On a Redis 7 cluster the channel is sharded (SPUBLISH),
+// so a release does not travel to every node. Lost messages or a dropped
+// pub/sub connection can delay a waiter until the holder's lease ends, never
+// longer.
+//
+// # Keys
+//
+// A lock named N is the hash PREFIX{N} and its channel PREFIX{N}:w (PREFIX
+// defaults to "sluice:mutex:"); the braces keep both in one cluster slot. A
+// free lock leaves no key, apart from the released hash for a second.
+//
+// On miniredis (tests, the embedded demo) the rueidis client needs
+// DisableCache and AlwaysRESP2 (pub/sub on its own connection).
+package mutex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/rueidis"
+
+	"github.com/sluicekit/sluice/internal/keyspace"
+	"github.com/sluicekit/sluice/internal/lease"
+	"github.com/sluicekit/sluice/internal/notify"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// Errors of this package; check them with errors.Is.
+var (
+	// ErrNotObtained means Lock gave up (its context ended; the error also
+	// wraps ctx.Err()) or TryLock found the lock held by another owner.
+	ErrNotObtained = errors.New("mutex: not obtained")
+	// ErrNotHeld means Unlock was called by a Mutex that does not hold the
+	// lock (never locked, already unlocked, or lost). Nothing was changed.
+	ErrNotHeld = errors.New("mutex: not held")
+	// ErrLost means a held lock was lost; Err wraps it with the reason.
+	ErrLost = errors.New("mutex: lock lost")
+	// ErrClosed means the Locker was closed.
+	ErrClosed = errors.New("mutex: locker closed")
+	// ErrInvalidName means the lock name is empty or too long.
+	ErrInvalidName = errors.New("mutex: invalid name")
+	// ErrInvalidOptions means Options or a MutexOption is out of range.
+	ErrInvalidOptions = errors.New("mutex: invalid options")
+)
+
+// Defaults for Options.
+const (
+	DefaultWatchdogLease = 30 * time.Second
+	DefaultPrefix        = "sluice:mutex:"
+)
+
+// maxLease bounds leases so their milliseconds fit everywhere they go.
+const maxLease = 365 * 24 * time.Hour
+
+// Options configure a Locker. The zero value is the default.
+type Options struct {
+	// Lease is a fixed lease for every lock: it expires that long after the
+	// outermost Lock unless unlocked before, and is never renewed. Zero
+	// means a watchdog lease instead.
+	Lease time.Duration
+	// WatchdogLease is the lease of a lock without a fixed Lease; it is
+	// renewed every WatchdogLease/3 while the lock is held. Zero means
+	// DefaultWatchdogLease (30 s). At least 30 ms.
+	WatchdogLease time.Duration
+	// Prefix starts every key. Empty means DefaultPrefix. It must not
+	// contain braces (they would move the cluster hash tag).
+	Prefix string
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.WatchdogLease == 0 {
+		o.WatchdogLease = DefaultWatchdogLease
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if err := checkLease(o.Lease, true); err != nil {
+		return o, err
+	}
+	if err := checkLease(o.WatchdogLease, false); err != nil {
+		return o, fmt.Errorf("%w (watchdog lease)", err)
+	}
+	if err := keyspace.CheckPrefix(o.Prefix); err != nil {
+		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	return o, nil
+}
+
+func checkLease(d time.Duration, zeroOK bool) error {
+	if (d == 0 && zeroOK) || (d >= 30*time.Millisecond && d <= maxLease) {
+		return nil
+	}
+	return fmt.Errorf("%w: lease %v outside [30ms, %v]", ErrInvalidOptions, d, maxLease)
+}
+
+// Locker creates Mutexes and owns what they share. It is safe for
+// concurrent use.
+type Locker struct {
+	opts    Options
+	pubMode string // ARGV for the scripts: "s" (SPUBLISH) or "p"
+
+	lock, unlock, renew, force *scriptcache.Script
+	client                     rueidis.Client
+
+	hub    *notify.Hub
+	keeper *lease.Keeper
+	closed atomic.Bool
+}
+
+// NewLocker returns a Locker that runs its scripts through sc.
+func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
+	if sc == nil {
+		return nil, fmt.Errorf("%w: nil script cache", ErrInvalidOptions)
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	l := &Locker{opts: opts, pubMode: "p", client: sc.Client()}
+	if sc.ShardedPubSub() {
+		l.pubMode = "s"
+	}
+	for name, dst := range map[string]**scriptcache.Script{
+		"mutex_lock": &l.lock, "mutex_unlock": &l.unlock, "mutex_renew": &l.renew, "mutex_force": &l.force,
+	} {
+		if *dst, err = sc.Script(name); err != nil {
+			return nil, fmt.Errorf("mutex: %w", err)
+		}
+	}
+	l.hub = notify.New(sc.Client(), sc.ShardedPubSub())
+	l.keeper = lease.NewKeeper()
+	return l, nil
+}
+
+// Close stops the watchdog and the subscriptions and waits for their
+// goroutines. Locks still held are no longer renewed: their holders are told
+// (Lost closes, Err wraps ErrClosed) and the locks expire by their lease
+// unless unlocked. Waiting Locks return ErrClosed.
+func (l *Locker) Close() {
+	if l.closed.Swap(true) {
+		return
+	}
+	l.hub.Close()
+	l.keeper.Close()
+}
+
+// MutexOption configures one Mutex.
+type MutexOption func(*Mutex) error
+
+// WithOwner sets the owner id instead of a random UUID, for example to take
+// over a lock after a process restart. Two live Mutexes must never share an
+// owner id: they would hold the lock together.
+func WithOwner(id string) MutexOption {
+	return func(m *Mutex) error {
+		if id == "" || len(id) > keyspace.MaxNameLen {
+			return fmt.Errorf("%w: owner id must be 1 to %d bytes", ErrInvalidOptions, keyspace.MaxNameLen)
+		}
+		m.owner = id
+		return nil
+	}
+}
+
+// WithLease gives this Mutex a fixed lease (no renewal) instead of the
+// Locker's setting; zero restores the watchdog.
+func WithLease(d time.Duration) MutexOption {
+	return func(m *Mutex) error {
+		if err := checkLease(d, true); err != nil {
+			return err
+		}
+		m.setLease(d)
+		return nil
+	}
+}
+
+// NewMutex returns a Mutex for the lock called name, with its own owner id.
+// It does not talk to Redis.
+func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
+	if err := keyspace.CheckName(name); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidName, err)
+	}
+	m := &Mutex{
+		l:    l,
+		name: name,
+		keys: []string{keyspace.Key(l.opts.Prefix, name, ""), keyspace.Key(l.opts.Prefix, name, ":w")},
+	}
+	m.setLease(l.opts.Lease)
+	for _, opt := range opts {
+		if err := opt(m); err != nil {
+			return nil, err
+		}
+	}
+	if m.owner == "" {
+		m.owner = uuid.NewString()
+	}
+	return m, nil
+}
+
+// Mutex is one owner of one named lock. Its methods are safe for concurrent
+// use, but remember that every Lock on the same Mutex nests.
+type Mutex struct {
+	l        *Locker
+	name     string
+	keys     []string // lock hash, wake-up channel
+	owner    string
+	lease    time.Duration
+	watchdog bool
+	leaseMs  string // lease in ms, as sent
+	keepMs   string // how long a released hash is kept, in ms
+
+	op sync.Mutex // one script call at a time, so hold counts stay in step
+
+	mu    sync.Mutex // guards the fields below; never held across a call
+	holds int64
+	token int64
+	gen   uint64 // counts outermost acquisitions; tells stale loss reports apart
+	lse   *lease.Lease
+	lost  chan struct{}
+	err   error
+}
+
+func (m *Mutex) setLease(d time.Duration) {
+	m.watchdog = d == 0
+	m.lease = d
+	if m.watchdog {
+		m.lease = m.l.opts.WatchdogLease
+	}
+	m.leaseMs = strconv.FormatInt(m.lease.Milliseconds(), 10)
+	m.keepMs = strconv.FormatInt(min(time.Second, m.lease).Milliseconds(), 10)
+}
+
+// closedChan is returned by Lost when nothing is held.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// Name returns the lock's name.
+func (m *Mutex) Name() string { return m.name }
+
+// Owner returns this Mutex's owner id.
+func (m *Mutex) Owner() string { return m.owner }
+
+// Lock acquires the lock, or one more hold of it if this Mutex already holds
+// it, waiting as long as ctx allows. If ctx ends first it returns an error
+// wrapping ErrNotObtained and ctx.Err(), and holds nothing more.
+func (m *Mutex) Lock(ctx context.Context) error {
+	ok, wait, err := m.attempt(ctx)
+	if ok || err != nil {
+		return m.ctxErr(ctx, err)
+	}
+	w, err := m.l.hub.Subscribe(m.keys[1], 1)
+	if err != nil {
+		return ErrClosed
+	}
+	defer w.Close()
+	if err := w.Ready(ctx, wait); err != nil {
+		return m.notObtained(err)
+	}
+	for {
+		if ok, wait, err = m.attempt(ctx); ok {
+			return nil
+		}
+		if err != nil {
+			return m.ctxErr(ctx, err)
+		}
+		if err := w.Wait(ctx, wait); err != nil {
+			return m.notObtained(err)
+		}
+		if m.l.closed.Load() {
+			return ErrClosed
+		}
+	}
+}
+
+func (m *Mutex) notObtained(cause error) error {
+	return fmt.Errorf("%w: %q: %w", ErrNotObtained, m.name, cause)
+}
+
+// ctxErr turns a failed call into ErrNotObtained when it failed because ctx
+// ended, so callers see one error for "gave up waiting" however it happened.
+func (m *Mutex) ctxErr(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return m.notObtained(cerr)
+	}
+	// rueidis may see the deadline pass before the context's own timer
+	// has fired.
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return m.notObtained(err)
+	}
+	return err
+}
+
+// TryLock makes one attempt: it returns nil if the lock is now held by this
+// Mutex, or an error wrapping ErrNotObtained if another owner holds it.
+func (m *Mutex) TryLock(ctx context.Context) error {
+	ok, _, err := m.attempt(ctx)
+	if ok || err != nil {
+		return m.ctxErr(ctx, err)
+	}
+	return fmt.Errorf("%w: %q is held", ErrNotObtained, m.name)
+}
+
+// attempt runs the lock script once. It reports whether the lock is now
+// held and, if not, how long the current holder's lease has left.
+func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
+	if m.l.closed.Load() {
+		return false, 0, ErrClosed
+	}
+	m.op.Lock()
+	defer m.op.Unlock()
+	m.mu.Lock()
+	holds := m.holds
+	m.mu.Unlock()
+
+	sent := time.Now()
+	var late func(rueidis.RedisResult)
+	if holds == 0 {
+		late = m.releaseOrphan
+	}
+	r, err := m.l.lock.ExecOrLate(ctx, m.keys[:1], []string{m.owner, m.leaseMs, strconv.FormatInt(holds, 10)}, late).ToArray()
+	if err != nil {
+		return false, 0, fmt.Errorf("mutex: lock %q: %w", m.name, err)
+	}
+	if len(r) != 3 {
+		return false, 0, fmt.Errorf("mutex: lock %q: unexpected reply of %d values", m.name, len(r))
+	}
+	got, _ := r[0].AsInt64()
+	n, _ := r[1].AsInt64()
+	if got == 0 {
+		wait := time.Duration(n) * time.Millisecond
+		if n < 0 {
+			wait = m.lease // no TTL: someone set the key by hand
+		}
+		return false, max(wait, time.Millisecond), nil
+	}
+	token, _ := r[2].AsInt64()
+	if holds > 0 {
+		m.mu.Lock()
+		m.holds = n
+		m.mu.Unlock()
+		return true, 0, nil
+	}
+
+	// An outermost hold: start watching its lease.
+	m.mu.Lock()
+	m.gen++
+	gen := m.gen
+	m.holds, m.token, m.err = n, token, nil
+	m.lost = make(chan struct{})
+	m.mu.Unlock()
+	var renew lease.Renew
+	if m.watchdog {
+		args := []string{m.owner, strconv.FormatInt(token, 10), m.leaseMs}
+		renew = func(ctx context.Context) error {
+			ok, err := m.l.renew.Exec(ctx, m.keys[:1], args).AsInt64()
+			if err != nil {
+				return err
+			}
+			if ok == 0 {
+				return fmt.Errorf("%w: deleted, expired or taken over", lease.ErrGone)
+			}
+			return nil
+		}
+	}
+	lse := m.l.keeper.Add(sent, m.lease, renew, func(err error) { m.lose(gen, err) })
+	m.mu.Lock()
+	if m.gen == gen && m.holds > 0 {
+		m.lse = lse
+	}
+	m.mu.Unlock()
+	return true, 0, nil
+}
+
+// releaseOrphan handles the reply to an outermost Lock attempt that its
+// caller gave up on: if the attempt took the lock after all, nobody would
+// hold it knowingly, so it is released at once instead of blocking everyone
+// for a lease. (A nested attempt needs nothing: the next Unlock sends the
+// hold count the caller believes in.)
+func (m *Mutex) releaseOrphan(r rueidis.RedisResult) {
+	vals, err := r.ToArray()
+	if err != nil || len(vals) != 3 {
+		return
+	}
+	got, _ := vals[0].AsInt64()
+	n, _ := vals[1].AsInt64()
+	token, _ := vals[2].AsInt64()
+	if got != 1 || n != 1 || m.Holds() > 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), m.lease)
+	defer cancel()
+	m.l.unlock.Exec(ctx, m.keys, []string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs})
+}
+
+// lose records the loss of acquisition gen.
+func (m *Mutex) lose(gen uint64, cause error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gen != gen || m.holds == 0 {
+		return // already released, or a later acquisition
+	}
+	m.holds, m.lse = 0, nil
+	m.err = fmt.Errorf("%w: %q: %w", ErrLost, m.name, cause)
+	close(m.lost)
+}
+
+// Unlock gives back one hold; the last one releases the lock and wakes a
+// waiter. It returns an error wrapping ErrNotHeld, and changes nothing, if
+// this Mutex does not hold the lock; after a loss the error wraps Err too.
+// If Unlock fails with any other error (the reply was lost), the hold is
+// still counted and calling Unlock again is safe: it never removes two.
+func (m *Mutex) Unlock(ctx context.Context) error {
+	m.op.Lock()
+	defer m.op.Unlock()
+	m.mu.Lock()
+	holds, token, lostErr := m.holds, m.token, m.err
+	m.mu.Unlock()
+	if holds == 0 {
+		if lostErr != nil {
+			return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
+		}
+		return fmt.Errorf("%w: %q", ErrNotHeld, m.name)
+	}
+	left, err := m.l.unlock.Exec(ctx, m.keys, []string{
+		m.owner, strconv.FormatInt(holds, 10), strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs,
+	}).AsInt64()
+	if err != nil {
+		return fmt.Errorf("mutex: unlock %q: %w", m.name, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if left < 0 {
+		// Redis says we do not hold it, before our watchdog noticed.
+		if m.holds > 0 {
+			m.holds = 0
+			if m.lse != nil {
+				m.lse.Stop()
+				m.lse = nil
+			}
+			m.err = fmt.Errorf("%w: %q: found not held at unlock", ErrLost, m.name)
+			close(m.lost)
+		}
+		return fmt.Errorf("%w: %w", ErrNotHeld, m.err)
+	}
+	m.holds = left
+	if left == 0 {
+		if m.lse != nil {
+			m.lse.Stop()
+			m.lse = nil
+		}
+		m.token = 0
+	}
+	return nil
+}
+
+// Token returns the fencing token of the current hold, or 0 if this Mutex
+// holds nothing.
+func (m *Mutex) Token() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.holds == 0 {
+		return 0
+	}
+	return m.token
+}
+
+// Holds returns how many holds this Mutex has (0: not held).
+func (m *Mutex) Holds() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.holds
+}
+
+// Lost returns a channel that is closed when the current hold is lost. If
+// nothing is held it returns a closed channel. A normal Unlock does not close
+// it.
+func (m *Mutex) Lost() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.holds == 0 {
+		return closedChan
+	}
+	return m.lost
+}
+
+// Err returns why the last hold was lost (wrapping ErrLost), or nil.
+func (m *Mutex) Err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.err
+}
+
+// Info is what Redis says about a lock.
+type Info struct {
+	Held   bool          // some owner holds it
+	Owner  string        // that owner's id
+	Holds  int64         // that owner's hold count
+	Token  int64         // fencing token of the current (or last) acquisition
+	Remain time.Duration // remaining lease; 0 if not held
+}
+
+// Info reads the lock's state from Redis: whoever holds it, not only this
+// Mutex.
+func (m *Mutex) Info(ctx context.Context) (Info, error) {
+	c := m.l.client
+	res := c.DoMulti(ctx,
+		c.B().Hmget().Key(m.keys[0]).Field("o", "n", "f").Build(),
+		c.B().Pttl().Key(m.keys[0]).Build())
+	vals, err := res[0].ToArray()
+	if err != nil {
+		return Info{}, fmt.Errorf("mutex: info %q: %w", m.name, err)
+	}
+	pttl, err := res[1].AsInt64()
+	if err != nil || len(vals) != 3 {
+		return Info{}, fmt.Errorf("mutex: info %q: %w", m.name, err)
+	}
+	var in Info
+	in.Owner, _ = vals[0].ToString()
+	in.Held = in.Owner != ""
+	in.Holds, _ = vals[1].AsInt64()
+	in.Token, _ = vals[2].AsInt64()
+	if in.Held && pttl > 0 {
+		in.Remain = time.Duration(pttl) * time.Millisecond
+	}
+	return in, nil
+}
+
+// ForceUnlock releases the lock whoever holds it and wakes a waiter. It
+// reports whether the lock was held. The holder learns of it at its next
+// renewal (or Unlock) and is told through Lost.
+func (m *Mutex) ForceUnlock(ctx context.Context) (bool, error) {
+	n, err := m.l.force.Exec(ctx, m.keys, []string{m.l.pubMode, m.keepMs}).AsInt64()
+	if err != nil {
+		return false, fmt.Errorf("mutex: force unlock %q: %w", m.name, err)
+	}
+	return n == 1, nil
+}
