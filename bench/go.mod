@@ -13,6 +13,7 @@ require (
 	github.com/redis/rueidis v1.0.79
 	github.com/sluicekit/sluice v0.0.0-00010101000000-000000000000
 	github.com/ulule/limiter/v3 v3.11.2
+	go.uber.org/goleak v1.3.0
 )
 
 require (

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// TestQuickEmbedded runs what CI runs, go run . -quick, in process: every
+// scenario must hold and every workload must measure something without
+// errors, and nothing may be left running.
+func TestQuickEmbedded(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	var out bytes.Buffer
+	rep, err := run(context.Background(), config{quick: true}, &out, nil)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	if len(rep.Scenarios) != len(scenarioRunners) {
+		t.Errorf("got %d scenarios, want %d", len(rep.Scenarios), len(scenarioRunners))
+	}
+	for _, r := range rep.Results {
+		if r.Ops == 0 || r.Errors > 0 {
+			t.Errorf("%s / %s: %d ops, %d errors (%s)", r.Workload, r.Impl, r.Ops, r.Errors, r.Err)
+		}
+	}
+	for _, want := range []string{"NOT Redis numbers", "ceiling", "done in"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", out.String())
+	}
+}
+
+func TestHistogramQuantiles(t *testing.T) {
+	var h histogram
+	for i := 1; i <= 1000; i++ {
+		h.record(time.Duration(i) * time.Microsecond)
+	}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 500 * time.Microsecond}, {0.99, 990 * time.Microsecond}, {1, time.Millisecond}} {
+		got := h.quantile(c.q)
+		if d := float64(got-c.want) / float64(c.want); d < -0.04 || d > 0.04 {
+			t.Errorf("quantile(%v) = %v, want %v within 4%%", c.q, got, c.want)
+		}
+	}
+	for _, ns := range []uint64{0, 1, 63, 64, 65, 1000, 1 << 20, 1<<40 + 12345} {
+		if mid := bucketMid(bucketOf(ns)); ns > 64 && (float64(mid) < float64(ns)*0.96 || float64(mid) > float64(ns)*1.04) {
+			t.Errorf("bucketMid(bucketOf(%d)) = %d, off by more than 4%%", ns, mid)
+		}
+	}
+	var empty histogram
+	if got := empty.quantile(0.5); got != 0 {
+		t.Errorf("empty quantile = %v, want 0", got)
+	}
+}
