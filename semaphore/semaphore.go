@@ -6,8 +6,11 @@
 //
 // A Manager owns what the semaphores of a process share: one pub/sub
 // subscription per semaphore name that anyone here waits on, and one
-// watchdog that renews every held permit. Create one per process, share it,
-// and Close it on shutdown. A Semaphore is a name and a capacity:
+// watchdog that renews every held permit. Create one per process, share it
+// between all the code that uses semaphores (each Manager subscribes on its
+// own, so two Managers waiting on one name cost two subscriptions and split
+// the wake-ups), and Close it on shutdown. A Semaphore is a name and a
+// capacity; it is cheap and holds no state of its own:
 //
 //	mgr, err := semaphore.NewManager(sc, semaphore.Options{})
 //	defer mgr.Close()
@@ -514,8 +517,10 @@ func (p *Permit) Err() error {
 // Release gives the permits back and wakes waiters. It returns an error
 // wrapping ErrNotHeld if they were not held any more (released before,
 // expired, deleted); nothing else is freed then. If Release fails with any
-// other error (the reply was lost), calling it again is safe; the permit is
-// no longer renewed, so at worst it expires within one lease.
+// other error (the reply was lost), calling it again is safe: it never frees
+// anything but this permit, and answers ErrNotHeld if the first call did
+// release it. Either way the permit is no longer renewed, so at worst it
+// expires within one lease.
 func (p *Permit) Release(ctx context.Context) error {
 	p.op.Lock()
 	defer p.op.Unlock()
