@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"net/http"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -82,3 +83,42 @@ func run(b *testing.B, goroutines int, key func(int64) string, l *Limiter) {
 		}
 	})
 }
+
+// BenchmarkMiddlewareFlood measures the whole middleware under a flood from
+// one IP at 64 goroutines, with and without the deny cache.
+func BenchmarkMiddlewareFlood(b *testing.B) {
+	sc := newCache(b, redistest.Single(b).Addr())
+	for _, disable := range []bool{false, true} {
+		b.Run("denycache="+map[bool]string{false: "on", true: "off"}[disable], func(b *testing.B) {
+			l, err := New(sc, Options{Algorithm: FixedWindow, Limit: PerHour(1), DisableDenyCache: disable,
+				Prefix: "bench:" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var errs atomic.Int64
+			h := Middleware(l, MiddlewareOptions{OnError: func(*http.Request, error) { errs.Add(1) }})(okHandler)
+			defer func() {
+				if n := errs.Load(); n > 0 {
+					b.Logf("%d requests not checked (Redis slower than the timeout)", n)
+				}
+			}()
+			b.ReportAllocs()
+			b.SetParallelism(max(64/runtime.GOMAXPROCS(0), 1))
+			b.RunParallel(func(pb *testing.PB) {
+				r := request("203.0.113.7:1234")
+				w := discard{http.Header{}}
+				for pb.Next() {
+					clear(w.h)
+					h.ServeHTTP(w, r)
+				}
+			})
+		})
+	}
+}
+
+// discard is a ResponseWriter that keeps nothing but its header map.
+type discard struct{ h http.Header }
+
+func (d discard) Header() http.Header       { return d.h }
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+func (discard) WriteHeader(int)             {}

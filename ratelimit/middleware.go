@@ -149,9 +149,14 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 	var res Result
 	if err == nil {
-		ctx, cancel := context.WithTimeout(r.Context(), m.timeout)
-		res, err = m.l.Allow(ctx, key)
-		cancel()
+		// A key the deny cache answers needs no context and no timer: this
+		// is the path a flood from one client takes.
+		var ok bool
+		if res, ok = m.l.cachedDenial(key, m.l.now()); !ok {
+			ctx, cancel := context.WithTimeout(r.Context(), m.timeout)
+			res, err = m.l.Allow(ctx, key)
+			cancel()
+		}
 	}
 	if err != nil {
 		m.opts.OnError(r, err)

@@ -399,3 +399,25 @@ func FuzzClientIP(f *testing.F) {
 		}
 	})
 }
+
+// TestMiddlewareFloodCostsNoRedisCalls floods the middleware from one IP
+// after its first denial and counts the scripts Redis ran.
+func TestMiddlewareFloodCostsNoRedisCalls(t *testing.T) {
+	srv := redistest.NewServer(t)
+	sc := newCache(t, srv.Addr())
+	l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(1)})
+	h := Middleware(l, MiddlewareOptions{})(okHandler)
+	resetStats(t, srv)
+	for i := range 200 {
+		w := serve(h, request("203.0.113.9:1"))
+		if want := map[bool]int{true: 200, false: 429}[i == 0]; w.Code != want {
+			t.Fatalf("request %d: status %d; want %d", i, w.Code, want)
+		}
+		if i > 0 && (w.Header().Get("Retry-After") != "60" || w.Header().Get("RateLimit") != `"default";r=0;t=60`) {
+			t.Fatalf("request %d: Retry-After %q, RateLimit %q; want 60 and r=0;t=60", i, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"))
+		}
+	}
+	if got := evalshaCalls(t, srv); got != 2 {
+		t.Fatalf("EVALSHA calls %d for 200 requests; want 2 (one allowed, one denied, the rest local)", got)
+	}
+}

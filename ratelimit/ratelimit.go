@@ -340,8 +340,8 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 	// Taken before the request is sent, so a deadline built on it is never
 	// later than the server's.
 	start := l.now()
-	if l.deny != nil && n > 0 {
-		if res, ok := l.deny.lookup(key, start, l.capacity); ok {
+	if n > 0 {
+		if res, ok := l.cachedDenial(key, start); ok {
 			return res, nil
 		}
 	}
@@ -380,6 +380,15 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 		l.deny.add(key, start, res)
 	}
 	return res, nil
+}
+
+// cachedDenial returns the local deny cache's answer for a request of cost
+// >= 1 for key at now, if it has one.
+func (l *Limiter) cachedDenial(key string, now time.Time) (Result, bool) {
+	if l.deny == nil {
+		return Result{}, false
+	}
+	return l.deny.lookup(key, now, l.capacity)
 }
 
 // denialCoversAll reports whether a denial of cost n means that every cost
