@@ -259,6 +259,9 @@ func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
 	if m.owner == "" {
 		m.owner = uuid.NewString()
 	}
+	if m.watchdog {
+		m.renewFn = m.renewLease
+	}
 	return m, nil
 }
 
@@ -274,15 +277,19 @@ type Mutex struct {
 	leaseMs  string // lease in ms, as sent
 	keepMs   string // how long a released hash is kept, in ms
 
-	op sync.Mutex // one script call at a time, so hold counts stay in step
+	renewFn lease.Renew // m.renewLease, or nil for a fixed lease; made once
 
-	mu    sync.Mutex // guards the fields below; never held across a call
-	holds int64
-	token int64
-	gen   uint64 // counts outermost acquisitions; tells stale loss reports apart
-	lse   *lease.Lease
-	lost  chan struct{}
-	err   error
+	op   sync.Mutex // one script call at a time, so hold counts stay in step
+	argv [5]string  // script arguments; guarded by op, reused to save allocations
+
+	mu       sync.Mutex // guards the fields below; never held across a call
+	holds    int64
+	token    int64
+	tokenArg string // token as sent to the scripts
+	gen      uint64 // counts outermost acquisitions; tells stale loss reports apart
+	lse      *lease.Lease
+	lost     chan struct{} // made on demand by Lost; closedChan once lost
+	err      error
 }
 
 func (m *Mutex) setLease(d time.Duration) {
@@ -384,7 +391,8 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	if holds == 0 {
 		late = m.releaseOrphan
 	}
-	r, err := m.l.lock.ExecOrLate(ctx, m.keys[:1], []string{m.owner, m.leaseMs, strconv.FormatInt(holds, 10)}, late).ToArray()
+	m.argv[0], m.argv[1], m.argv[2] = m.owner, m.leaseMs, strconv.FormatInt(holds, 10)
+	r, err := m.l.lock.ExecOrLate(ctx, m.keys[:1], m.argv[:3], late).ToArray()
 	if err != nil {
 		return false, 0, fmt.Errorf("mutex: lock %q: %w", m.name, err)
 	}
@@ -412,30 +420,31 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	m.mu.Lock()
 	m.gen++
 	gen := m.gen
-	m.holds, m.token, m.err = n, token, nil
-	m.lost = make(chan struct{})
+	m.holds, m.token, m.err, m.lost = n, token, nil, nil
+	m.tokenArg = strconv.FormatInt(token, 10)
 	m.mu.Unlock()
-	var renew lease.Renew
-	if m.watchdog {
-		args := []string{m.owner, strconv.FormatInt(token, 10), m.leaseMs}
-		renew = func(ctx context.Context) error {
-			ok, err := m.l.renew.Exec(ctx, m.keys[:1], args).AsInt64()
-			if err != nil {
-				return err
-			}
-			if ok == 0 {
-				return fmt.Errorf("%w: deleted, expired or taken over", lease.ErrGone)
-			}
-			return nil
-		}
-	}
-	lse := m.l.keeper.Add(sent, m.lease, renew, func(err error) { m.lose(gen, err) })
+	lse := m.l.keeper.Add(sent, m.lease, m.renewFn, func(err error) { m.lose(gen, err) })
 	m.mu.Lock()
 	if m.gen == gen && m.holds > 0 {
 		m.lse = lse
 	}
 	m.mu.Unlock()
 	return true, 0, nil
+}
+
+// renewLease is the watchdog's renewal of the current hold.
+func (m *Mutex) renewLease(ctx context.Context) error {
+	m.mu.Lock()
+	args := []string{m.owner, m.tokenArg, m.leaseMs}
+	m.mu.Unlock()
+	ok, err := m.l.renew.Exec(ctx, m.keys[:1], args).AsInt64()
+	if err != nil {
+		return err
+	}
+	if ok == 0 {
+		return fmt.Errorf("%w: deleted, expired or taken over", lease.ErrGone)
+	}
+	return nil
 }
 
 // releaseOrphan handles the reply to an outermost Lock attempt that its
@@ -468,7 +477,15 @@ func (m *Mutex) lose(gen uint64, cause error) {
 	}
 	m.holds, m.lse = 0, nil
 	m.err = fmt.Errorf("%w: %q: %w", ErrLost, m.name, cause)
-	close(m.lost)
+	m.closeLost()
+}
+
+// closeLost closes the current hold's Lost channel. Called with m.mu held.
+func (m *Mutex) closeLost() {
+	if m.lost != nil {
+		close(m.lost)
+	}
+	m.lost = closedChan
 }
 
 // Unlock gives back one hold; the last one releases the lock and wakes a
@@ -480,7 +497,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	m.op.Lock()
 	defer m.op.Unlock()
 	m.mu.Lock()
-	holds, token, lostErr := m.holds, m.token, m.err
+	holds, tokenArg, lostErr := m.holds, m.tokenArg, m.err
 	m.mu.Unlock()
 	if holds == 0 {
 		if lostErr != nil {
@@ -488,9 +505,8 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w: %q", ErrNotHeld, m.name)
 	}
-	left, err := m.l.unlock.Exec(ctx, m.keys, []string{
-		m.owner, strconv.FormatInt(holds, 10), strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs,
-	}).AsInt64()
+	m.argv = [5]string{m.owner, strconv.FormatInt(holds, 10), tokenArg, m.l.pubMode, m.keepMs}
+	left, err := m.l.unlock.Exec(ctx, m.keys, m.argv[:]).AsInt64()
 	if err != nil {
 		return fmt.Errorf("mutex: unlock %q: %w", m.name, err)
 	}
@@ -505,7 +521,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 				m.lse = nil
 			}
 			m.err = fmt.Errorf("%w: %q: found not held at unlock", ErrLost, m.name)
-			close(m.lost)
+			m.closeLost()
 		}
 		return fmt.Errorf("%w: %w", ErrNotHeld, m.err)
 	}
@@ -515,7 +531,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 			m.lse.Stop()
 			m.lse = nil
 		}
-		m.token = 0
+		m.token, m.lost = 0, nil
 	}
 	return nil
 }
@@ -546,6 +562,9 @@ func (m *Mutex) Lost() <-chan struct{} {
 	defer m.mu.Unlock()
 	if m.holds == 0 {
 		return closedChan
+	}
+	if m.lost == nil {
+		m.lost = make(chan struct{})
 	}
 	return m.lost
 }

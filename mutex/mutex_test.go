@@ -40,7 +40,7 @@ var realTargets = []target{
 	{"cluster", func(t *testing.T) []string { return redistest.SharedCluster(t).Addrs() }},
 }
 
-func newLocker(t *testing.T, client rueidis.Client, opts mutex.Options) *mutex.Locker {
+func newLocker(t testing.TB, client rueidis.Client, opts mutex.Options) *mutex.Locker {
 	t.Helper()
 	sc, err := scriptcache.New(context.Background(), client)
 	if err != nil {
@@ -54,7 +54,7 @@ func newLocker(t *testing.T, client rueidis.Client, opts mutex.Options) *mutex.L
 	return l
 }
 
-func newMutex(t *testing.T, l *mutex.Locker, name string, opts ...mutex.MutexOption) *mutex.Mutex {
+func newMutex(t testing.TB, l *mutex.Locker, name string, opts ...mutex.MutexOption) *mutex.Mutex {
 	t.Helper()
 	m, err := l.NewMutex(name, opts...)
 	if err != nil {

@@ -1,0 +1,139 @@
+package mutex_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/rueidis"
+
+	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// The quick start of the README. Against a real Redis the client needs no
+// special options; miniredis needs DisableCache and AlwaysRESP2.
+func Example() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	client, _ := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress: []string{mr.Addr()}, DisableCache: true, AlwaysRESP2: true,
+	})
+	defer client.Close()
+
+	ctx := context.Background()
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		panic(err)
+	}
+	locks, err := mutex.NewLocker(sc, mutex.Options{}) // 30 s lease renewed by a watchdog
+	if err != nil {
+		panic(err)
+	}
+	defer locks.Close()
+
+	m, _ := locks.NewMutex("order:42")
+	if err := m.Lock(ctx); err != nil {
+		panic(err)
+	}
+	fmt.Println("held, token > 0:", m.Token() > 0)
+
+	other, _ := locks.NewMutex("order:42")
+	err = other.TryLock(ctx)
+	fmt.Println("other owner:", errors.Is(err, mutex.ErrNotObtained))
+
+	if err := m.Unlock(ctx); err != nil {
+		panic(err)
+	}
+	fmt.Println("other after unlock:", other.TryLock(ctx))
+	other.Unlock(ctx)
+	// Output:
+	// held, token > 0: true
+	// other owner: true
+	// other after unlock: <nil>
+}
+
+// inventory stands for the storage the lock protects. It remembers the
+// highest fencing token it has seen and refuses writes with a lower one, so
+// a holder that lost the lock without noticing (a long GC pause, a
+// partition) cannot overwrite a newer holder's work.
+type inventory struct {
+	mu        sync.Mutex
+	stock     int
+	lastToken int64
+}
+
+var errStaleToken = errors.New("inventory: stale fencing token")
+
+func (inv *inventory) read() int {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	return inv.stock
+}
+
+func (inv *inventory) write(token int64, stock int) error {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	if token < inv.lastToken {
+		return errStaleToken
+	}
+	inv.lastToken, inv.stock = token, stock
+	return nil
+}
+
+// Guarding an inventory decrement: buyers take the lock, check the stock,
+// and write the new stock with their fencing token.
+func Example_inventory() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	client, _ := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress: []string{mr.Addr()}, DisableCache: true, AlwaysRESP2: true,
+	})
+	defer client.Close()
+	ctx := context.Background()
+	sc, _ := scriptcache.New(ctx, client)
+	locks, _ := mutex.NewLocker(sc, mutex.Options{})
+	defer locks.Close()
+
+	inv := &inventory{stock: 5}
+	buy := func() (bool, error) {
+		m, _ := locks.NewMutex("sku:1234")
+		if err := m.Lock(ctx); err != nil {
+			return false, err
+		}
+		defer m.Unlock(ctx)
+		stock := inv.read()
+		if stock == 0 {
+			return false, nil
+		}
+		return true, inv.write(m.Token(), stock-1)
+	}
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	sold := 0
+	for range 8 {
+		wg.Go(func() {
+			ok, err := buy()
+			if err != nil {
+				fmt.Println(err)
+				return
+			}
+			if ok {
+				mu.Lock()
+				sold++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println("sold:", sold, "left:", inv.read())
+
+	// A holder with an old token is refused.
+	fmt.Println(inv.write(1, 100))
+	// Output:
+	// sold: 5 left: 0
+	// inventory: stale fencing token
+}

@@ -1,0 +1,103 @@
+package mutex_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/mutex"
+)
+
+// BenchmarkLockUnlock measures uncontended Lock+Unlock pairs on distinct
+// keys at 1 and 64 goroutines; one op is one pair.
+//
+//	go test -run=NONE -bench=. -benchmem ./mutex
+func BenchmarkLockUnlock(b *testing.B) {
+	for _, goroutines := range []int{1, 64} {
+		b.Run(fmt.Sprintf("goroutines=%d", goroutines), func(b *testing.B) {
+			l := newLocker(b, redistest.Client(b, redistest.Single(b).Addr()), mutex.Options{})
+			var next atomic.Int64
+			ctx := context.Background()
+			procs := runtime.GOMAXPROCS(0)
+			b.SetParallelism(max(1, goroutines/procs))
+			if goroutines < procs {
+				runtime.GOMAXPROCS(goroutines)
+				defer runtime.GOMAXPROCS(procs)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				m, err := l.NewMutex("bench:" + strconv.FormatInt(next.Add(1), 10))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				for pb.Next() {
+					if err := m.Lock(ctx); err != nil {
+						b.Error(err)
+						return
+					}
+					if err := m.Unlock(ctx); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkHandOff measures the time from a holder's Unlock to a waiting
+// owner's Lock returning, with the releaser stepping aside until the other
+// holds the lock, so every acquisition is a hand-off to a waiter. The holder
+// keeps the lock 1 ms so the other is already waiting. Reports p50 and p99.
+func BenchmarkHandOff(b *testing.B) {
+	l := newLocker(b, redistest.Client(b, redistest.Single(b).Addr()), mutex.Options{})
+	ctx := context.Background()
+	ms := [2]*mutex.Mutex{newMutex(b, l, "handoff-bench"), newMutex(b, l, "handoff-bench")}
+	var released atomic.Int64 // unix nanos of the last Unlock
+	turn := [2]chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1)}
+	lat := make([]time.Duration, 0, b.N)
+	done := make(chan error, 2)
+	b.ResetTimer()
+	for g := range 2 {
+		go func() {
+			var err error
+			defer func() { done <- err }()
+			for i := g; i < b.N+1; i += 2 {
+				if i > 0 {
+					<-turn[g] // the other holds the lock now: wait for it
+				}
+				if err = ms[g].Lock(ctx); err != nil {
+					return
+				}
+				if i > 0 {
+					lat = append(lat, time.Since(time.Unix(0, released.Load())))
+				}
+				turn[1-g] <- struct{}{} // the other may wait now
+				time.Sleep(time.Millisecond)
+				released.Store(time.Now().UnixNano())
+				if err = ms[g].Unlock(ctx); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	for range 2 {
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	}
+}
