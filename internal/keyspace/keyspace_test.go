@@ -75,3 +75,25 @@ func TestKeyDistinct(t *testing.T) {
 		}
 	}
 }
+
+// FuzzKey: for any name, every key of one instance hashes to one cluster
+// slot, and two different names never give the same key.
+func FuzzKey(f *testing.F) {
+	for _, s := range []string{"order:42", "}", "{", "~}", "}{", "a}b", "\x00"} {
+		f.Add(s, s+"x")
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		if CheckName(a) != nil {
+			return // refused before any key is built
+		}
+		base := Slot(Key("p:", a, ""))
+		for _, suffix := range []string{":w", ":e", ":f", ":s", ":g", ":q"} {
+			if got := Slot(Key("p:", a, suffix)); got != base {
+				t.Fatalf("name %q: suffix %q in slot %d, base in %d", a, suffix, got, base)
+			}
+		}
+		if a != b && Key("p:", a, "") == Key("p:", b, "") {
+			t.Fatalf("names %q and %q give the same key", a, b)
+		}
+	})
+}
