@@ -82,7 +82,7 @@ func measureCeilings(ctx context.Context, b *bench, scripts []string, benchmarkN
 		}
 		b.prog.show("ceiling", name, "pipelined EVALSHA")
 		c := ceiling{Script: name, Method: "rueidis pipelined EVALSHA, batches of 16"}
-		c.OpsPerSec, err = pipelined(ctx, client, s.SHA1(), args, b.ns+"ceiling:"+name+":", b.duration)
+		c.OpsPerSec, err = pipelined(ctx, client, s.SHA1(), args, b.ns+"ceiling:"+name+":", 2*b.duration)
 		if err != nil {
 			c.Err = err.Error()
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 )
@@ -10,6 +11,9 @@ import (
 // long enough for the other program to be parked in its wait when the
 // release comes, so the release has a waiter to wake.
 const holdTime = time.Millisecond
+
+// errStalled marks a wait that outlasted the round by the grace period.
+var errStalled = errors.New("waiter still waiting seconds after the release (lost wake-up?)")
 
 // gate is anything held exclusively between take and give: a mutex, or a
 // semaphore of capacity one.
@@ -34,6 +38,10 @@ func (h *handoff) loop(g gate) loop {
 		for i := 0; i < maxOpsPerGoroutine && time.Now().Before(deadline); i++ {
 			if err := g.take(ctx); err != nil {
 				if ctx.Err() != nil {
+					// The other goroutine gave the gate and stepped
+					// aside before the deadline, yet this wait lasted
+					// through the grace period: a wake-up was lost.
+					r.done(0, errStalled)
 					return
 				}
 				r.done(0, err)

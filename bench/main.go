@@ -47,8 +47,8 @@ func main() {
 	flag.BoolVar(&c.peers, "peers", false, "also run the peer libraries on the same workloads, interleaved")
 	flag.BoolVar(&c.quick, "quick", false, "one short round of everything, for CI (under 20 s)")
 	flag.StringVar(&c.json, "json", "", "also write the results as JSON to this `file`")
-	flag.IntVar(&c.rounds, "rounds", 0, "rounds per workload; the median is reported (default 3, 1 with -quick)")
-	flag.DurationVar(&c.duration, "duration", 0, "length of one measurement (default 600ms, 150ms with -quick)")
+	flag.IntVar(&c.rounds, "rounds", 0, "rounds per workload; the median is reported (default 5, 1 with -quick)")
+	flag.DurationVar(&c.duration, "duration", 0, "length of one measurement (default 300ms, 150ms with -quick)")
 	flag.StringVar(&c.run, "run", "", "only run workloads whose name matches this `regexp` (e.g. lock, ratelimit.flood, ceiling)")
 	flag.Parse()
 
@@ -73,7 +73,9 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
 	defer cancel()
 
-	b := &bench{rounds: 3, duration: 600 * time.Millisecond, warmup: 150 * time.Millisecond, peers: c.peers, prog: prog}
+	// Many short rounds make the median robust against bursts of load from
+	// elsewhere on the machine.
+	b := &bench{rounds: 5, duration: 300 * time.Millisecond, warmup: 100 * time.Millisecond, peers: c.peers, prog: prog}
 	if c.quick {
 		b.rounds, b.duration, b.warmup = 1, 150*time.Millisecond, 30*time.Millisecond
 	}
@@ -130,7 +132,7 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 	rep.Results = b.results
 
 	if b.selected("ceiling") {
-		n := 300_000
+		n := 200_000
 		if c.quick {
 			n = 50_000
 		}

@@ -26,6 +26,7 @@ type scenarioRunner struct {
 var scenarioRunners = []scenarioRunner{
 	{"throttle", throttleScenario},
 	{"workers", workersScenario},
+	{"inventory", inventoryScenario},
 }
 
 func printScenarios(w io.Writer, scs []scenario) {

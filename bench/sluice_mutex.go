@@ -1,0 +1,32 @@
+package main
+
+import (
+	"context"
+
+	sluicemutex "github.com/sluicekit/sluice/mutex"
+)
+
+// sluice's mutex: one Locker per instance, default options (watchdog lease,
+// pub/sub hand-off). A *mutex.Mutex already has the Lock and Unlock a
+// workload needs, so it is used as it is.
+func init() {
+	lockImpls = append(lockImpls, impl[locker]{
+		name: "sluice", kind: ours,
+		open: func(ctx context.Context, s *server, _ rate) (locker, func(), error) {
+			sc, client, err := openCache(ctx, s)
+			if err != nil {
+				return nil, nil, err
+			}
+			locks, err := sluicemutex.NewLocker(sc, sluicemutex.Options{Prefix: "sluice-bench:mutex:"})
+			if err != nil {
+				client.Close()
+				return nil, nil, err
+			}
+			return sluiceLocker{locks}, func() { locks.Close(); client.Close() }, nil
+		},
+	})
+}
+
+type sluiceLocker struct{ l *sluicemutex.Locker }
+
+func (s sluiceLocker) Mutex(name string) (mutex, error) { return s.l.NewMutex(name) }
