@@ -108,12 +108,16 @@ var (
 	ErrInvalidName = errors.New("mutex: invalid name")
 	// ErrInvalidOptions means Options or a MutexOption is out of range.
 	ErrInvalidOptions = errors.New("mutex: invalid options")
+	// ErrNotReplicated means Options.ReplicaAcks replicas did not confirm
+	// an acquisition in time; it was released again and is not held.
+	ErrNotReplicated = errors.New("mutex: acquisition not acknowledged by replicas")
 )
 
 // Defaults for Options.
 const (
-	DefaultWatchdogLease = 30 * time.Second
-	DefaultPrefix        = "sluice:mutex:"
+	DefaultWatchdogLease  = 30 * time.Second
+	DefaultPrefix         = "sluice:mutex:"
+	DefaultReplicaTimeout = 100 * time.Millisecond
 )
 
 // maxLease bounds leases so their milliseconds fit everywhere they go.
@@ -132,6 +136,17 @@ type Options struct {
 	// Prefix starts every key. Empty means DefaultPrefix. It must not
 	// contain braces (they would move the cluster hash tag).
 	Prefix string
+	// ReplicaAcks, when above zero, makes every outermost acquisition wait
+	// (Redis WAIT) until that many replicas have the lock; if they do not
+	// within ReplicaTimeout, the lock is released again and Lock returns
+	// ErrNotReplicated. It narrows, but cannot close, the window in which
+	// a failover to a replica loses a granted lock: replication stays
+	// asynchronous, and a replica that acknowledged may still not be the
+	// one promoted. Zero (the default) does not wait.
+	ReplicaAcks int
+	// ReplicaTimeout bounds the wait for ReplicaAcks. Zero means
+	// DefaultReplicaTimeout (100 ms).
+	ReplicaTimeout time.Duration
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -140,6 +155,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
+	}
+	if o.ReplicaTimeout == 0 {
+		o.ReplicaTimeout = DefaultReplicaTimeout
+	}
+	if o.ReplicaAcks < 0 || o.ReplicaAcks > 100 || o.ReplicaTimeout < 0 || o.ReplicaTimeout > time.Minute {
+		return o, fmt.Errorf("%w: replica acks %d / timeout %v outside [0, 100] / [0, 1m]", ErrInvalidOptions, o.ReplicaAcks, o.ReplicaTimeout)
 	}
 	if err := checkLease(o.Lease, true); err != nil {
 		return o, err
@@ -392,7 +413,18 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 		late = m.releaseOrphan
 	}
 	m.argv[0], m.argv[1], m.argv[2] = m.owner, m.leaseMs, strconv.FormatInt(holds, 10)
-	r, err := m.l.lock.ExecOrLate(ctx, m.keys[:1], m.argv[:3], late).ToArray()
+	var r []rueidis.RedisMessage
+	var err error
+	acks := int64(-1) // not asked
+	if m.l.opts.ReplicaAcks > 0 && holds == 0 {
+		var res rueidis.RedisResult
+		res, acks, err = m.l.lock.ExecWait(ctx, m.keys[:1], m.argv[:3], int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout)
+		if err == nil {
+			r, err = res.ToArray()
+		}
+	} else {
+		r, err = m.l.lock.ExecOrLate(ctx, m.keys[:1], m.argv[:3], late).ToArray()
+	}
 	if err != nil {
 		return false, 0, fmt.Errorf("mutex: lock %q: %w", m.name, err)
 	}
@@ -409,6 +441,13 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 		return false, max(wait, time.Millisecond), nil
 	}
 	token, _ := r[2].AsInt64()
+	if acks >= 0 && acks < int64(m.l.opts.ReplicaAcks) {
+		// Too few replicas have it: a failover now could hand it to
+		// someone else, so give it back.
+		m.argv = [5]string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs}
+		m.l.unlock.Exec(context.WithoutCancel(ctx), m.keys, m.argv[:])
+		return false, 0, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, m.name, acks, m.l.opts.ReplicaAcks)
+	}
 	if holds > 0 {
 		m.mu.Lock()
 		m.holds = n

@@ -663,3 +663,21 @@ func TestPausedHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReplicaAcksWithoutReplica: with ReplicaAcks and no replica to confirm,
+// every acquisition is refused and released again, not left held.
+func TestReplicaAcksWithoutReplica(t *testing.T) {
+	ctx := context.Background()
+	l := newLocker(t, redistest.Client(t, redistest.Single(t).Addr()), mutex.Options{ReplicaAcks: 1, ReplicaTimeout: 20 * time.Millisecond})
+	m := newMutex(t, l, "noreplica")
+	if err := m.TryLock(ctx); !errors.Is(err, mutex.ErrNotReplicated) {
+		t.Fatalf("TryLock = %v, want ErrNotReplicated", err)
+	}
+	if err := m.Lock(ctx); !errors.Is(err, mutex.ErrNotReplicated) {
+		t.Fatalf("Lock = %v, want ErrNotReplicated", err)
+	}
+	info, err := m.Info(ctx)
+	if err != nil || info.Held || m.Holds() != 0 {
+		t.Fatalf("after refused acquisitions: Info %+v, %v, Holds %d; want free", info, err, m.Holds())
+	}
+}

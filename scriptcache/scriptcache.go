@@ -29,6 +29,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/rueidis"
 	"golang.org/x/sync/singleflight"
@@ -257,6 +258,40 @@ func (s *Script) exec(ctx context.Context, keys, args []string) rueidis.RedisRes
 	// Flushed again in between, or the load failed: EVAL carries the body
 	// and caches it on the node that runs it.
 	return client.Do(ctx, client.B().Eval().Script(s.body).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+}
+
+// ExecWait runs the script and then WAIT replicas timeout on the same
+// connection, and returns the script's reply and how many replicas
+// acknowledged its writes. A primitive uses it to refuse a grant that could
+// vanish in a failover (replication is asynchronous). It does not shield
+// rueidis from ctx as Exec does: the caller bounds the wait by timeout.
+func (s *Script) ExecWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (rueidis.RedisResult, int64, error) {
+	if err := s.c.checkSlots(keys); err != nil {
+		return rueidis.NewErrorResult(err), 0, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	client := s.c.client
+	wait := func(script rueidis.Completed) (rueidis.RedisResult, int64, error) {
+		// WAIT is a blocking command, so rueidis sends the pair on one
+		// dedicated connection; on a cluster a keyless command goes to the
+		// node of the keyed one.
+		res := client.DoMulti(ctx, script, client.B().Wait().Numreplicas(replicas).Timeout(max(timeout.Milliseconds(), 1)).Build())
+		acks, err := res[1].AsInt64()
+		if err != nil && res[0].Error() == nil {
+			return res[0], 0, fmt.Errorf("scriptcache: wait: %w", err)
+		}
+		return res[0], acks, nil
+	}
+	r, acks, err := wait(client.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	if !isNoScript(r.Error()) {
+		return r, acks, err
+	}
+	if s.load(ctx) == nil {
+		if r, acks, err = wait(client.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()); !isNoScript(r.Error()) {
+			return r, acks, err
+		}
+	}
+	return wait(client.B().Eval().Script(s.body).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 }
 
 // load sends SCRIPT LOAD of s to every node.
