@@ -63,10 +63,11 @@
 // overtaken by smaller ones that fit first.
 //
 // If ctx ends while waiting, Acquire returns an error wrapping ErrNotObtained
-// and ctx.Err() and holds nothing. If a reply is lost (ctx ended or the
-// connection failed while the request was in flight), the permit may have
-// been granted anyway; Acquire then tries to release it, and if that fails
-// too, the permit, never renewed, expires within one lease.
+// and ctx.Err() and holds nothing. A request still in flight when ctx ends
+// may be granted after all; that permit is released as soon as its reply
+// arrives. If the connection fails instead, Acquire tries to release the
+// permit it may have been granted, and if that fails too, the permit, never
+// renewed, expires within one lease.
 //
 // # Failover
 //
@@ -100,6 +101,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/redis/rueidis"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/lease"
@@ -144,9 +146,9 @@ const (
 // maxLease bounds leases so their milliseconds fit everywhere they go.
 const maxLease = 365 * 24 * time.Hour
 
-// cleanupTimeout bounds the release sent after an Acquire whose reply was
-// lost.
-const cleanupTimeout = time.Second
+// cleanupTimeout bounds the release sent for a permit granted to an
+// Acquire that had given up.
+const cleanupTimeout = 5 * time.Second
 
 // Options configure a Manager. The zero value is the default.
 type Options struct {
@@ -350,8 +352,23 @@ type reply struct {
 }
 
 // call runs the acquire script with n permits (0: only reclaim and report).
+// If ctx ends before the reply comes, the script may still run: a permit it
+// grants then is released as soon as that late reply arrives.
 func (s *Semaphore) call(ctx context.Context, id string, n int64) (reply, error) {
-	vs, err := s.m.acquire.Exec(ctx, s.keys, []string{s.capArg, strconv.FormatInt(n, 10), id, s.m.leaseMs, s.m.pubMode}).ToArray()
+	var late func(rueidis.RedisResult)
+	if n > 0 {
+		late = func(r rueidis.RedisResult) {
+			if got, err := s.parse(r); err == nil && got.status == 1 {
+				s.cleanup(context.Background(), id)
+			}
+		}
+	}
+	return s.parse(s.m.acquire.ExecOrLate(ctx, s.keys, []string{s.capArg, strconv.FormatInt(n, 10), id, s.m.leaseMs, s.m.pubMode}, late))
+}
+
+// parse reads the acquire script's reply.
+func (s *Semaphore) parse(res rueidis.RedisResult) (reply, error) {
+	vs, err := res.ToArray()
 	if err != nil {
 		return reply{}, err
 	}
@@ -383,12 +400,13 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64) (*Permit, t
 		if errors.Is(err, ErrCapacityMismatch) {
 			return nil, 0, err
 		}
-		// The request may have run and granted the permit even though its
-		// reply is lost: give it back so a failed Acquire holds nothing.
-		s.cleanup(ctx, id)
 		if ctx.Err() != nil {
+			// A grant that arrives late is released by call.
 			return nil, 0, s.notObtained(ctx.Err())
 		}
+		// The connection failed: the request may have run and granted the
+		// permit anyway. Give it back so a failed Acquire holds nothing.
+		s.cleanup(ctx, id)
 		return nil, 0, fmt.Errorf("semaphore: acquire %q: %w", s.name, err)
 	}
 	if r.status == 0 {
@@ -420,8 +438,8 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64) (*Permit, t
 	return p, 0, nil
 }
 
-// cleanup releases id, best effort, with its own short deadline since ctx
-// may be done already.
+// cleanup releases id, best effort, with its own deadline since ctx may be
+// done already.
 func (s *Semaphore) cleanup(ctx context.Context, id string) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()

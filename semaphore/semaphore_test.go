@@ -375,12 +375,14 @@ func TestFixedLeaseExpires(t *testing.T) {
 
 func TestWatchdogRenews(t *testing.T) {
 	forTargets(t, func(t *testing.T, addrs []string) {
-		const leaseDur = 150 * time.Millisecond
+		// Long enough that a loaded machine does not miss a whole lease of
+		// renewals (one every third of it).
+		const leaseDur = 500 * time.Millisecond
 		e := newEnv(t, addrs, semaphore.Options{WatchdogLease: leaseDur})
 		s := e.sem(t, uniqueName(t), 2)
 		p := acquire(t, s, 2)
 		// Time passing is what is tested: several leases without release.
-		time.Sleep(5 * leaseDur)
+		time.Sleep(4 * leaseDur)
 		select {
 		case <-p.Lost():
 			t.Fatalf("permit lost while renewed: %v", p.Err())
@@ -400,7 +402,10 @@ func TestWatchdogRenews(t *testing.T) {
 
 func TestLossReported(t *testing.T) {
 	forTargets(t, func(t *testing.T, addrs []string) {
-		e := newEnv(t, addrs, semaphore.Options{WatchdogLease: 150 * time.Millisecond})
+		// The first renewal, after a third of the lease, finds the permit
+		// gone; the lease is long enough that its client-side end does not
+		// come first on a loaded machine.
+		e := newEnv(t, addrs, semaphore.Options{WatchdogLease: time.Second})
 		name := uniqueName(t)
 		s := e.sem(t, name, 2)
 		p := acquire(t, s, 1)
@@ -580,26 +585,31 @@ func evalshaCalls(t testing.TB, srv *redistest.Server) int64 {
 
 // TestLostReplyReleased checks that an Acquire whose request reaches Redis
 // only after its context ended holds nothing: the request still runs and
-// grants the permit, and Acquire's clean-up release must free it.
+// grants the permit, which must then be released when its late reply comes.
 func TestLostReplyReleased(t *testing.T) {
 	srv := redistest.NewServer(t)
 	e := newEnv(t, []string{srv.Addr()}, semaphore.Options{})
 	s := e.sem(t, uniqueName(t), 2)
 	wantAvailable(t, s, 2) // connection up, scripts loaded
+	calls := evalshaCalls(t, srv)
 
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
 	}
-	resumed := make(chan error, 1)
-	time.AfterFunc(500*time.Millisecond, func() { resumed <- srv.Resume() })
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	p, err := s.Acquire(ctx, 1)
-	if err := <-resumed; err != nil {
+	if err := srv.Resume(); err != nil {
 		t.Fatal(err)
 	}
 	if p != nil || !errors.Is(err, semaphore.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Acquire against a paused server = (%v, %v), want ErrNotObtained wrapping DeadlineExceeded", p, err)
+	}
+	// The late grant runs after Resume, and the release of it after its
+	// reply arrives; only the server's count of script calls shows when
+	// both have run. Without that release the permit would stay for 30 s.
+	if !redistest.WaitFor(context.Background(), signalWait, func() bool { return evalshaCalls(t, srv) >= calls+2 }) {
+		t.Fatalf("script calls after Resume = %d, want %d (the late acquire and its release)", evalshaCalls(t, srv)-calls, 2)
 	}
 	hs, err := s.Holders(context.Background())
 	if err != nil {
