@@ -37,10 +37,23 @@ func startPair(t *testing.T) pair {
 	r := redistest.NewServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(p.Port))
 	if !redistest.WaitFor(context.Background(), 10*time.Second, func() bool {
 		info, _ := r.Do("INFO", "replication")
-		return strings.Contains(info, "master_link_status:up")
+		pinfo, _ := p.Do("INFO", "replication")
+		return strings.Contains(info, "master_link_status:up") && strings.Contains(pinfo, "state=online")
 	}) {
 		t.Fatal("replica did not sync with the primary")
 	}
+	// A replica that has just synced may take a moment before it answers
+	// the primary's GETACK: wait until a write is acknowledged.
+	c := redistest.Client(t, p.Addr())
+	ctx := context.Background()
+	if !redistest.WaitFor(ctx, 10*time.Second, func() bool {
+		res := c.DoMulti(ctx, c.B().Set().Key("probe").Value("1").Build(), c.B().Wait().Numreplicas(1).Timeout(1000).Build())
+		n, err := res[1].AsInt64()
+		return err == nil && n == 1
+	}) {
+		t.Fatal("replica does not acknowledge writes")
+	}
+	c.Do(ctx, c.B().Del().Key("probe").Build())
 	return pair{p, r}
 }
 
@@ -99,7 +112,7 @@ func TestFailoverWithLaggingReplica(t *testing.T) {
 		t.Run(fmt.Sprintf("replicaAcks=%d", acks), func(t *testing.T) {
 			ctx := context.Background()
 			p := startPair(t)
-			l := locker(t, p.primary.Addr(), mutex.Options{ReplicaAcks: acks, ReplicaTimeout: 50 * time.Millisecond})
+			l := locker(t, p.primary.Addr(), mutex.Options{ReplicaAcks: acks, ReplicaTimeout: 200 * time.Millisecond})
 			var held []string
 			lock := func(name string) error {
 				m, _ := l.NewMutex(name)
@@ -163,7 +176,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 		t.Run(fmt.Sprintf("replicaAcks=%d", acks), func(t *testing.T) {
 			ctx := context.Background()
 			p := startPair(t)
-			l := locker(t, p.primary.Addr(), mutex.Options{ReplicaAcks: acks, ReplicaTimeout: 50 * time.Millisecond})
+			l := locker(t, p.primary.Addr(), mutex.Options{ReplicaAcks: acks, ReplicaTimeout: 200 * time.Millisecond})
 			var mu sync.Mutex
 			var held []string
 			stop := make(chan struct{})
