@@ -190,8 +190,10 @@ func fractions(results []result, ceilings []ceiling, scriptOf map[string]string)
 	return out
 }
 
-// printCeilings writes the ceiling section of the table.
-func printCeilings(w io.Writer, ceilings []ceiling, fr []fraction) {
+// printCeilings writes the ceiling section of the table. Against the
+// embedded server the fractions mean nothing (it shares this process's CPU
+// and gains little from pipelining), so they are left out.
+func printCeilings(w io.Writer, ceilings []ceiling, fr []fraction, embedded bool) {
 	if len(ceilings) == 0 {
 		return
 	}
@@ -202,6 +204,10 @@ func printCeilings(w io.Writer, ceilings []ceiling, fr []fraction) {
 			continue
 		}
 		fmt.Fprintf(w, "  %-18s %-42s %10s ops/s\n", c.Script, c.Method, rateString(c.OpsPerSec))
+	}
+	if embedded {
+		fmt.Fprintln(w, "  (fractions left out: the embedded server shares this process's CPU)")
+		return
 	}
 	for _, f := range fr {
 		fmt.Fprintf(w, "  %s Allow x64: %s ops/s = %.0f%% of the %s ceiling\n",

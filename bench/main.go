@@ -153,13 +153,14 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 
 	if len(rep.Results) > 0 {
 		fmt.Fprintf(out, "\nworkloads: %d round(s) of %s each (hand-offs twice that), implementations interleaved,\n", b.rounds, b.duration)
-		fmt.Fprintln(out, "median round shown; allocs/op are process-wide (runtime.MemStats.Mallocs delta / ops);")
-		fmt.Fprintln(out, "vs peer: times better than the best peer (ops/s, or p50 for latency workloads)")
+		fmt.Fprintln(out, "median round shown; vs peer: how many times better than the best peer (ops/s, or p50 latency)")
 		printResults(out, rep.Results)
 	}
-	printCeilings(out, rep.Ceiling, rep.Fractions)
-	if !c.peers {
-		fmt.Fprintln(out, "\n(peers not run; add -peers to compare with redsync, redislock, rueidislock, redis_rate, ulule/limiter)")
+	printCeilings(out, rep.Ceiling, rep.Fractions, b.srv.embedded != nil)
+	rep.Notes = notes(b)
+	fmt.Fprintln(out)
+	for _, n := range rep.Notes {
+		fmt.Fprintln(out, "note:", n)
 	}
 	rep.Elapsed = time.Since(rep.Started).Seconds()
 	fmt.Fprintf(out, "\ndone in %.1fs\n", rep.Elapsed)
@@ -173,4 +174,28 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 		}
 	}
 	return rep, nil
+}
+
+// notes are the caveats a reader of the numbers needs, printed under the
+// tables and kept in the JSON.
+func notes(b *bench) []string {
+	var ns []string
+	if b.srv.embedded != nil {
+		ns = append(ns, "embedded miniredis runs in this process: its work is in the allocation counts and it "+
+			"runs Lua far slower than Redis; these are not Redis numbers")
+	}
+	ns = append(ns, "allocs/op count every allocation in the process during the round (clients' own goroutines "+
+		"included), divided by the operations")
+	if b.peers {
+		ns = append(ns,
+			"peers use their documented defaults except: redislock and redsync retry a taken lock every 10ms "+
+				"(redsync's default is 50-250ms), rueidislock uses one key per lock (KeyMajority 1, like the others), "+
+				"go-redis clients keep their default pool (10 per CPU)",
+			"the polling ZSET semaphore is the common recipe (a script trims expired holders and adds the caller "+
+				"below capacity), retried every 10ms")
+	} else {
+		ns = append(ns, "peers not run; add -peers to compare with rueidislock, redislock, redsync, redis_rate, "+
+			"ulule/limiter and a polling semaphore")
+	}
+	return ns
 }
