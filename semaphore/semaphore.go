@@ -73,10 +73,12 @@
 //
 // Redis replication is asynchronous. If the primary fails after granting a
 // permit but before a replica received it, the promoted replica does not
-// know that permit and may grant it again: the semaphore can then exceed N
-// until the forgotten permits' leases end (the watchdog's renewal finds them
-// gone and reports them lost). Redis semaphores bound load; they are not
-// consensus.
+// know that permit and may grant its capacity again: the semaphore can then
+// exceed N until the holders of the forgotten permits learn of it (the
+// watchdog's next renewal, within a third of a lease, finds them gone and
+// reports them lost; a fixed-lease permit simply runs to its end). The same
+// holds after a restart without persistence. Redis semaphores bound load;
+// they are not consensus.
 //
 // # Keys
 //
