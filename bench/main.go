@@ -50,6 +50,19 @@ func main() {
 	flag.IntVar(&c.rounds, "rounds", 0, "rounds per workload; the median is reported (default 5, 1 with -quick)")
 	flag.DurationVar(&c.duration, "duration", 0, "length of one measurement (default 300ms, 150ms with -quick)")
 	flag.StringVar(&c.run, "run", "", "only run workloads whose name matches this `regexp` (e.g. lock, ratelimit.flood, ceiling)")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), `bench runs every sluice primitive end to end and measures it.
+
+  go run .                                 embedded miniredis: no Redis needed, not Redis numbers
+  go run . -redis 127.0.0.1:6379 -peers     a real Redis, compared with the peer libraries
+  go run . -redis 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
+                                           a Redis Cluster (the seed list)
+  go run . -quick                          one short round, for CI
+
+Flags:
+`)
+		flag.PrintDefaults()
+	}
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -185,7 +198,9 @@ func notes(b *bench) []string {
 			"runs Lua far slower than Redis; these are not Redis numbers")
 	}
 	ns = append(ns, "allocs/op count every allocation in the process during the round (clients' own goroutines "+
-		"included), divided by the operations")
+		"included), divided by the operations",
+		"every operation gets a context with a deadline, as a request handler's would; some libraries take a "+
+			"slower path for cancellable contexts than for context.Background()")
 	if b.peers {
 		ns = append(ns,
 			"peers use their documented defaults except: redislock and redsync retry a taken lock every 10ms "+
