@@ -134,12 +134,16 @@ var (
 	ErrInvalidWeight = errors.New("semaphore: invalid number of permits")
 	// ErrInvalidOptions means Options are out of range.
 	ErrInvalidOptions = errors.New("semaphore: invalid options")
+	// ErrNotReplicated means Options.ReplicaAcks replicas did not confirm
+	// a grant in time; it was released again and is not held.
+	ErrNotReplicated = errors.New("semaphore: grant not acknowledged by replicas")
 )
 
 // Defaults and limits.
 const (
-	DefaultWatchdogLease = 30 * time.Second
-	DefaultPrefix        = "sluice:sem:"
+	DefaultWatchdogLease  = 30 * time.Second
+	DefaultPrefix         = "sluice:sem:"
+	DefaultReplicaTimeout = 100 * time.Millisecond
 	// MaxCapacity is the largest capacity: the scripts count in Lua
 	// numbers, which are exact integers up to 2^53.
 	MaxCapacity = 1 << 53
@@ -166,6 +170,16 @@ type Options struct {
 	// Prefix starts every key. Empty means DefaultPrefix ("sluice:sem:").
 	// It must not contain braces (they would move the cluster hash tag).
 	Prefix string
+	// ReplicaAcks, when above zero, makes every grant wait (Redis WAIT)
+	// until that many replicas have it; if they do not within
+	// ReplicaTimeout, the permit is released again and Acquire returns
+	// ErrNotReplicated. It narrows, but cannot close, the window in which a
+	// failover loses granted permits (replication stays asynchronous).
+	// Zero (the default) does not wait.
+	ReplicaAcks int
+	// ReplicaTimeout bounds the wait for ReplicaAcks. Zero means
+	// DefaultReplicaTimeout (100 ms).
+	ReplicaTimeout time.Duration
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -174,6 +188,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
+	}
+	if o.ReplicaTimeout == 0 {
+		o.ReplicaTimeout = DefaultReplicaTimeout
+	}
+	if o.ReplicaAcks < 0 || o.ReplicaAcks > 100 || o.ReplicaTimeout < 0 || o.ReplicaTimeout > time.Minute {
+		return o, fmt.Errorf("%w: replica acks %d / timeout %v outside [0, 100] / [0, 1m]", ErrInvalidOptions, o.ReplicaAcks, o.ReplicaTimeout)
 	}
 	if err := checkLease(o.Lease, true); err != nil {
 		return o, err
@@ -357,6 +377,20 @@ type reply struct {
 // If ctx ends before the reply comes, the script may still run: a permit it
 // grants then is released as soon as that late reply arrives.
 func (s *Semaphore) call(ctx context.Context, id string, n int64) (reply, error) {
+	args := []string{s.capArg, strconv.FormatInt(n, 10), id, s.m.leaseMs, s.m.pubMode}
+	if acks := int64(s.m.opts.ReplicaAcks); acks > 0 && n > 0 {
+		res, got, err := s.m.acquire.ExecWait(ctx, s.keys, args, acks, s.m.opts.ReplicaTimeout)
+		if err != nil {
+			return reply{}, err
+		}
+		r, err := s.parse(res)
+		if err == nil && r.status == 1 && got < acks {
+			// Too few replicas have it: a failover now could grant it again.
+			s.cleanup(ctx, id)
+			return reply{}, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, s.name, got, acks)
+		}
+		return r, err
+	}
 	var late func(rueidis.RedisResult)
 	if n > 0 {
 		late = func(r rueidis.RedisResult) {
@@ -365,7 +399,7 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64) (reply, error)
 			}
 		}
 	}
-	return s.parse(s.m.acquire.ExecOrLate(ctx, s.keys, []string{s.capArg, strconv.FormatInt(n, 10), id, s.m.leaseMs, s.m.pubMode}, late))
+	return s.parse(s.m.acquire.ExecOrLate(ctx, s.keys, args, late))
 }
 
 // parse reads the acquire script's reply.
@@ -399,7 +433,7 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64) (*Permit, t
 	sent := time.Now()
 	r, err := s.call(ctx, id, n)
 	if err != nil {
-		if errors.Is(err, ErrCapacityMismatch) {
+		if errors.Is(err, ErrCapacityMismatch) || errors.Is(err, ErrNotReplicated) {
 			return nil, 0, err
 		}
 		if ctx.Err() != nil {

@@ -620,3 +620,22 @@ func TestLostReplyReleased(t *testing.T) {
 	}
 	wantAvailable(t, s, 2)
 }
+
+// TestReplicaAcksWithoutReplica: with ReplicaAcks and no replica to confirm,
+// every grant is refused and given back, never left held.
+func TestReplicaAcksWithoutReplica(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, []string{redistest.Single(t).Addr()}, semaphore.Options{ReplicaAcks: 1, ReplicaTimeout: 20 * time.Millisecond})
+	name := uniqueName(t)
+	s := e.sem(t, name, 3)
+	if _, err := s.TryAcquire(ctx, 1); !errors.Is(err, semaphore.ErrNotReplicated) {
+		t.Fatalf("TryAcquire = %v, want ErrNotReplicated", err)
+	}
+	if _, err := s.Acquire(ctx, 2); !errors.Is(err, semaphore.ErrNotReplicated) {
+		t.Fatalf("Acquire = %v, want ErrNotReplicated", err)
+	}
+	wantAvailable(t, s, 3)
+	if n := e.keysLeft(t, name); n != 0 {
+		t.Fatalf("%d keys left after refused grants, want 0", n)
+	}
+}

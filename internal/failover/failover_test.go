@@ -3,7 +3,8 @@
 // promoted. Redis replicates asynchronously, so a grant the primary made but
 // had not yet sent to the replica is gone after the failover and can be
 // granted again: a doubled grant. The tests count them with and without
-// mutex.Options.ReplicaAcks (WAIT after the acquire script).
+// the ReplicaAcks option of mutex and semaphore (WAIT after the acquire
+// script).
 package failover_test
 
 import (
@@ -21,6 +22,7 @@ import (
 	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/mutex"
 	"github.com/sluicekit/sluice/scriptcache"
+	"github.com/sluicekit/sluice/semaphore"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -216,4 +218,90 @@ func TestFailoverUnderLoad(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSemaphoreFailoverWithLaggingReplica does the same for permits: after
+// the failover, the promoted replica may let new holders take permits that
+// clients still hold, so more than the capacity is in use.
+func TestSemaphoreFailoverWithLaggingReplica(t *testing.T) {
+	const capacity = 10
+	for _, acks := range []int{0, 1} {
+		t.Run(fmt.Sprintf("replicaAcks=%d", acks), func(t *testing.T) {
+			ctx := context.Background()
+			p := startPair(t)
+			mgr := semManager(t, p.primary.Addr(), semaphore.Options{ReplicaAcks: acks, ReplicaTimeout: 200 * time.Millisecond})
+			sem, err := mgr.NewSemaphore("workers", capacity)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := 0
+			for range 5 {
+				if _, err := sem.Acquire(ctx, 1); err != nil {
+					t.Fatal(err)
+				}
+				held++
+			}
+			if !redistest.WaitFor(ctx, 10*time.Second, func() bool {
+				n, _ := p.replica.Do("HGET", "sluice:sem:{workers}", ":used")
+				return n == "5"
+			}) {
+				t.Fatal("replica did not receive the first grants")
+			}
+			if err := p.replica.Pause(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.primary.Do("CLIENT", "KILL", "TYPE", "replica"); err != nil {
+				t.Fatal(err)
+			}
+			refused := 0
+			for range 5 {
+				_, err := sem.Acquire(ctx, 1)
+				switch {
+				case err == nil:
+					held++
+				case errors.Is(err, semaphore.ErrNotReplicated):
+					refused++
+				default:
+					t.Fatal(err)
+				}
+			}
+			p.replica.Resume()
+			p.failover(t)
+			after, err := semManager(t, p.replica.Addr(), semaphore.Options{}).NewSemaphore("workers", capacity)
+			if err != nil {
+				t.Fatal(err)
+			}
+			free, err := after.Available(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			over := max(0, int64(held)+free-capacity)
+			t.Logf("ReplicaAcks=%d: %d permits held by clients, %d refused, %d free on the promoted replica: %d over capacity", acks, held, refused, free, over)
+			if acks == 0 && over != 5 {
+				t.Errorf("without ReplicaAcks: %d permits over capacity, want the 5 granted while the replica lagged", over)
+			}
+			if acks == 1 && (over != 0 || refused != 5) {
+				t.Errorf("with ReplicaAcks: %d over capacity, %d refused; want 0 and 5", over, refused)
+			}
+		})
+	}
+}
+
+func semManager(t *testing.T, addr string, opts semaphore.Options) *semaphore.Manager {
+	t.Helper()
+	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.Close)
+	sc, err := scriptcache.New(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := semaphore.NewManager(sc, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return m
 }
