@@ -53,11 +53,11 @@ func main() {
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), `bench runs every sluice primitive end to end and measures it.
 
-  go run .                                 embedded miniredis: no Redis needed, not Redis numbers
-  go run . -redis 127.0.0.1:6379 -peers     a real Redis, compared with the peer libraries
+  go run .                                embedded miniredis: no Redis needed, not Redis numbers
+  go run . -redis 127.0.0.1:6379 -peers   a real Redis, compared with the peer libraries
   go run . -redis 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
-                                           a Redis Cluster (the seed list)
-  go run . -quick                          one short round, for CI
+                                          a Redis Cluster (the seed list)
+  go run . -quick                         one short round, for CI
 
 Flags:
 `)
