@@ -208,7 +208,7 @@ func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(
 	}
 	done := ctx.Done()
 	if done == nil {
-		return s.exec(ctx, keys, args)
+		return s.exec(pipelined{ctx}, keys, args)
 	}
 	if err := ctx.Err(); err != nil {
 		return rueidis.NewErrorResult(err)
@@ -216,7 +216,7 @@ func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(
 	reply := make(chan rueidis.RedisResult) // unbuffered: the reply goes to the caller or to late, never both
 	abandoned := make(chan struct{})
 	go func() {
-		r := s.exec(context.WithoutCancel(ctx), keys, args)
+		r := s.exec(pipelined{context.WithoutCancel(ctx)}, keys, args)
 		select {
 		case reply <- r:
 		case <-abandoned:
@@ -239,6 +239,22 @@ func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(
 		return rueidis.NewErrorResult(ctx.Err())
 	}
 }
+
+// pipelined is a context that is never done but has a Done channel. Given
+// one, rueidis queues the call on its pipelining connection instead of
+// running it in its synchronous mode, which it uses when a call has no Done
+// channel and no other call is in flight. In that mode a second call that
+// starts meanwhile waits for the first one's reply before it is even sent:
+// a watchdog renewal issued while the holder's own Lock or Acquire is in
+// flight then takes two or three round trips instead of one, and on a link
+// whose round trip is a quarter of the lease that is enough for the
+// watchdog to declare a lease lost that the server still holds (found by
+// internal/faulttest's latency scenario).
+type pipelined struct{ context.Context }
+
+var neverDone = make(chan struct{})
+
+func (pipelined) Done() <-chan struct{} { return neverDone }
 
 func (s *Script) exec(ctx context.Context, keys, args []string) rueidis.RedisResult {
 	client := s.c.client
