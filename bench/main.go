@@ -145,10 +145,6 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 	rep.Results = b.results
 
 	if b.selected("ceiling") {
-		n := 200_000
-		if c.quick {
-			n = 50_000
-		}
 		scriptOf := map[string]string{}
 		var scripts []string
 		for _, im := range limiterImpls {
@@ -159,7 +155,7 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 				}
 			}
 		}
-		rep.Ceiling = measureCeilings(ctx, b, scripts, n)
+		rep.Ceiling = measureCeilings(ctx, b, scripts)
 		rep.Fractions = fractions(rep.Results, rep.Ceiling, scriptOf)
 	}
 	prog.clear()
