@@ -90,8 +90,8 @@ func (e *entry[T]) close() {
 }
 
 // runWorkload opens the implementations, warms each up, then measures them
-// in interleaved rounds (A, B, C, A, B, C, ...) so that whatever else the
-// machine does hits all of them alike.
+// in interleaved rounds so that whatever else the machine does hits all of
+// them alike.
 func runWorkload[T any](ctx context.Context, b *bench, impls []impl[T], w workload[T]) []result {
 	entries := make([]*entry[T], len(impls))
 	for i, im := range impls {
@@ -133,7 +133,10 @@ func runWorkload[T any](ctx context.Context, b *bench, impls []impl[T], w worklo
 		}
 	}
 	for r := range b.rounds {
-		for _, e := range entries {
+		// Each round starts one implementation later (A B C, B C A, ...),
+		// so none always runs first or right after another.
+		for k := range entries {
+			e := entries[(k+r)%len(entries)]
 			if e.err != nil || ctx.Err() != nil {
 				continue
 			}
