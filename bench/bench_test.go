@@ -62,3 +62,40 @@ func TestHistogramQuantiles(t *testing.T) {
 		t.Errorf("empty quantile = %v, want 0", got)
 	}
 }
+
+// TestSummarize checks the median round and the ratio to the best peer, for
+// throughput and for latency workloads.
+func TestSummarize(t *testing.T) {
+	round := func(ops int64, p50 time.Duration) sample {
+		s := sample{ops: ops, elapsed: time.Second}
+		for range ops {
+			s.lat.record(p50)
+		}
+		return s
+	}
+	mk := func(name string, k kind, s ...sample) *entry[limiter] {
+		return &entry[limiter]{impl: impl[limiter]{name: name, kind: k}, samples: s}
+	}
+	entries := []*entry[limiter]{
+		mk("ours", ours, round(300, 3*time.Millisecond), round(100, time.Millisecond), round(200, 2*time.Millisecond)),
+		mk("peer-a", peer, round(50, 4*time.Millisecond)),
+		mk("peer-b", peer, round(100, 8*time.Millisecond)),
+	}
+
+	got := summarize(workload[limiter]{name: "w"}, entries)
+	if got[0].OpsPerSec != 200 {
+		t.Errorf("median ops/s = %v, want 200 (the middle round)", got[0].OpsPerSec)
+	}
+	if got[0].VsBestPeer != 2 || got[2].VsBestPeer != 1 || got[1].VsBestPeer != 0.5 {
+		t.Errorf("throughput ratios = %v %v %v, want 2 0.5 1", got[0].VsBestPeer, got[1].VsBestPeer, got[2].VsBestPeer)
+	}
+
+	got = summarize(workload[limiter]{name: "w", latency: true}, entries)
+	if p := got[0].P50; p < 1900*time.Microsecond || p > 2100*time.Microsecond {
+		t.Errorf("median p50 = %v, want about 2ms (the middle round)", p)
+	}
+	// The best peer is the one with the lowest p50, peer-a at 4ms.
+	if r := got[0].VsBestPeer; r < 1.9 || r > 2.1 {
+		t.Errorf("latency ratio = %v, want about 2", r)
+	}
+}
