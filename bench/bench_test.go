@@ -90,7 +90,7 @@ func TestSummarize(t *testing.T) {
 		t.Errorf("throughput ratios = %v %v %v, want 2 0.5 1", got[0].VsBestPeer, got[1].VsBestPeer, got[2].VsBestPeer)
 	}
 
-	got = summarize(workload[limiter]{name: "w", latency: true}, entries)
+	got = summarize(workload[limiter]{name: "w", judge: byP50}, entries)
 	if p := got[0].P50; p < 1900*time.Microsecond || p > 2100*time.Microsecond {
 		t.Errorf("median p50 = %v, want about 2ms (the middle round)", p)
 	}

@@ -162,7 +162,7 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 
 	if len(rep.Results) > 0 {
 		fmt.Fprintf(out, "\nworkloads: %d round(s) of %s each (hand-offs twice that), implementations interleaved,\n", b.rounds, b.duration)
-		fmt.Fprintln(out, "median round shown; vs peer: how many times better than the best peer (ops/s, or p50 latency)")
+		fmt.Fprintln(out, "median round shown; vs peer: how many times better than the best peer, by the figure in brackets")
 		printResults(out, rep.Results)
 	}
 	printCeilings(out, rep.Ceiling, rep.Fractions, b.srv.embedded != nil)

@@ -83,7 +83,7 @@ func printResults(w io.Writer, results []result) {
 	for _, r := range results {
 		if r.Title != title {
 			title = r.Title
-			fmt.Fprintf(w, "\n%s\n", title)
+			fmt.Fprintf(w, "\n%s [vs peer by %s]\n", title, r.JudgedBy)
 			fmt.Fprintf(w, "  %-*s %10s %9s %9s %10s %8s  %s\n", width, "impl", "ops/s", "p50", "p99", "allocs/op", "vs peer", "notes")
 		}
 		if r.Ops == 0 {

@@ -39,16 +39,16 @@ type result struct {
 	P50         time.Duration `json:"p50_ns"`
 	P99         time.Duration `json:"p99_ns"`
 	AllocsPerOp float64       `json:"allocs_per_op"`
-	// VsBestPeer is how many times better than the best peer this is: ops/s
-	// over the best peer's, or for latency workloads the best peer's p50
-	// over this one's. 0 when no peer ran.
+	// VsBestPeer is how many times better than the best peer this is by
+	// the workload's judge: ops/s over the best peer's, or the best peer's
+	// latency over this one's. 0 when no peer ran.
 	VsBestPeer float64 `json:"vs_best_peer,omitempty"`
 	// Mark and MarkShare carry the workload's own count as a share of ops
 	// (allowed requests, self re-acquisitions).
 	Mark        string    `json:"mark,omitempty"`
 	MarkShare   float64   `json:"mark_share,omitempty"`
 	RoundsOpsPS []float64 `json:"rounds_ops_per_sec"`
-	Latency     bool      `json:"judged_by_latency"`
+	JudgedBy    judge     `json:"judged_by"`
 	Err         string    `json:"error,omitempty"`
 }
 
@@ -159,7 +159,7 @@ func summarize[T any](w workload[T], entries []*entry[T]) []result {
 	for _, e := range entries {
 		r := result{
 			Workload: w.name, Title: w.title, Impl: e.impl.name, Kind: e.impl.kind,
-			Goroutines: w.goroutines, Rate: describeRate(w.rate), Latency: w.latency, Mark: w.mark,
+			Goroutines: w.goroutines, Rate: describeRate(w.rate), JudgedBy: w.judge.orOps(), Mark: w.mark,
 		}
 		if e.err == nil && len(e.samples) == 0 {
 			e.err = fmt.Errorf("not measured")
@@ -172,7 +172,7 @@ func summarize[T any](w workload[T], entries []*entry[T]) []result {
 		for _, s := range e.samples {
 			r.RoundsOpsPS = append(r.RoundsOpsPS, s.opsPerSec())
 		}
-		m := median(e.samples, w.latency)
+		m := median(e.samples, w.judge)
 		r.Ops, r.Errors = m.ops, m.errs
 		r.OpsPerSec = m.opsPerSec()
 		r.P50, r.P99 = m.lat.quantile(0.50), m.lat.quantile(0.99)
@@ -185,14 +185,11 @@ func summarize[T any](w workload[T], entries []*entry[T]) []result {
 		}
 		results = append(results, r)
 	}
-	// The best peer: most ops/s, or lowest p50 for latency workloads.
+	// The best peer by the workload's judge.
 	var best *result
 	for i := range results {
 		r := &results[i]
-		if r.Kind != peer || r.Ops == 0 {
-			continue
-		}
-		if best == nil || better(r, best, w.latency) {
+		if r.Kind == peer && r.Ops > 0 && (best == nil || w.judge.value(r) > w.judge.value(best)) {
 			best = r
 		}
 	}
@@ -200,36 +197,66 @@ func summarize[T any](w workload[T], entries []*entry[T]) []result {
 		return results
 	}
 	for i := range results {
-		r := &results[i]
-		switch {
-		case r.Ops == 0:
-		case w.latency && r.P50 > 0:
-			r.VsBestPeer = float64(best.P50) / float64(r.P50)
-		case !w.latency && best.OpsPerSec > 0:
-			r.VsBestPeer = r.OpsPerSec / best.OpsPerSec
+		if r := &results[i]; r.Ops > 0 {
+			r.VsBestPeer = w.judge.ratio(r, best)
 		}
 	}
 	return results
 }
 
-func better(a, b *result, latency bool) bool {
-	if latency {
-		return a.P50 < b.P50
+// judge is the figure a workload compares implementations by.
+type judge string
+
+const (
+	byOps judge = "ops/s" // the zero judge means this
+	byP50 judge = "p50"
+	byP99 judge = "p99"
+)
+
+func (j judge) orOps() judge {
+	if j == "" {
+		return byOps
 	}
-	return a.OpsPerSec > b.OpsPerSec
+	return j
 }
 
-// median returns the middle round by ops/s, or by p50 latency.
-func median(samples []sample, latency bool) *sample {
+// value is the judged figure of r, larger is better.
+func (j judge) value(r *result) float64 {
+	switch j {
+	case byP50:
+		return -float64(r.P50)
+	case byP99:
+		return -float64(r.P99)
+	}
+	return r.OpsPerSec
+}
+
+// ratio is how many times better r is than best.
+func (j judge) ratio(r, best *result) float64 {
+	switch j {
+	case byP50:
+		return float64(best.P50) / float64(max(r.P50, 1))
+	case byP99:
+		return float64(best.P99) / float64(max(r.P99, 1))
+	}
+	return r.OpsPerSec / best.OpsPerSec
+}
+
+// median returns the middle round by the judged figure.
+func median(samples []sample, j judge) *sample {
 	idx := make([]int, len(samples))
 	for i := range idx {
 		idx[i] = i
 	}
-	slices.SortFunc(idx, func(i, j int) int {
-		if latency {
-			return cmp.Compare(samples[i].lat.quantile(0.5), samples[j].lat.quantile(0.5))
+	key := func(s *sample) float64 {
+		switch j {
+		case byP50:
+			return float64(s.lat.quantile(0.50))
+		case byP99:
+			return float64(s.lat.quantile(0.99))
 		}
-		return cmp.Compare(samples[i].opsPerSec(), samples[j].opsPerSec())
-	})
+		return s.opsPerSec()
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(key(&samples[a]), key(&samples[b])) })
 	return &samples[idx[len(idx)/2]]
 }

@@ -12,10 +12,10 @@ type workload[T any] struct {
 	name       string // stable id, for -run and the JSON output
 	title      string // what the table says
 	goroutines int
-	instances  int  // independent instances (programs) it needs
-	rate       rate // what limiters are opened with
-	latency    bool // judged by p50 latency rather than by ops/s
-	long       bool // a hand-off takes milliseconds: measure twice as long
+	instances  int   // independent instances (programs) it needs
+	rate       rate  // what limiters are opened with
+	judge      judge // what implementations are compared by; ops/s if empty
+	long       bool  // a hand-off takes milliseconds: measure twice as long
 	mark       string
 	// loops builds the measuring goroutines on instances xs; every key
 	// starts with ns, which is unique to this round and implementation.
@@ -41,7 +41,7 @@ var lockWorkloads = []workload[locker]{
 	},
 	{
 		name: "lock.handoff", title: "lock hand-off to a waiter in another program (latency)",
-		goroutines: 2, instances: 2, latency: true, long: true,
+		goroutines: 2, instances: 2, judge: byP50, long: true,
 		loops: func(xs []locker, ns string) ([]loop, error) {
 			h := new(handoff)
 			return contended(xs, ns, func(_ int, g gate) loop { return h.loop(g) })
@@ -49,7 +49,7 @@ var lockWorkloads = []workload[locker]{
 	},
 	{
 		name: "lock.barging", title: "lock barging: releaser competes again at once (wait)",
-		goroutines: 2, instances: 2, latency: true, long: true, mark: "self re-acquired",
+		goroutines: 2, instances: 2, judge: byP99, long: true, mark: "self re-acquired",
 		loops: func(xs []locker, ns string) ([]loop, error) {
 			b := new(barging)
 			return contended(xs, ns, b.loop)
@@ -113,7 +113,7 @@ var semaphoreWorkloads = []workload[semaphores]{
 	},
 	{
 		name: "semaphore.wakeup", title: "semaphore wake-up of a waiter in another program (latency)",
-		goroutines: 2, instances: 2, latency: true, long: true,
+		goroutines: 2, instances: 2, judge: byP50, long: true,
 		loops: func(xs []semaphores, ns string) ([]loop, error) {
 			h := new(handoff)
 			loops := make([]loop, len(xs))
@@ -127,6 +127,49 @@ var semaphoreWorkloads = []workload[semaphores]{
 			return loops, nil
 		},
 	},
+	{
+		name: "semaphore.queue", title: "semaphore queue: 8 workers in 4 programs on 2 permits, 1ms jobs (wait)",
+		goroutines: 8, instances: 4, judge: byP99, long: true, loops: queueWait(2, 2),
+	},
+}
+
+// queueWait: goroutines spread over the instances take a permit of a
+// semaphore that has fewer permits than goroutines, hold it for holdTime,
+// give it back and queue again at once; the recorded latency is each wait.
+// It is the bounded-workers scenario under load: how long a worker waits,
+// and how unevenly (p99).
+func queueWait(perInstance, capacity int) func([]semaphores, string) ([]loop, error) {
+	return func(xs []semaphores, ns string) ([]loop, error) {
+		var loops []loop
+		for _, x := range xs {
+			for range perInstance {
+				s, err := x.Semaphore(ns+"sem", capacity)
+				if err != nil {
+					return nil, err
+				}
+				loops = append(loops, func(ctx context.Context, deadline time.Time, r *recorder) {
+					for i := 0; i < maxOpsPerGoroutine && time.Now().Before(deadline); i++ {
+						t0 := time.Now()
+						if err := s.Acquire(ctx); err != nil {
+							if ctx.Err() != nil {
+								r.done(time.Since(t0), nil) // starved: a lower bound
+								return
+							}
+							r.done(0, err)
+							continue
+						}
+						r.done(time.Since(t0), nil)
+						time.Sleep(holdTime)
+						if err := s.Release(ctx); err != nil {
+							r.done(0, err)
+							return
+						}
+					}
+				})
+			}
+		}
+		return loops, nil
+	}
 }
 
 var limiterWorkloads = []workload[limiter]{
