@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"path"
 	"sort"
 	"strconv"
@@ -188,27 +189,62 @@ func (s *Script) SHA1() string { return s.sha }
 //
 // When ctx ends before the reply arrives, Exec returns ctx.Err() at once,
 // but the script may still run: callers must treat that as an unknown
-// outcome. rueidis never sees ctx itself. It would close a connection that
-// other callers share when a deadline passed mid-command, and dial a fresh
-// connection under whichever caller's context came first, failing all who
-// wait on that dial when that one context ends. So the call runs with a
-// context that is never cancelled, in a goroutine that ends when Redis
-// answers or the client's own timeouts (ConnWriteTimeout) or Close end it.
+// outcome (ExecOrLate lets them undo it).
+//
+// rueidis sees ctx's cancellation but not its deadline. With a deadline it
+// would set a socket deadline and close the connection other callers share
+// when it passed mid-command; without one it queues the call on its
+// pipelining connection and abandons only this call when ctx ends. One
+// weakness remains: rueidis dials a connection lazily, under the context of
+// the call that needs it first, and every call waiting on that dial fails
+// if that context ends. Such a call was never sent, so Exec retries it (up to
+// three times).
 func (s *Script) Exec(ctx context.Context, keys, args []string) rueidis.RedisResult {
-	return s.ExecOrLate(ctx, keys, args, nil)
-}
-
-// ExecOrLate is Exec, and when ctx ends before the reply arrives, it calls
-// late (if not nil) with the reply once it does, from another goroutine.
-// A primitive uses it to undo what a call it gave up on did after all, such
-// as an acquisition nobody is waiting for.
-func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(rueidis.RedisResult)) rueidis.RedisResult {
 	if err := s.c.checkSlots(keys); err != nil {
 		return rueidis.NewErrorResult(err)
 	}
+	var rctx context.Context = cancelOnly{ctx}
+	if ctx.Done() == nil {
+		rctx = pipelined{ctx}
+	}
+	r := s.exec(rctx, keys, args)
+	for range 3 {
+		if err := r.Error(); err == nil || ctx.Err() != nil || !neverSent(err) {
+			break
+		}
+		r = s.exec(rctx, keys, args)
+	}
+	return r
+}
+
+// cancelOnly is ctx without its deadline (see Exec).
+type cancelOnly struct{ context.Context }
+
+func (cancelOnly) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+// neverSent reports whether err says a call failed before it was sent: the
+// connection it waited for could not be dialled, possibly because another
+// caller's context ended (the caller's own has not).
+func neverSent(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		(errors.As(err, &op) && op.Op == "dial")
+}
+
+// ExecOrLate is Exec, and when ctx ends before the reply arrives, it calls
+// late with the reply once it does, from another goroutine. A primitive
+// uses it to undo what a call it gave up on did after all, such as an
+// acquisition nobody is waiting for: left alone, that would block everyone
+// until its lease ran out. When ctx can be cancelled this costs a goroutine
+// per call, which ends when Redis answers or the client's own timeouts
+// (ConnWriteTimeout) or Close end the call; rueidis itself never sees ctx.
+func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(rueidis.RedisResult)) rueidis.RedisResult {
 	done := ctx.Done()
-	if done == nil {
-		return s.exec(pipelined{ctx}, keys, args)
+	if done == nil || late == nil {
+		return s.Exec(ctx, keys, args)
+	}
+	if err := s.c.checkSlots(keys); err != nil {
+		return rueidis.NewErrorResult(err)
 	}
 	if err := ctx.Err(); err != nil {
 		return rueidis.NewErrorResult(err)
@@ -220,9 +256,7 @@ func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(
 		select {
 		case reply <- r:
 		case <-abandoned:
-			if late != nil {
-				late(r)
-			}
+			late(r)
 		}
 	}()
 	select {
