@@ -1,0 +1,109 @@
+package faulttest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/semaphore"
+)
+
+// TestLatencyNoFalseLoss holds locks and permits for ten leases behind a
+// link whose round trip grows by a quarter of the lease, with jitter.
+//
+// Pass criterion: zero loss signals (Lost never closes, Err stays nil), and
+// every hold is still the owner's on the server at the end (Unlock and
+// Release succeed, which they do only for a live hold).
+//
+// The proxy delays each direction by lease/8 give or take lease/32 (uniform),
+// so a round trip gains lease/4 on average, between 3*lease/16 and
+// 5*lease/16. The watchdog renews every lease/3 and counts each lease from
+// before its renewal was sent, so a renewal has 2*lease/3 (less a small
+// margin) to come back. rueidis sometimes costs one extra round trip (a
+// background PING on an idle connection, the switch to pipelining), so a
+// renewal can take two round trips, up to 5*lease/8: still inside.
+func TestLatencyNoFalseLoss(t *testing.T) {
+	const lease = 600 * time.Millisecond
+	hold := pick(10*lease, 50*lease)
+	r := newRig(t)
+	locks := newLocker(t, r.proxied, mutex.Options{WatchdogLease: lease})
+	sems := newManager(t, r.proxied, semaphore.Options{WatchdogLease: lease})
+	ctx := context.Background()
+
+	r.proxy.SetLatency(lease/8-lease/32, lease/16)
+	start := time.Now()
+	if err := r.proxied.Do(ctx, r.proxied.B().Ping().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if rtt := time.Since(start); rtt < 3*lease/16 {
+		t.Fatalf("round trip through the proxy %v, want at least 3*lease/16 = %v", rtt, 3*lease/16)
+	}
+
+	type holder struct {
+		name    string
+		lost    <-chan struct{}
+		err     func() error
+		release func(context.Context) error
+	}
+	var holders []holder
+	for range 4 {
+		m := newMutex(t, locks, uniqueName(t))
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		holders = append(holders, holder{"mutex " + m.Name(), m.Lost(), m.Err, m.Unlock})
+	}
+	sem, err := sems.NewSemaphore(uniqueName(t), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		p, err := sem.Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		holders = append(holders, holder{"permit " + p.ID(), p.Lost(), p.Err, p.Release})
+	}
+
+	// Every holder is watched for the whole hold; any loss fails the test.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var losses []string
+	for _, h := range holders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-h.lost:
+				mu.Lock()
+				losses = append(losses, h.name+" lost after "+time.Since(start).Round(time.Millisecond).String()+": "+errString(h.err()))
+				mu.Unlock()
+			case <-stop:
+			}
+		}()
+	}
+	timer := time.NewTimer(hold) // holding for a while is the scenario
+	<-timer.C
+	close(stop)
+	wg.Wait()
+	for _, l := range losses {
+		t.Errorf("false loss: %s", l)
+	}
+	for _, h := range holders {
+		if err := h.release(ctx); err != nil {
+			t.Errorf("%s: release after %v: %v", h.name, hold, err)
+		}
+	}
+	t.Logf("held %d locks/permits for %v (%.0f leases of %v) with round-trip latency +%v..+%v (mean %v): %d false losses",
+		len(holders), hold, float64(hold)/float64(lease), lease, 3*lease/16, 5*lease/16, lease/4, len(losses))
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return err.Error()
+}

@@ -1,0 +1,258 @@
+package faulttest
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluicekit/sluice/mutex"
+)
+
+// quietConn makes the proxied client use one pipelining connection with no
+// background PING, so the call under test is the one whose reply is lost:
+//   - rueidis PINGs a connection idle for Dialer.KeepAlive (1 s by
+//     default); when that PING's reply is the one dropped, later calls wait
+//     behind it and never reach Redis (a dead connection, not a lost reply);
+//   - with several pipelining connections rueidis picks one at random per
+//     call, and one dialed while replies are dropped never finishes its
+//     handshake, so the request would never be sent.
+func quietConn(o *rueidis.ClientOption) {
+	o.Dialer.KeepAlive = -1
+	o.PipelineMultiplex = -1 // 2^0: one connection
+}
+
+// warm makes sure the proxied client's connection is up before a fault.
+func warm(t *testing.T, m *mutex.Mutex) {
+	t.Helper()
+	if _, err := m.Info(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// retry calls f until it returns something other than a connection error.
+// The connection reset that ends a lost reply reaches rueidis
+// asynchronously, so the first call after it may still be written into the
+// dead connection and fail; the API says such calls are safe to repeat, and
+// that is what a caller does.
+func retry(t *testing.T, f func(context.Context) error) error {
+	t.Helper()
+	for i := 0; ; i++ {
+		err := f(context.Background())
+		var ne net.Error
+		if !errors.As(err, &ne) && !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) || i == 5 {
+			if i > 0 {
+				t.Logf("succeeded after %d connection errors", i)
+			}
+			return err
+		}
+	}
+}
+
+// lostReplyCall runs call with its reply dropped by the proxy: the request
+// reaches Redis and runs, the answer never comes back. It waits (on the
+// direct connection) until ran reports that the request has taken effect,
+// lets call time out, and then ends the fault, which resets the damaged
+// connection. It returns call's error.
+func lostReplyCall(t *testing.T, r *rig, call func(ctx context.Context) error, ran func() bool) error {
+	t.Helper()
+	r.proxy.DropReplies(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- call(ctx) }()
+	received := false
+	defer func() { // also when waitFor fails the test
+		cancel()
+		if !received {
+			<-errc
+		}
+		r.proxy.DropReplies(false)
+	}()
+	waitFor(t, "the request to run on the server", ran)
+	cancel() // the caller gives up: no reply is coming
+	err := <-errc
+	received = true
+	return err
+}
+
+// TestLostAcquireReply drops the reply of an outermost Lock.
+//
+// Pass criterion: never a lock that nobody believes it holds for longer
+// than the lease. Either the owner finds its own hold (a later Lock by the
+// same Mutex returns at once with the server's token), or the key expires
+// within one lease of the request: its TTL is at most the lease, and a
+// contender acquires no later than the lease after the lost request was
+// sent (plus scheduling slack).
+func TestLostAcquireReply(t *testing.T) {
+	const lease = 500 * time.Millisecond
+	for _, tc := range []struct {
+		name string
+		opts mutex.Options
+	}{
+		{"watchdog", mutex.Options{WatchdogLease: lease}},
+		{"fixed", mutex.Options{Lease: lease}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, quietConn)
+			locks := newLocker(t, r.proxied, tc.opts)
+			other := newLocker(t, r.direct, tc.opts)
+			ctx := context.Background()
+
+			t.Run("owner finds its hold", func(t *testing.T) {
+				m := newMutex(t, locks, uniqueName(t))
+				key := lockKey(m.Name())
+				warm(t, m)
+				err := lostReplyCall(t, r, m.Lock, func() bool {
+					return str(t, r.direct, "HGET", key, "o") == m.Owner()
+				})
+				if !errors.Is(err, mutex.ErrNotObtained) || !errors.Is(err, context.Canceled) {
+					t.Fatalf("Lock with a lost reply: %v, want ErrNotObtained wrapping context.Canceled", err)
+				}
+				if m.Holds() != 0 {
+					t.Fatalf("Holds() = %d after a failed Lock", m.Holds())
+				}
+				serverToken, _ := do(t, r.direct, "HGET", key, "f").AsInt64()
+				start := time.Now()
+				if err := retry(t, m.Lock); err != nil {
+					t.Fatalf("Lock after the lost reply: %v", err)
+				}
+				if d := time.Since(start); d > lease/2 {
+					t.Errorf("Lock took %v: it waited for its own orphaned hold instead of finding it", d)
+				}
+				if m.Token() != serverToken {
+					t.Errorf("Token() = %d, server has %d: not the same acquisition", m.Token(), serverToken)
+				}
+				if n, err := do(t, r.direct, "HGET", key, "n").AsInt64(); n != 1 || m.Holds() != 1 {
+					all, _ := do(t, r.direct, "HGETALL", key).AsStrMap()
+					t.Errorf("server holds %d (%v; %v), client %d; want 1 and 1", n, err, all, m.Holds())
+				}
+				if err := m.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if o := str(t, r.direct, "HGET", key, "o"); o != "" {
+					t.Errorf("still held by %q after Unlock", o)
+				}
+			})
+
+			t.Run("nobody claims it", func(t *testing.T) {
+				m := newMutex(t, locks, uniqueName(t))
+				key := lockKey(m.Name())
+				warm(t, m)
+				sent := time.Now()
+				lostReplyCall(t, r, m.TryLock, func() bool {
+					return str(t, r.direct, "HGET", key, "o") == m.Owner()
+				})
+				pttl, err := do(t, r.direct, "PTTL", key).AsInt64()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if pttl < 0 || time.Duration(pttl)*time.Millisecond > lease {
+					t.Fatalf("orphaned lock has PTTL %d ms; want at most the lease %v", pttl, lease)
+				}
+				c := newMutex(t, other, m.Name())
+				lctx, cancel := context.WithTimeout(ctx, signalWait)
+				defer cancel()
+				if err := c.Lock(lctx); err != nil {
+					t.Fatalf("contender: %v", err)
+				}
+				waited := time.Since(sent)
+				// The contender wakes when the orphan's TTL runs out; allow
+				// that timer and one round trip to be late on a busy machine.
+				if slack := 250 * time.Millisecond; waited > lease+slack {
+					t.Errorf("contender got the lock %v after the lost request; want within the lease %v (+%v)", waited, lease, slack)
+				}
+				t.Logf("orphan PTTL %d ms; contender acquired %v after the lost request", pttl, waited.Round(time.Millisecond))
+				if err := c.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if m.Holds() != 0 {
+					t.Errorf("the Mutex whose reply was lost believes it holds %d", m.Holds())
+				}
+			})
+		})
+	}
+}
+
+// TestLostUnlockReply drops the reply of Unlock and retries it.
+//
+// Pass criterion: a retried Unlock never removes two holds. With two holds,
+// a lost reply and a retry leave exactly one (HGET n on the server), and the
+// next Unlock frees the lock. A retried final Unlock whose first try did
+// release the lock succeeds without touching the hold of the owner who took
+// the lock in between.
+func TestLostUnlockReply(t *testing.T) {
+	const lease = time.Second
+	r := newRig(t, quietConn)
+	locks := newLocker(t, r.proxied, mutex.Options{WatchdogLease: lease})
+	other := newLocker(t, r.direct, mutex.Options{WatchdogLease: lease})
+	ctx := context.Background()
+
+	t.Run("nested", func(t *testing.T) {
+		m := newMutex(t, locks, uniqueName(t))
+		key := lockKey(m.Name())
+		for range 2 {
+			if err := m.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		holds := func() int64 { n, _ := do(t, r.direct, "HGET", key, "n").AsInt64(); return n }
+		if n := holds(); n != 2 {
+			t.Fatalf("server holds %d, want 2", n)
+		}
+		err := lostReplyCall(t, r, m.Unlock, func() bool { return holds() == 1 })
+		if err == nil {
+			t.Fatal("Unlock with a lost reply returned nil")
+		}
+		if m.Holds() != 2 {
+			t.Fatalf("client counts %d holds after an Unlock without answer; want 2 (unknown outcome)", m.Holds())
+		}
+		if err := retry(t, m.Unlock); err != nil {
+			t.Fatalf("retried Unlock: %v", err)
+		}
+		if n := holds(); n != 1 || m.Holds() != 1 {
+			t.Fatalf("after the retry the server holds %d, the client %d; want exactly one removed (1, 1)", n, m.Holds())
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatalf("final Unlock: %v", err)
+		}
+		if o := str(t, r.direct, "HGET", key, "o"); o != "" {
+			t.Fatalf("still held by %q after the final Unlock", o)
+		}
+	})
+
+	t.Run("final, taken over in between", func(t *testing.T) {
+		m := newMutex(t, locks, uniqueName(t))
+		key := lockKey(m.Name())
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		err := lostReplyCall(t, r, m.Unlock, func() bool { return str(t, r.direct, "HGET", key, "o") == "" })
+		if err == nil {
+			t.Fatal("Unlock with a lost reply returned nil")
+		}
+		c := newMutex(t, other, m.Name())
+		if err := c.TryLock(ctx); err != nil {
+			t.Fatalf("another owner after the release: %v", err)
+		}
+		if err := retry(t, m.Unlock); err != nil {
+			t.Fatalf("retried final Unlock: %v", err)
+		}
+		if m.Holds() != 0 {
+			t.Errorf("client still counts %d holds", m.Holds())
+		}
+		if o, n := str(t, r.direct, "HGET", key, "o"), c.Holds(); o != c.Owner() || n != 1 {
+			t.Fatalf("the retry touched the new owner's hold: owner %q, holds %d", o, n)
+		}
+		if sn, _ := do(t, r.direct, "HGET", key, "n").AsInt64(); sn != 1 {
+			t.Fatalf("server holds %d for the new owner, want 1", sn)
+		}
+		if err := c.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
