@@ -450,6 +450,27 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	}
 	if holds > 0 {
 		m.mu.Lock()
+		if token != m.token {
+			// The hold this Lock was to nest in is gone (expired, deleted,
+			// or lost with a Redis restart) and the script took the free
+			// lock afresh, under a new token that nobody tracks or renews.
+			// Give that acquisition back and report the loss, instead of
+			// counting a nested hold under the old, stale token.
+			gen, lse := m.gen, m.lse
+			m.mu.Unlock()
+			if lse != nil {
+				lse.Stop() // it would renew the stale token
+			}
+			m.argv = [5]string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs}
+			m.l.unlock.Exec(context.WithoutCancel(ctx), m.keys, m.argv[:])
+			m.lose(gen, errFoundNotHeld)
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if m.err != nil {
+				return false, 0, m.err
+			}
+			return false, 0, fmt.Errorf("%w: %q: %w", ErrLost, m.name, errFoundNotHeld)
+		}
 		m.holds = n
 		m.mu.Unlock()
 		return true, 0, nil
@@ -506,6 +527,10 @@ func (m *Mutex) releaseOrphan(r rueidis.RedisResult) {
 	defer cancel()
 	m.l.unlock.Exec(ctx, m.keys, []string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs})
 }
+
+// errFoundNotHeld is the loss reason when a nested Lock finds the hold it
+// was to nest in gone.
+var errFoundNotHeld = errors.New("found not held at nested lock")
 
 // lose records the loss of acquisition gen.
 func (m *Mutex) lose(gen uint64, cause error) {
