@@ -681,3 +681,37 @@ func TestReplicaAcksWithoutReplica(t *testing.T) {
 		t.Fatalf("after refused acquisitions: Info %+v, %v, Holds %d; want free", info, err, m.Holds())
 	}
 }
+
+// TestNestedLockFindsHoldGone: the key vanishes (a restart without
+// persistence) before the watchdog notices, and the holder nests another
+// Lock. The script would take the free lock afresh under a new token; the
+// Mutex must report the loss instead of counting a nested hold under the
+// old token, and must leave the lock free.
+func TestNestedLockFindsHoldGone(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{})
+	m := newMutex(t, l, "gone")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost := m.Lost()
+	if _, err := srv.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Lock(ctx); !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("nested Lock after the hold vanished = %v, want ErrLost", err)
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("Lost not closed")
+	}
+	if info, err := m.Info(ctx); err != nil || info.Held {
+		t.Fatalf("Info = %+v, %v; want the fresh acquisition given back", info, err)
+	}
+	if err := m.Lock(ctx); err != nil || m.Holds() != 1 {
+		t.Fatalf("next Lock = %v with %d holds, want a new outermost hold", err, m.Holds())
+	}
+	m.Unlock(ctx)
+}
