@@ -12,7 +12,7 @@
 if redis.call('HEXISTS', KEYS[1], 'o') == 0 then
   return 0
 end
-redis.call('HDEL', KEYS[1], 'o', 'n')
+redis.call('HDEL', KEYS[1], 'o', 'n', 'a')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if ARGV[1] == 's' then
   redis.call('SPUBLISH', KEYS[2], '1')

@@ -25,7 +25,7 @@ if h[1] == ARGV[1] and h[2] == ARGV[3] then
     redis.call('HSET', KEYS[1], 'n', n)
     return n
   end
-  redis.call('HDEL', KEYS[1], 'o', 'n')
+  redis.call('HDEL', KEYS[1], 'o', 'n', 'a')
   redis.call('HSET', KEYS[1], 'r', ARGV[1] .. ' ' .. ARGV[3])
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   if ARGV[4] == 's' then

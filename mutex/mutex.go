@@ -64,6 +64,15 @@
 // pub/sub connection can delay a waiter until the holder's lease ends, never
 // longer.
 //
+// # Abandoned attempts
+//
+// When a Lock's context ends while its request is in flight, or the
+// connection fails, Redis may still grant the lock to an owner that has
+// stopped waiting. The Locker then sends, on the same connection, a script
+// that gives back exactly what that attempt took (each outermost attempt is
+// recorded in the lock by its own id) and nothing a later attempt took, so a
+// lock nobody knows it holds does not block everyone for a lease.
+//
 // # Keys
 //
 // A lock named N is the hash PREFIX{N} and its channel PREFIX{N}:w (PREFIX
@@ -187,12 +196,16 @@ type Locker struct {
 	opts    Options
 	pubMode string // ARGV for the scripts: "s" (SPUBLISH) or "p"
 
-	lock, unlock, renew, force *scriptcache.Script
-	client                     rueidis.Client
+	lock, unlock, renew, force, abandon *scriptcache.Script
+	client                              rueidis.Client
 
 	hub    *notify.Hub
 	keeper *lease.Keeper
 	closed atomic.Bool
+
+	bgMu     sync.Mutex
+	bgClosed bool           // guarded by bgMu
+	bg       sync.WaitGroup // give-backs of abandoned attempts
 }
 
 // NewLocker returns a Locker that runs its scripts through sc.
@@ -210,6 +223,7 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	}
 	for name, dst := range map[string]**scriptcache.Script{
 		"mutex_lock": &l.lock, "mutex_unlock": &l.unlock, "mutex_renew": &l.renew, "mutex_force": &l.force,
+		"mutex_abandon": &l.abandon,
 	} {
 		if *dst, err = sc.Script(name); err != nil {
 			return nil, fmt.Errorf("mutex: %w", err)
@@ -230,6 +244,32 @@ func (l *Locker) Close() {
 	}
 	l.hub.Close()
 	l.keeper.Close()
+	l.bgMu.Lock()
+	l.bgClosed = true
+	l.bgMu.Unlock()
+	l.bg.Wait()
+}
+
+// giveBack releases, in the background, the lock an abandoned outermost
+// attempt may have taken: its caller stopped waiting for the reply (ctx
+// ended) or the connection failed, so nobody would know of the hold, and
+// everyone would wait out its lease. The release names the attempt, goes to
+// the same key and so the same connection, and Redis runs it after the
+// attempt; it leaves alone any hold a later attempt made.
+func (l *Locker) giveBack(m *Mutex, attempt string) {
+	l.bgMu.Lock()
+	if l.bgClosed {
+		l.bgMu.Unlock()
+		return // the lease will end it
+	}
+	l.bg.Add(1)
+	l.bgMu.Unlock()
+	go func() {
+		defer l.bg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), m.lease)
+		defer cancel()
+		l.abandon.Exec(ctx, m.keys, []string{m.owner, attempt, l.pubMode, m.keepMs})
+	}()
 }
 
 // MutexOption configures one Mutex.
@@ -300,8 +340,9 @@ type Mutex struct {
 
 	renewFn lease.Renew // m.renewLease, or nil for a fixed lease; made once
 
-	op   sync.Mutex // one script call at a time, so hold counts stay in step
-	argv [5]string  // script arguments; guarded by op, reused to save allocations
+	op       sync.Mutex // one script call at a time, so hold counts stay in step
+	argv     [5]string  // script arguments; guarded by op, reused to save allocations
+	attempts uint64     // outermost attempts so far, names each; guarded by op
 
 	mu       sync.Mutex // guards the fields below; never held across a call
 	holds    int64
@@ -408,24 +449,28 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	m.mu.Unlock()
 
 	sent := time.Now()
-	var late func(rueidis.RedisResult)
+	m.argv[0], m.argv[1], m.argv[2], m.argv[3] = m.owner, m.leaseMs, strconv.FormatInt(holds, 10), ""
 	if holds == 0 {
-		late = m.releaseOrphan
+		m.attempts++
+		m.argv[3] = strconv.FormatUint(m.attempts, 10)
 	}
-	m.argv[0], m.argv[1], m.argv[2] = m.owner, m.leaseMs, strconv.FormatInt(holds, 10)
 	var r []rueidis.RedisMessage
 	var err error
 	acks := int64(-1) // not asked
 	if m.l.opts.ReplicaAcks > 0 && holds == 0 {
 		var res rueidis.RedisResult
-		res, acks, err = m.l.lock.ExecWait(ctx, m.keys[:1], m.argv[:3], int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout)
+		res, acks, err = m.l.lock.ExecWait(ctx, m.keys[:1], m.argv[:4], int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout)
 		if err == nil {
 			r, err = res.ToArray()
 		}
 	} else {
-		r, err = m.l.lock.ExecOrLate(ctx, m.keys[:1], m.argv[:3], late).ToArray()
+		r, err = m.l.lock.Exec(ctx, m.keys[:1], m.argv[:4]).ToArray()
 	}
 	if err != nil {
+		if _, isReply := rueidis.IsRedisErr(err); holds == 0 && !isReply {
+			// Unknown outcome: the attempt may have taken the lock.
+			m.l.giveBack(m, m.argv[3])
+		}
 		return false, 0, fmt.Errorf("mutex: lock %q: %w", m.name, err)
 	}
 	if len(r) != 3 {
@@ -505,27 +550,6 @@ func (m *Mutex) renewLease(ctx context.Context) error {
 		return fmt.Errorf("%w: deleted, expired or taken over", lease.ErrGone)
 	}
 	return nil
-}
-
-// releaseOrphan handles the reply to an outermost Lock attempt that its
-// caller gave up on: if the attempt took the lock after all, nobody would
-// hold it knowingly, so it is released at once instead of blocking everyone
-// for a lease. (A nested attempt needs nothing: the next Unlock sends the
-// hold count the caller believes in.)
-func (m *Mutex) releaseOrphan(r rueidis.RedisResult) {
-	vals, err := r.ToArray()
-	if err != nil || len(vals) != 3 {
-		return
-	}
-	got, _ := vals[0].AsInt64()
-	n, _ := vals[1].AsInt64()
-	token, _ := vals[2].AsInt64()
-	if got != 1 || n != 1 || m.Holds() > 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), m.lease)
-	defer cancel()
-	m.l.unlock.Exec(ctx, m.keys, []string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs})
 }
 
 // errFoundNotHeld is the loss reason when a nested Lock finds the hold it

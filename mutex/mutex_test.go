@@ -715,3 +715,52 @@ func TestNestedLockFindsHoldGone(t *testing.T) {
 	}
 	m.Unlock(ctx)
 }
+
+// TestAbandonedAttemptGivenBack pauses Redis while a Lock is in flight: the
+// caller gives up, Redis then runs the attempt and grants the lock to an
+// owner that no longer waits for it. The Locker must give it back at once,
+// not leave everyone to wait out the 30 s lease; a later Lock of the same
+// Mutex must not be undone by that give-back.
+func TestAbandonedAttemptGivenBack(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{})
+	a, b := newMutex(t, l, "abandoned"), newMutex(t, l, "abandoned")
+	// Open the connection first: a call that has to wait for a connection's
+	// handshake is bounded by the dial timeout, not its context (see
+	// scriptcache.Exec), and that is not what this test is about.
+	if err := a.TryLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	err := a.Lock(short)
+	cancel()
+	if !errors.Is(err, mutex.ErrNotObtained) {
+		t.Fatalf("Lock on a paused server = %v, want ErrNotObtained", err)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, signal)
+	defer cancel()
+	if err := b.Lock(lctx); err != nil {
+		t.Fatalf("the abandoned grant was not given back before the 30 s lease: %v", err)
+	}
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A's next Lock holds, whatever give-back of its old attempt is in flight.
+	if err := a.Lock(lctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.TryLock(ctx); !errors.Is(err, mutex.ErrNotObtained) {
+		t.Fatalf("B's TryLock while A holds = %v, want ErrNotObtained", err)
+	}
+	a.Unlock(ctx)
+}

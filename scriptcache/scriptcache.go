@@ -198,7 +198,11 @@ func (s *Script) SHA1() string { return s.sha }
 // weakness remains: rueidis dials a connection lazily, under the context of
 // the call that needs it first, and every call waiting on that dial fails
 // if that context ends. Such a call was never sent, so Exec retries it (up to
-// three times).
+// three times). The handshake of a new connection, though, is bounded by the
+// client's dial timeout (ClientOption.Dialer.Timeout, 5 s by default), not by
+// ctx: a call that must wait for one against a server that accepts
+// connections but does not answer can outlive ctx by that much. Lower the
+// dial timeout where that matters.
 func (s *Script) Exec(ctx context.Context, keys, args []string) rueidis.RedisResult {
 	if err := s.c.checkSlots(keys); err != nil {
 		return rueidis.NewErrorResult(err)
