@@ -124,13 +124,10 @@ var (
 
 // Defaults for Options.
 const (
-	DefaultWatchdogLease  = 30 * time.Second
+	DefaultWatchdogLease  = lease.DefaultWatchdogLease
 	DefaultPrefix         = "sluice:mutex:"
-	DefaultReplicaTimeout = 100 * time.Millisecond
+	DefaultReplicaTimeout = lease.DefaultReplicaTimeout
 )
-
-// maxLease bounds leases so their milliseconds fit everywhere they go.
-const maxLease = 365 * 24 * time.Hour
 
 // Options configure a Locker. The zero value is the default.
 type Options struct {
@@ -159,35 +156,22 @@ type Options struct {
 }
 
 func (o Options) withDefaults() (Options, error) {
-	if o.WatchdogLease == 0 {
-		o.WatchdogLease = DefaultWatchdogLease
-	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
-	}
-	if o.ReplicaTimeout == 0 {
-		o.ReplicaTimeout = DefaultReplicaTimeout
-	}
-	if o.ReplicaAcks < 0 || o.ReplicaAcks > 100 || o.ReplicaTimeout < 0 || o.ReplicaTimeout > time.Minute {
-		return o, fmt.Errorf("%w: replica acks %d / timeout %v outside [0, 100] / [0, 1m]", ErrInvalidOptions, o.ReplicaAcks, o.ReplicaTimeout)
-	}
-	if err := checkLease(o.Lease, true); err != nil {
-		return o, err
-	}
-	if err := checkLease(o.WatchdogLease, false); err != nil {
-		return o, fmt.Errorf("%w (watchdog lease)", err)
 	}
 	if err := keyspace.CheckPrefix(o.Prefix); err != nil {
 		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
+	c := o.leaseConfig()
+	if err := c.Normalize(); err != nil {
+		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	o.WatchdogLease, o.ReplicaTimeout = c.Watchdog, c.ReplicaTimeout
 	return o, nil
 }
 
-func checkLease(d time.Duration, zeroOK bool) error {
-	if (d == 0 && zeroOK) || (d >= 30*time.Millisecond && d <= maxLease) {
-		return nil
-	}
-	return fmt.Errorf("%w: lease %v outside [30ms, %v]", ErrInvalidOptions, d, maxLease)
+func (o Options) leaseConfig() lease.Config {
+	return lease.Config{Fixed: o.Lease, Watchdog: o.WatchdogLease, ReplicaAcks: o.ReplicaAcks, ReplicaTimeout: o.ReplicaTimeout}
 }
 
 // Locker creates Mutexes and owns what they share. It is safe for
@@ -292,8 +276,8 @@ func WithOwner(id string) MutexOption {
 // Locker's setting; zero restores the watchdog.
 func WithLease(d time.Duration) MutexOption {
 	return func(m *Mutex) error {
-		if err := checkLease(d, true); err != nil {
-			return err
+		if err := lease.CheckFixed(d); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 		}
 		m.setLease(d)
 		return nil
@@ -355,11 +339,9 @@ type Mutex struct {
 }
 
 func (m *Mutex) setLease(d time.Duration) {
-	m.watchdog = d == 0
-	m.lease = d
-	if m.watchdog {
-		m.lease = m.l.opts.WatchdogLease
-	}
+	c := m.l.opts.leaseConfig()
+	c.Fixed = d
+	m.lease, m.watchdog = c.Effective()
 	m.leaseMs = strconv.FormatInt(m.lease.Milliseconds(), 10)
 	m.keepMs = strconv.FormatInt(min(time.Second, m.lease).Milliseconds(), 10)
 }

@@ -141,16 +141,13 @@ var (
 
 // Defaults and limits.
 const (
-	DefaultWatchdogLease  = 30 * time.Second
+	DefaultWatchdogLease  = lease.DefaultWatchdogLease
 	DefaultPrefix         = "sluice:sem:"
-	DefaultReplicaTimeout = 100 * time.Millisecond
+	DefaultReplicaTimeout = lease.DefaultReplicaTimeout
 	// MaxCapacity is the largest capacity: the scripts count in Lua
 	// numbers, which are exact integers up to 2^53.
 	MaxCapacity = 1 << 53
 )
-
-// maxLease bounds leases so their milliseconds fit everywhere they go.
-const maxLease = 365 * 24 * time.Hour
 
 // cleanupTimeout bounds the release sent for a permit granted to an
 // Acquire that had given up.
@@ -183,35 +180,22 @@ type Options struct {
 }
 
 func (o Options) withDefaults() (Options, error) {
-	if o.WatchdogLease == 0 {
-		o.WatchdogLease = DefaultWatchdogLease
-	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
-	}
-	if o.ReplicaTimeout == 0 {
-		o.ReplicaTimeout = DefaultReplicaTimeout
-	}
-	if o.ReplicaAcks < 0 || o.ReplicaAcks > 100 || o.ReplicaTimeout < 0 || o.ReplicaTimeout > time.Minute {
-		return o, fmt.Errorf("%w: replica acks %d / timeout %v outside [0, 100] / [0, 1m]", ErrInvalidOptions, o.ReplicaAcks, o.ReplicaTimeout)
-	}
-	if err := checkLease(o.Lease, true); err != nil {
-		return o, err
-	}
-	if err := checkLease(o.WatchdogLease, false); err != nil {
-		return o, fmt.Errorf("%w (watchdog lease)", err)
 	}
 	if err := keyspace.CheckPrefix(o.Prefix); err != nil {
 		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
+	c := o.leaseConfig()
+	if err := c.Normalize(); err != nil {
+		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	o.WatchdogLease, o.ReplicaTimeout = c.Watchdog, c.ReplicaTimeout
 	return o, nil
 }
 
-func checkLease(d time.Duration, zeroOK bool) error {
-	if (d == 0 && zeroOK) || (d >= 30*time.Millisecond && d <= maxLease) {
-		return nil
-	}
-	return fmt.Errorf("%w: lease %v outside [30ms, %v]", ErrInvalidOptions, d, maxLease)
+func (o Options) leaseConfig() lease.Config {
+	return lease.Config{Fixed: o.Lease, Watchdog: o.WatchdogLease, ReplicaAcks: o.ReplicaAcks, ReplicaTimeout: o.ReplicaTimeout}
 }
 
 // Manager creates Semaphores and owns what they share: the wake-up
@@ -240,10 +224,9 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Manager{opts: opts, lease: opts.Lease, pubMode: "p"}
-	if m.lease == 0 {
-		m.lease, m.watchdog = opts.WatchdogLease, true
-	}
+	m := &Manager{opts: opts, pubMode: "p"}
+	c := opts.leaseConfig()
+	m.lease, m.watchdog = c.Effective()
 	m.leaseMs = strconv.FormatInt(m.lease.Milliseconds(), 10)
 	if sc.ShardedPubSub() {
 		m.pubMode = "s"
