@@ -155,6 +155,10 @@ func TestFailoverWithLaggingReplica(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// The primary dies before the replica runs again: otherwise the
+			// replica could reconnect and resync the grants from the
+			// primary's backlog in between.
+			p.primary.Kill()
 			p.replica.Resume()
 			p.failover(t)
 			n := doubled(t, p.replica, held)
@@ -265,6 +269,10 @@ func TestSemaphoreFailoverWithLaggingReplica(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// The primary dies before the replica runs again: otherwise the
+			// replica could reconnect and resync the grants from the
+			// primary's backlog in between.
+			p.primary.Kill()
 			p.replica.Resume()
 			p.failover(t)
 			after, err := semManager(t, p.replica.Addr(), semaphore.Options{}).NewSemaphore("workers", capacity)
