@@ -207,9 +207,14 @@ func (s *Script) Exec(ctx context.Context, keys, args []string) rueidis.RedisRes
 	if err := s.c.checkSlots(keys); err != nil {
 		return rueidis.NewErrorResult(err)
 	}
-	var rctx context.Context = cancelOnly{ctx}
-	if ctx.Done() == nil {
+	var rctx context.Context
+	switch {
+	case ctx == context.Background():
+		rctx = background // no allocation on the commonest path
+	case ctx.Done() == nil:
 		rctx = pipelined{ctx}
+	default:
+		rctx = cancelOnly{ctx}
 	}
 	r := s.exec(rctx, keys, args)
 	for range 3 {
@@ -291,6 +296,9 @@ func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(
 type pipelined struct{ context.Context }
 
 var neverDone = make(chan struct{})
+
+// background is pipelined{context.Background()}, made once.
+var background context.Context = pipelined{context.Background()}
 
 func (pipelined) Done() <-chan struct{} { return neverDone }
 
