@@ -30,6 +30,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -176,6 +177,10 @@ type Script struct {
 	name string
 	body string
 	sha  string
+	// loads counts completed reloads. A call that saw NOSCRIPT but finds a
+	// reload completed since it was sent just retries: its request had
+	// simply been queued before the script was back.
+	loads atomic.Uint64
 }
 
 // Name returns the script's name (its file name without .lua).
@@ -304,13 +309,27 @@ func (pipelined) Done() <-chan struct{} { return neverDone }
 
 func (s *Script) exec(ctx context.Context, keys, args []string) rueidis.RedisResult {
 	client := s.c.client
+	seen := s.loads.Load()
 	r := client.Do(ctx, client.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 	if !isNoScript(r.Error()) {
 		return r
 	}
 	// The node forgot the script. Load it everywhere once, however many
-	// callers saw NOSCRIPT at the same time, then try again.
-	_, err, _ := s.c.loads.Do(s.sha, func() (any, error) { return nil, s.load(ctx) })
+	// callers saw NOSCRIPT at the same time, unless that happened since
+	// this call was sent; then try again.
+	var err error
+	if s.loads.Load() == seen {
+		_, err, _ = s.c.loads.Do(s.sha, func() (any, error) {
+			if s.loads.Load() != seen {
+				return nil, nil // another caller's reload finished meanwhile
+			}
+			err := s.load(ctx)
+			if err == nil {
+				s.loads.Add(1)
+			}
+			return nil, err
+		})
+	}
 	if err == nil {
 		r = client.Do(ctx, client.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 		if !isNoScript(r.Error()) {

@@ -123,12 +123,16 @@ func TestNoScriptRecovery(t *testing.T) {
 			continue
 		}
 		t.Run(tg.name, func(t *testing.T) {
-			sc, err := scriptcache.New(ctx, tg.client(t), scriptcache.WithFS(testFS))
+			client := tg.client(t)
+			sc, err := scriptcache.New(ctx, client, scriptcache.WithFS(testFS))
 			if err != nil {
 				t.Fatal(err)
 			}
 			s, _ := sc.Script("incr")
 			key := "{sc}:flush:" + t.Name()
+			if err := client.Do(ctx, client.B().Del().Key(key).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
 			for i := 1; i <= 20; i++ {
 				if i%3 == 0 {
 					tg.flush(t)
@@ -181,7 +185,7 @@ func TestNoScriptStorm(t *testing.T) {
 		}
 		loads := commandCalls(t, srv, "script|load")
 		evals := commandCalls(t, srv, "eval")
-		if loads+evals > 4 {
+		if loads+evals > 2 {
 			t.Errorf("round %d: %d SCRIPT LOAD + %d EVAL for %d concurrent NOSCRIPTs, want a few", round, loads, evals, callers)
 		}
 		if loads+evals == 0 {
