@@ -4,7 +4,11 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"go.uber.org/goleak"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestSlot(t *testing.T) {
 	// Reference values from the Redis Cluster specification and redis-cli
