@@ -68,10 +68,13 @@
 //
 // When a Lock's context ends while its request is in flight, or the
 // connection fails, Redis may still grant the lock to an owner that has
-// stopped waiting. The Locker then sends, on the same connection, a script
-// that gives back exactly what that attempt took (each outermost attempt is
+// stopped waiting. When the late reply shows a grant (or the connection is
+// gone, so the attempt can no longer run), the Locker sends a script that
+// gives back exactly what that attempt took (each outermost attempt is
 // recorded in the lock by its own id) and nothing a later attempt took, so a
-// lock nobody knows it holds does not block everyone for a lease.
+// lock nobody knows it holds does not block everyone for a lease. Waiting
+// for that reply costs a goroutine per outermost Lock whose context can be
+// cancelled; a reply that never comes leaves the lock to its lease.
 //
 // # Keys
 //
@@ -235,11 +238,12 @@ func (l *Locker) Close() {
 }
 
 // giveBack releases, in the background, the lock an abandoned outermost
-// attempt may have taken: its caller stopped waiting for the reply (ctx
-// ended) or the connection failed, so nobody would know of the hold, and
-// everyone would wait out its lease. The release names the attempt, goes to
-// the same key and so the same connection, and Redis runs it after the
-// attempt; it leaves alone any hold a later attempt made.
+// attempt took: its caller stopped waiting and the late reply shows a grant,
+// or the connection failed with the outcome unknown. Nobody would know of
+// the hold, and everyone would wait out its lease. It is sent only once the
+// attempt can no longer run after it (rueidis spreads calls over several
+// connections, so sending it earlier could overtake the attempt), and it
+// names the attempt, so it leaves alone any hold a later attempt made.
 func (l *Locker) giveBack(m *Mutex, attempt string) {
 	l.bgMu.Lock()
 	if l.bgClosed {
@@ -427,7 +431,7 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	m.op.Lock()
 	defer m.op.Unlock()
 	m.mu.Lock()
-	holds := m.holds
+	holds, heldGen := m.holds, m.gen
 	m.mu.Unlock()
 
 	sent := time.Now()
@@ -445,12 +449,21 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 		if err == nil {
 			r, err = res.ToArray()
 		}
+	} else if holds == 0 {
+		attempt := m.argv[3]
+		r, err = m.l.lock.ExecOrLate(ctx, m.keys[:1], m.argv[:4], func(late rueidis.RedisResult) {
+			if grantedOrUnknown(late) {
+				m.l.giveBack(m, attempt)
+			}
+		}).ToArray()
 	} else {
 		r, err = m.l.lock.Exec(ctx, m.keys[:1], m.argv[:4]).ToArray()
 	}
 	if err != nil {
-		if _, isReply := rueidis.IsRedisErr(err); holds == 0 && !isReply {
-			// Unknown outcome: the attempt may have taken the lock.
+		if _, isReply := rueidis.IsRedisErr(err); holds == 0 && !isReply && ctx.Err() == nil {
+			// The connection failed: the attempt may have run before it
+			// did, and nothing sent on that connection can run after, so
+			// the give-back cannot overtake it.
 			m.l.giveBack(m, m.argv[3])
 		}
 		return false, 0, fmt.Errorf("mutex: lock %q: %w", m.name, err)
@@ -477,20 +490,26 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	}
 	if holds > 0 {
 		m.mu.Lock()
-		if token != m.token {
-			// The hold this Lock was to nest in is gone (expired, deleted,
-			// or lost with a Redis restart) and the script took the free
-			// lock afresh, under a new token that nobody tracks or renews.
-			// Give that acquisition back and report the loss, instead of
+		stillHeld := m.gen == heldGen && m.holds > 0
+		if !stillHeld || token != m.token {
+			// The hold this Lock was to nest in is gone: declared lost
+			// while the call was in flight, or found gone now (expired,
+			// deleted, lost with a Redis restart) with the script taking
+			// the free lock afresh under a new token nobody tracks. Give a
+			// fresh acquisition back and report the loss, instead of
 			// counting a nested hold under the old, stale token.
-			gen, lse := m.gen, m.lse
+			gen, lse, fresh := m.gen, m.lse, token != m.token
 			m.mu.Unlock()
-			if lse != nil {
-				lse.Stop() // it would renew the stale token
+			if fresh {
+				m.argv = [5]string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs}
+				m.l.unlock.Exec(context.WithoutCancel(ctx), m.keys, m.argv[:])
 			}
-			m.argv = [5]string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs}
-			m.l.unlock.Exec(context.WithoutCancel(ctx), m.keys, m.argv[:])
-			m.lose(gen, errFoundNotHeld)
+			if stillHeld {
+				if lse != nil {
+					lse.Stop() // it would renew the stale token
+				}
+				m.lose(gen, errFoundNotHeld)
+			}
 			m.mu.Lock()
 			defer m.mu.Unlock()
 			if m.err != nil {
@@ -514,9 +533,34 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	m.mu.Lock()
 	if m.gen == gen && m.holds > 0 {
 		m.lse = lse
+		m.mu.Unlock()
+		return true, 0, nil
 	}
+	// Lost before it could be tracked: the Locker was closed during the
+	// call (nobody would renew it) or its lease has already run out.
+	lostErr := m.err
 	m.mu.Unlock()
-	return true, 0, nil
+	m.argv = [5]string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs}
+	m.l.unlock.Exec(context.WithoutCancel(ctx), m.keys, m.argv[:])
+	if errors.Is(lostErr, lease.ErrClosed) {
+		return false, 0, ErrClosed
+	}
+	return false, 0, fmt.Errorf("%w: %w", ErrNotObtained, lostErr)
+}
+
+// grantedOrUnknown reports whether the reply to a lock attempt shows that
+// it took the lock, or cannot tell (the connection failed).
+func grantedOrUnknown(r rueidis.RedisResult) bool {
+	vals, err := r.ToArray()
+	if err != nil {
+		_, isReply := rueidis.IsRedisErr(err)
+		return !isReply
+	}
+	if len(vals) != 3 {
+		return false
+	}
+	got, _ := vals[0].AsInt64()
+	return got == 1
 }
 
 // renewLease is the watchdog's renewal of the current hold.
@@ -567,7 +611,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	m.op.Lock()
 	defer m.op.Unlock()
 	m.mu.Lock()
-	holds, tokenArg, lostErr := m.holds, m.tokenArg, m.err
+	holds, tokenArg, lostErr, heldGen := m.holds, m.tokenArg, m.err, m.gen
 	m.mu.Unlock()
 	if holds == 0 {
 		if lostErr != nil {
@@ -582,6 +626,15 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.gen != heldGen || m.holds == 0 {
+		// The hold was declared lost while this call was in flight. A
+		// final Unlock that went through still released it; a partial one
+		// leaves holds that expire with the lease.
+		if left == 0 {
+			return nil
+		}
+		return fmt.Errorf("%w: %w", ErrNotHeld, m.err)
+	}
 	if left < 0 {
 		// Redis says we do not hold it, before our watchdog noticed.
 		if m.holds > 0 {

@@ -19,6 +19,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 
+	"github.com/sluicekit/sluice/internal/faultproxy"
 	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/mutex"
 	"github.com/sluicekit/sluice/scriptcache"
@@ -735,26 +736,33 @@ func TestAbandonedAttemptGivenBack(t *testing.T) {
 	if err := a.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	err := a.Lock(short)
-	cancel()
-	if !errors.Is(err, mutex.ErrNotObtained) {
-		t.Fatalf("Lock on a paused server = %v, want ErrNotObtained", err)
-	}
-	if err := srv.Resume(); err != nil {
-		t.Fatal(err)
+	// Several rounds: rueidis spreads calls over several connections, so a
+	// give-back sent too early could overtake the attempt in some of them.
+	for round := range 8 {
+		if err := srv.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		err := a.Lock(short)
+		cancel()
+		if !errors.Is(err, mutex.ErrNotObtained) {
+			t.Fatalf("round %d: Lock on a paused server = %v, want ErrNotObtained", round, err)
+		}
+		if err := srv.Resume(); err != nil {
+			t.Fatal(err)
+		}
+		lctx, cancel := context.WithTimeout(ctx, signal)
+		err = b.Lock(lctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("round %d: the abandoned grant was not given back before the 30 s lease: %v", round, err)
+		}
+		if err := b.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 	lctx, cancel := context.WithTimeout(ctx, signal)
 	defer cancel()
-	if err := b.Lock(lctx); err != nil {
-		t.Fatalf("the abandoned grant was not given back before the 30 s lease: %v", err)
-	}
-	if err := b.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
 	// A's next Lock holds, whatever give-back of its old attempt is in flight.
 	if err := a.Lock(lctx); err != nil {
 		t.Fatal(err)
@@ -763,4 +771,84 @@ func TestAbandonedAttemptGivenBack(t *testing.T) {
 		t.Fatalf("B's TryLock while A holds = %v, want ErrNotObtained", err)
 	}
 	a.Unlock(ctx)
+}
+
+// TestHoldLostDuringNestedLock: a nested Lock reaches Redis while the hold
+// still exists there, but its reply comes back after the client has
+// declared the hold lost (its lease deadline passed). The nested Lock must
+// not revive the lost hold under its stale token.
+func TestHoldLostDuringNestedLock(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	proxy, err := faultproxy.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	l := newLocker(t, redistest.Client(t, proxy.Addr()), mutex.Options{})
+	const lease = time.Second
+	m := newMutex(t, l, "nested-lost", mutex.WithLease(lease))
+	start := time.Now()
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost := m.Lost()
+	// Sent at 0.8 lease, the nested Lock reaches Redis at about 0.95 lease
+	// (the key still exists) and its reply returns at about 1.1 lease,
+	// after the client has given the hold up.
+	time.Sleep(time.Until(start.Add(lease * 8 / 10)))
+	proxy.SetLatency(lease*15/100, 0)
+	err = m.Lock(ctx)
+	select {
+	case <-lost:
+	default:
+		t.Fatalf("the reply came before the loss was declared (%v after the Lock); the scenario did not happen", time.Since(start))
+	}
+	if !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("nested Lock whose hold was lost during the call = %v, want ErrLost", err)
+	}
+	if h, tok := m.Holds(), m.Token(); h != 0 || tok != 0 {
+		t.Fatalf("Holds() = %d, Token() = %d after the loss; want 0, 0", h, tok)
+	}
+}
+
+// TestCloseDuringLock: the Locker is closed while an outermost Lock is in
+// flight. Lock must not report success for a hold nobody would renew, and
+// must give the grant back.
+func TestCloseDuringLock(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	client := redistest.Client(t, srv.Addr())
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := mutex.NewLocker(sc, mutex.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := l.NewMutex("close-during")
+	if err := m.TryLock(ctx); err != nil { // open the connection first
+		t.Fatal(err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- m.Lock(ctx) }()
+	time.Sleep(50 * time.Millisecond) // the Lock is in flight: the scenario
+	l.Close()
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; !errors.Is(err, mutex.ErrClosed) {
+		t.Fatalf("Lock during Close = %v, want ErrClosed", err)
+	}
+	other, _ := newLocker(t, client, mutex.Options{}).NewMutex("close-during")
+	if info, err := other.Info(ctx); err != nil || info.Held {
+		t.Fatalf("Info = %+v, %v; want the grant given back", info, err)
+	}
 }

@@ -144,9 +144,10 @@ const (
 	DefaultWatchdogLease  = lease.DefaultWatchdogLease
 	DefaultPrefix         = "sluice:sem:"
 	DefaultReplicaTimeout = lease.DefaultReplicaTimeout
-	// MaxCapacity is the largest capacity: the scripts count in Lua
-	// numbers, which are exact integers up to 2^53.
-	MaxCapacity = 1 << 53
+	// MaxCapacity is the largest capacity. The scripts count in Lua
+	// numbers, exact integers up to 2^53; below it, used + n is exact
+	// whenever it could fit, so no grant can round its way under capacity.
+	MaxCapacity = 1<<53 - 1
 )
 
 // cleanupTimeout bounds the release sent for a permit granted to an

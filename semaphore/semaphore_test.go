@@ -639,3 +639,28 @@ func TestReplicaAcksWithoutReplica(t *testing.T) {
 		t.Fatalf("%d keys left after refused grants, want 0", n)
 	}
 }
+
+// TestMaxCapacityExact: at the largest capacity, a request one permit too
+// big must be refused; Lua's doubles must not round it under capacity.
+func TestMaxCapacityExact(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, []string{redistest.Single(t).Addr()}, semaphore.Options{})
+	s := e.sem(t, uniqueName(t), semaphore.MaxCapacity)
+	big, err := s.TryAcquire(ctx, semaphore.MaxCapacity-1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer big.Release(ctx)
+	if p, err := s.TryAcquire(ctx, 2); !errors.Is(err, semaphore.ErrNotObtained) {
+		if p != nil {
+			p.Release(ctx)
+		}
+		t.Fatalf("TryAcquire(2) with 1 permit free = %v, want ErrNotObtained", err)
+	}
+	p, err := s.TryAcquire(ctx, 1)
+	if err != nil {
+		t.Fatalf("TryAcquire(1) with 1 permit free = %v", err)
+	}
+	defer p.Release(ctx)
+	wantAvailable(t, s, 0)
+}

@@ -116,16 +116,25 @@ func TestLostAcquireReply(t *testing.T) {
 				if m.Holds() != 0 {
 					t.Fatalf("Holds() = %d after a failed Lock", m.Holds())
 				}
-				serverToken, _ := do(t, r.direct, "HGET", key, "f").AsInt64()
+				orphanToken, _ := do(t, r.direct, "HGET", key, "f").AsInt64()
 				start := time.Now()
 				if err := retry(t, m.Lock); err != nil {
 					t.Fatalf("Lock after the lost reply: %v", err)
 				}
 				if d := time.Since(start); d > lease/2 {
-					t.Errorf("Lock took %v: it waited for its own orphaned hold instead of finding it", d)
+					t.Errorf("Lock took %v: it waited out its own orphaned hold", d)
 				}
+				// Either the Lock found its own orphaned hold (same token), or
+				// the Locker had already given the orphan back (the reset ended
+				// the attempt with an unknown outcome) and this is a fresh
+				// acquisition; both leave no lock that nobody knows of. The
+				// client's token must be the server's either way.
+				serverToken, _ := do(t, r.direct, "HGET", key, "f").AsInt64()
 				if m.Token() != serverToken {
 					t.Errorf("Token() = %d, server has %d: not the same acquisition", m.Token(), serverToken)
+				}
+				if m.Token() != orphanToken {
+					t.Logf("the orphaned hold was given back before the next Lock")
 				}
 				if n, err := do(t, r.direct, "HGET", key, "n").AsInt64(); n != 1 || m.Holds() != 1 {
 					all, _ := do(t, r.direct, "HGETALL", key).AsStrMap()
