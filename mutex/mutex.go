@@ -371,7 +371,13 @@ func (m *Mutex) Lock(ctx context.Context) error {
 	if err != nil {
 		return ErrClosed
 	}
-	defer w.Close()
+	defer func() {
+		if ok {
+			w.Close()
+		} else {
+			w.Leave() // pass on a wake-up this Lock could not use
+		}
+	}()
 	if err := w.Ready(ctx, wait); err != nil {
 		return m.notObtained(err)
 	}

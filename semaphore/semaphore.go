@@ -309,7 +309,13 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Permit, error) {
 	if err != nil {
 		return nil, ErrClosed
 	}
-	defer w.Close()
+	defer func() {
+		if p != nil {
+			w.Close()
+		} else {
+			w.Leave() // pass on a wake-up this Acquire could not use
+		}
+	}()
 	// Try again only once the subscription is confirmed: a release between
 	// the first attempt and the subscription would otherwise be missed.
 	if err := w.Ready(ctx, wait); err != nil {

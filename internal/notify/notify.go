@@ -26,6 +26,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -75,6 +76,7 @@ type Waiter struct {
 	elem   *list.Element
 	weight int64
 	c      chan struct{} // holds at most one wake-up
+	woken  atomic.Bool   // the last Wait returned because of a wake-up
 }
 
 // Subscribe registers a waiter of the given weight on channel, subscribing
@@ -131,13 +133,16 @@ func (w *Waiter) Ready(ctx context.Context, timeout time.Duration) error {
 func (w *Waiter) Wait(ctx context.Context, timeout time.Duration) error {
 	select {
 	case <-w.c:
+		w.woken.Store(true)
 		return nil
 	default:
 	}
+	w.woken.Store(false)
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case <-w.c:
+		w.woken.Store(true)
 		return nil
 	case <-t.C:
 		return nil
@@ -146,9 +151,23 @@ func (w *Waiter) Wait(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
-// Close unregisters the waiter. A wake-up it received but did not take is
-// passed to the next waiter; the last waiter out starts the linger timer
-// that ends the subscription.
+// Leave unregisters a waiter that gives up without acquiring (its context
+// ended, or an attempt failed). If its last Wait was a wake-up it could not
+// use, the wake-up is passed to the next waiter, which would otherwise
+// sleep until its timeout although the resource may be free.
+func (w *Waiter) Leave() {
+	if w.woken.Load() {
+		select {
+		case w.c <- struct{}{}: // Close passes a pending wake-up on
+		default:
+		}
+	}
+	w.Close()
+}
+
+// Close unregisters a waiter, normally one that acquired. A wake-up it
+// received but did not take is passed to the next waiter; the last waiter
+// out starts the linger timer that ends the subscription.
 func (w *Waiter) Close() {
 	h := w.h
 	h.mu.Lock()

@@ -253,3 +253,33 @@ func TestClosedHub(t *testing.T) {
 		t.Fatalf("Subscribe after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestLeavePassesUsedWakeUp: a waiter that was woken, tried, and then gives
+// up without acquiring passes a wake-up on; one that leaves after a plain
+// timeout does not.
+func TestLeavePassesUsedWakeUp(t *testing.T) {
+	h := setups()[0].hub(t)
+	pub := setups()[0].publish
+	ch := "{n}:leave"
+	w1, _ := h.Subscribe(ch, 1)
+	w2, _ := h.Subscribe(ch, 1)
+	defer w2.Close()
+	ready(t, w1, w2)
+	pub(t, ch, "1")
+	if err := w1.Wait(context.Background(), signalWait); err != nil || !w1.woken.Load() {
+		t.Fatalf("w1.Wait = %v, woken %v; want a wake-up", err, w1.woken.Load())
+	}
+	// w1's attempt failed (say its context ended): it leaves.
+	w1.Leave()
+	woken(t, w2)
+
+	w3, _ := h.Subscribe(ch, 1)
+	w4, _ := h.Subscribe(ch, 1)
+	defer w4.Close()
+	ready(t, w3, w4)
+	if err := w3.Wait(context.Background(), time.Millisecond); err != nil || w3.woken.Load() {
+		t.Fatalf("w3.Wait = %v, woken %v; want a timeout", err, w3.woken.Load())
+	}
+	w3.Leave()
+	notWoken(t, w4)
+}
