@@ -490,8 +490,7 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	if acks >= 0 && acks < int64(m.l.opts.ReplicaAcks) {
 		// Too few replicas have it: a failover now could hand it to
 		// someone else, so give it back.
-		m.argv = [5]string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs}
-		m.l.unlock.Exec(context.WithoutCancel(ctx), m.keys, m.argv[:])
+		m.releaseGrant(ctx, token)
 		return false, 0, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, m.name, acks, m.l.opts.ReplicaAcks)
 	}
 	if holds > 0 {
@@ -507,8 +506,7 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 			gen, lse, fresh := m.gen, m.lse, token != m.token
 			m.mu.Unlock()
 			if fresh {
-				m.argv = [5]string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs}
-				m.l.unlock.Exec(context.WithoutCancel(ctx), m.keys, m.argv[:])
+				m.releaseGrant(ctx, token)
 			}
 			if stillHeld {
 				if lse != nil {
@@ -546,12 +544,19 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	// call (nobody would renew it) or its lease has already run out.
 	lostErr := m.err
 	m.mu.Unlock()
-	m.argv = [5]string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs}
-	m.l.unlock.Exec(context.WithoutCancel(ctx), m.keys, m.argv[:])
+	m.releaseGrant(ctx, token)
 	if errors.Is(lostErr, lease.ErrClosed) {
 		return false, 0, ErrClosed
 	}
 	return false, 0, fmt.Errorf("%w: %w", ErrNotObtained, lostErr)
+}
+
+// releaseGrant gives back, at once, a grant with the given token that this
+// Mutex will not keep (too few replicas, a stale nested hold, a closed
+// Locker). It runs even if ctx has ended. Called with m.op held.
+func (m *Mutex) releaseGrant(ctx context.Context, token int64) {
+	m.argv = [5]string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs}
+	m.l.unlock.Exec(context.WithoutCancel(ctx), m.keys, m.argv[:])
 }
 
 // grantedOrUnknown reports whether the reply to a lock attempt shows that
