@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
 
 	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/mutex"
@@ -68,18 +67,19 @@ func (p pair) failover(t *testing.T) {
 	}
 }
 
+// scriptCache connects to addr (closed when t ends) and loads the scripts.
+func scriptCache(t *testing.T, addr string) *scriptcache.Cache {
+	t.Helper()
+	sc, err := scriptcache.New(context.Background(), redistest.Client(t, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
 func locker(t *testing.T, addr string, opts mutex.Options) *mutex.Locker {
 	t.Helper()
-	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(client.Close)
-	sc, err := scriptcache.New(context.Background(), client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := mutex.NewLocker(sc, opts)
+	l, err := mutex.NewLocker(scriptCache(t, addr), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,16 +297,7 @@ func TestSemaphoreFailoverWithLaggingReplica(t *testing.T) {
 
 func semManager(t *testing.T, addr string, opts semaphore.Options) *semaphore.Manager {
 	t.Helper()
-	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(client.Close)
-	sc, err := scriptcache.New(context.Background(), client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := semaphore.NewManager(sc, opts)
+	m, err := semaphore.NewManager(scriptCache(t, addr), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
