@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/mutex"
 	"github.com/sluicekit/sluice/scriptcache"
