@@ -344,21 +344,90 @@ func (s *Script) exec(ctx context.Context, keys, args []string) rueidis.RedisRes
 // ExecWait runs the script and then WAIT replicas timeout on the same
 // connection, and returns the script's reply and how many replicas
 // acknowledged its writes. A primitive uses it to refuse a grant that could
-// vanish in a failover (replication is asynchronous). It does not shield
-// rueidis from ctx as Exec does: the caller bounds the wait by timeout.
+// vanish in a failover (replication is asynchronous).
+//
+// It returns when ctx ends, like Exec, but the script may still run; a
+// caller that must undo a late grant uses ExecWaitOrLate.
 func (s *Script) ExecWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (rueidis.RedisResult, int64, error) {
+	return s.ExecWaitOrLate(ctx, keys, args, replicas, timeout, nil)
+}
+
+// WaitSlack bounds how long after its WAIT timeout a call of ExecWait or
+// ExecWaitOrLate may still wait for its reply in the background before the
+// outcome is declared unknown.
+const WaitSlack = 5 * time.Second
+
+// ExecWaitOrLate is ExecWait, and when ctx ends before the reply arrives,
+// it calls late with the reply once it comes, from another goroutine, so
+// the caller can give back a grant nobody waits for. If no reply comes
+// within timeout+WaitSlack (a server that stopped answering), late gets an
+// error that is not a Redis reply: the outcome is unknown, and the
+// connection, which was the call's own, has been closed, so nothing sent on
+// it can still run.
+//
+// WAIT blocks its connection, so rueidis sends the pair on a dedicated
+// connection; unlike Exec, the call can carry a deadline without harming
+// other callers. It costs a goroutine while in flight when ctx can be
+// cancelled.
+func (s *Script) ExecWaitOrLate(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration, late func(r rueidis.RedisResult, acks int64, err error)) (rueidis.RedisResult, int64, error) {
 	if err := s.c.checkSlots(keys); err != nil {
 		return rueidis.NewErrorResult(err), 0, err
 	}
-	ctx = context.WithoutCancel(ctx)
+	if err := ctx.Err(); err != nil {
+		return rueidis.NewErrorResult(err), 0, err
+	}
+	// The call's own bound: WAIT's timeout plus slack, whatever ctx says.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout+WaitSlack)
+	done := ctx.Done()
+	if done == nil {
+		defer cancel()
+		return s.execWait(cctx, keys, args, replicas, timeout)
+	}
+	type reply struct {
+		r    rueidis.RedisResult
+		acks int64
+		err  error
+	}
+	replies := make(chan reply) // unbuffered: the reply goes to the caller or to late, never both
+	abandoned := make(chan struct{})
+	go func() {
+		defer cancel()
+		var rep reply
+		rep.r, rep.acks, rep.err = s.execWait(cctx, keys, args, replicas, timeout)
+		select {
+		case replies <- rep:
+		case <-abandoned:
+			if late != nil {
+				late(rep.r, rep.acks, rep.err)
+			}
+		}
+	}()
+	select {
+	case rep := <-replies:
+		return rep.r, rep.acks, rep.err
+	case <-done:
+		close(abandoned)
+		select {
+		case rep := <-replies: // it came at the same moment
+			return rep.r, rep.acks, rep.err
+		default:
+		}
+		err := ctx.Err()
+		return rueidis.NewErrorResult(err), 0, err
+	}
+}
+
+func (s *Script) execWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (rueidis.RedisResult, int64, error) {
 	client := s.c.client
 	wait := func(script rueidis.Completed) (rueidis.RedisResult, int64, error) {
-		// WAIT is a blocking command, so rueidis sends the pair on one
-		// dedicated connection; on a cluster a keyless command goes to the
-		// node of the keyed one.
+		// On a cluster a keyless command goes to the node of the keyed
+		// one.
 		res := client.DoMulti(ctx, script, client.B().Wait().Numreplicas(replicas).Timeout(max(timeout.Milliseconds(), 1)).Build())
+		if err := res[0].Error(); err != nil {
+			return res[0], 0, err
+		}
 		acks, err := res[1].AsInt64()
-		if err != nil && res[0].Error() == nil {
+		if err != nil {
 			return res[0], 0, fmt.Errorf("scriptcache: wait: %w", err)
 		}
 		return res[0], acks, nil

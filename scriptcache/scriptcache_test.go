@@ -389,3 +389,47 @@ func TestExecOrLate(t *testing.T) {
 		t.Fatal("late was not called with the reply")
 	}
 }
+
+// TestExecWaitReturnsWithContext: a WAIT on a server that stopped answering
+// returns when the caller's context ends, not when the server wakes, and
+// the reply still reaches late (issue 10, item 6).
+func TestExecWaitReturnsWithContext(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	sc, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()), scriptcache.WithFS(testFS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := sc.Script("incr")
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	late := make(chan int64, 1)
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, _, err = s.ExecWaitOrLate(short, []string{"wait"}, nil, 0, 100*time.Millisecond, func(r rueidis.RedisResult, _ int64, _ error) {
+		n, _ := r.AsInt64()
+		late <- n
+	})
+	// The server stays paused until the call has returned, so the call
+	// cannot have waited for it; the bound (far below WaitSlack) tells the
+	// caller's deadline from the call's own.
+	if elapsed := time.Since(start); elapsed > scriptcache.WaitSlack/2 {
+		t.Fatalf("ExecWaitOrLate returned after %v, want soon after the 50 ms context", elapsed)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ExecWaitOrLate on a paused server = %v, want DeadlineExceeded", err)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-late:
+		if n != 1 {
+			t.Fatalf("late reply = %d, want 1", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("late was not called with the reply")
+	}
+}
