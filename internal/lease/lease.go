@@ -11,9 +11,19 @@
 // a request sent at time S lasts at least until S+TTL on the server, because
 // the server starts counting when it receives the request. The keeper
 // therefore counts every TTL from before the request that set it was sent,
-// and declares the lease lost when that deadline (less a small margin) passes
-// without a successful renewal: the holder is told before the server can
-// have given the resource to anyone else.
+// and declares the lease lost at S+TTL-Margin(TTL) if no renewal has
+// succeeded by then.
+//
+// That the holder hears of the loss before the server can have given the
+// resource to someone else rests on one assumption: that this process is
+// scheduled within the margin. The keeper's timer, its goroutine and the
+// holder's callback all have to run in the Margin(TTL) between the
+// deadline and S+TTL. On an idle machine timers fire a few milliseconds
+// late at most; on a loaded one (two CPU hogs on two cores, -race) 99% fire
+// within 70 ms and the worst seen was about 240 ms late. A process stopped
+// longer than the margin (a VM pause, SIGSTOP, swapping) learns of the loss
+// too late, and no margin can prevent that: the real safety is the fencing
+// token, checked by the storage the holder writes to.
 package lease
 
 import (
@@ -86,7 +96,7 @@ type Lease struct {
 // must not block. Add on a closed keeper calls onLost(ErrClosed) at once.
 func (k *Keeper) Add(sent time.Time, ttl time.Duration, renew Renew, onLost func(error)) *Lease {
 	l := &Lease{k: k, ttl: ttl, renew: renew, onLost: onLost, index: -1}
-	l.deadline = sent.Add(ttl - margin(ttl))
+	l.deadline = sent.Add(ttl - Margin(ttl))
 	l.next = sent.Add(ttl / 3)
 	k.mu.Lock()
 	if k.closed {
@@ -101,10 +111,21 @@ func (k *Keeper) Add(sent time.Time, ttl time.Duration, renew Renew, onLost func
 	return l
 }
 
-// margin is how much earlier than its TTL a lease is given up, for clock
-// rate differences between client and server.
-func margin(ttl time.Duration) time.Duration {
-	return min(ttl/100+time.Millisecond, 100*time.Millisecond)
+// Margin is how much earlier than the server a lease of the given TTL is
+// given up: a tenth of the TTL, at least 5 ms and at most 1 s.
+//
+// It covers the time the process needs to act on the loss (see the package
+// doc), and also clock rate differences and the server's rounding of
+// expiry times to milliseconds. The numbers come from measuring timer
+// lateness with -race on two cores: idle, 99.9% of timers fire within 4 ms
+// (hence the floor, which leaves a MinLease of 30 ms a renewal window of
+// 15 ms); with two CPU hogs, 99% within 70 ms and the worst about 240 ms
+// (hence the cap: four times that, and a thirtieth of the default 30 s
+// watchdog lease). In between, a tenth trades a little of the renewal
+// window (a renewal sent at TTL/3 has until 2*TTL/3 - TTL/10 to come back)
+// for headroom that grows with the lease.
+func Margin(ttl time.Duration) time.Duration {
+	return min(max(ttl/10, 5*time.Millisecond), time.Second)
 }
 
 // Stop ends tracking without calling onLost: the holder released the
@@ -235,7 +256,7 @@ func (k *Keeper) startRenewal(l *Lease) {
 		l.inflight = nil
 		switch {
 		case err == nil:
-			l.deadline = sent.Add(l.ttl - margin(l.ttl))
+			l.deadline = sent.Add(l.ttl - Margin(l.ttl))
 			l.next = sent.Add(l.ttl / 3)
 		case errors.Is(err, ErrGone):
 			heap.Remove(&k.queue, l.index)
