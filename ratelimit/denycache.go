@@ -16,7 +16,10 @@ import (
 // is only added when the denial covers every cost >= 1. Redis state only
 // moves towards "denied" until then (other processes can only add requests),
 // so a local denial is always the answer Redis would give. Reset is the
-// exception, and only for the process that calls it.
+// exception, and only for the process that calls it: remove bumps the key's
+// shard generation, and add refuses an entry whose request was sent under an
+// older generation, so a denial Redis decided before a Reset's DEL is never
+// cached after the Reset dropped the key's entry.
 //
 // The map is split into shards, each under its own RWMutex, so lookups of
 // different keys do not contend and a lookup of one hot key takes only a
@@ -33,9 +36,10 @@ type denyCache struct {
 const denyShards = 32
 
 type denyShard struct {
-	mu sync.RWMutex
-	m  map[string]*denyEntry // guarded by mu
-	_  [40]byte              // keep shards on separate cache lines
+	mu  sync.RWMutex
+	m   map[string]*denyEntry // guarded by mu
+	gen atomic.Uint64         // removals so far; written under mu
+	_   [32]byte              // keep shards on separate cache lines
 }
 
 // denyEntry is immutable once stored.
@@ -84,12 +88,23 @@ func (c *denyCache) lookup(key string, now time.Time, limit int) (Result, bool) 
 	}, true
 }
 
+// generation returns the removal generation of key's shard, to be read
+// before the request whose denial may be added is sent.
+func (c *denyCache) generation(key string) uint64 {
+	return c.shard(key).gen.Load()
+}
+
 // add records that key is denied from start (the local time before the
-// request was sent) for res.RetryAfter.
-func (c *denyCache) add(key string, start time.Time, res Result) {
+// request was sent) for res.RetryAfter, unless a key of its shard was
+// removed since gen was read: that denial may predate a Reset.
+func (c *denyCache) add(key string, start time.Time, res Result, gen uint64) {
 	e := &denyEntry{until: start.Add(res.RetryAfter), resetAt: start.Add(res.ResetAfter)}
 	s := c.shard(key)
 	s.mu.Lock()
+	if s.gen.Load() != gen {
+		s.mu.Unlock()
+		return
+	}
 	_, had := s.m[key]
 	s.m[key] = e
 	s.mu.Unlock()
@@ -98,10 +113,12 @@ func (c *denyCache) add(key string, start time.Time, res Result) {
 	}
 }
 
-// remove forgets key.
+// remove forgets key, and keeps denials of requests sent before it out of
+// the cache.
 func (c *denyCache) remove(key string) {
 	s := c.shard(key)
 	s.mu.Lock()
+	s.gen.Add(1)
 	if _, ok := s.m[key]; ok {
 		delete(s.m, key)
 		c.count.Add(-1)

@@ -121,7 +121,7 @@ func TestDenyCacheBounded(t *testing.T) {
 	live := Result{RetryAfter: time.Hour, ResetAfter: time.Hour}
 	c := newDenyCache(8)
 	for i := range 100 {
-		c.add("k"+strconv.Itoa(i), now, live)
+		c.add("k"+strconv.Itoa(i), now, live, 0)
 		if n := c.len(); n > 8 {
 			t.Fatalf("after %d adds the cache holds %d entries; want at most 8", i+1, n)
 		}
@@ -129,9 +129,9 @@ func TestDenyCacheBounded(t *testing.T) {
 	// Expired entries go first.
 	c = newDenyCache(8)
 	for i := range 8 {
-		c.add("old"+strconv.Itoa(i), now.Add(-time.Hour), Result{RetryAfter: time.Minute})
+		c.add("old"+strconv.Itoa(i), now.Add(-time.Hour), Result{RetryAfter: time.Minute}, 0)
 	}
-	c.add("live", now, live)
+	c.add("live", now, live, 0)
 	if n := c.len(); n != 1 {
 		t.Fatalf("after overflow the cache holds %d entries; want 1 (the expired ones dropped)", n)
 	}
@@ -140,7 +140,7 @@ func TestDenyCacheBounded(t *testing.T) {
 	}
 	// Re-adding a key does not count twice; lookups of expired keys remove
 	// them.
-	c.add("live", now, live)
+	c.add("live", now, live, 0)
 	if n := c.len(); n != 1 {
 		t.Fatalf("re-add: %d entries; want 1", n)
 	}
@@ -159,7 +159,7 @@ func TestDenyCacheBounded(t *testing.T) {
 func TestDenyCacheLookupResult(t *testing.T) {
 	now := time.Now()
 	c := newDenyCache(8)
-	c.add("k", now, Result{RetryAfter: 3 * time.Second, ResetAfter: 10 * time.Second})
+	c.add("k", now, Result{RetryAfter: 3 * time.Second, ResetAfter: 10 * time.Second}, 0)
 	res, ok := c.lookup("k", now.Add(time.Second), 7)
 	want := Result{Allowed: false, Limit: 7, Remaining: 0, RetryAfter: 2 * time.Second, ResetAfter: 9 * time.Second}
 	if !ok || res != want {
@@ -167,5 +167,60 @@ func TestDenyCacheLookupResult(t *testing.T) {
 	}
 	if _, ok := c.lookup("k", now.Add(3*time.Second), 7); ok {
 		t.Fatal("lookup at the deadline denied; want no answer (Redis may allow then)")
+	}
+}
+
+// TestResetDuringDenial resets a key while a denial of it is in flight:
+// Redis has denied the request, the reply has not been cached yet, and Reset
+// runs in between. The late reply must not make the process deny the key it
+// has just reset. The afterReply hook holds the reply at that point, so the
+// interleaving is the same on every run.
+func TestResetDuringDenial(t *testing.T) {
+	sc := newCache(t, redistest.Single(t).Addr())
+	for _, algo := range algorithms {
+		t.Run(algo.String(), func(t *testing.T) {
+			l := newLimiter(t, sc, Options{Algorithm: algo, Limit: PerHour(1)})
+			if res := allow(t, l, "k", 1); !res.Allowed {
+				t.Fatalf("call 1: got %+v; want allowed", res)
+			}
+			resets := 0
+			l.afterReply = func(key string, res Result) {
+				if !res.Allowed && resets == 0 {
+					resets++
+					if err := l.Reset(context.Background(), key); err != nil {
+						t.Errorf("Reset: %v", err)
+					}
+				}
+			}
+			if res := allow(t, l, "k", 1); res.Allowed {
+				t.Fatalf("call 2: got %+v; want denied (Redis decided before the Reset)", res)
+			}
+			if resets != 1 {
+				t.Fatalf("Reset ran %d times in the hook; want 1", resets)
+			}
+			l.afterReply = nil
+			if res := allow(t, l, "k", 1); !res.Allowed {
+				t.Fatalf("call 3, after the Reset: got %+v; want allowed (the in-flight denial was cached after the Reset)", res)
+			}
+		})
+	}
+}
+
+// TestDenyCacheGeneration checks the rule the Reset fix rests on: a denial
+// read under an older generation of its shard is not added, and one read
+// after the removal is.
+func TestDenyCacheGeneration(t *testing.T) {
+	now := time.Now()
+	live := Result{RetryAfter: time.Hour, ResetAfter: time.Hour}
+	c := newDenyCache(8)
+	gen := c.generation("k")
+	c.remove("k")
+	c.add("k", now, live, gen)
+	if _, ok := c.lookup("k", now, 5); ok {
+		t.Fatal("denial sent before the removal was cached; want it dropped")
+	}
+	c.add("k", now, live, c.generation("k"))
+	if _, ok := c.lookup("k", now, 5); !ok {
+		t.Fatal("denial sent after the removal was not cached; want it cached")
 	}
 }

@@ -14,7 +14,12 @@
 //     creates it, and a counter found without a TTL (left by an older,
 //     non-atomic client) gets one again.
 //   - SlidingWindow: two fixed windows, the previous one weighted by how much
-//     of it the sliding window still covers. Smooths the boundary burst.
+//     of it the sliding window still covers. Smooths the boundary burst, but
+//     it is an estimate that assumes the previous window's requests were
+//     spread evenly: when they all came at its end, fewer than 2*Rate
+//     requests (at most 2*Rate-1) can pass within one Period straddling
+//     the boundary. Within any aligned window it never passes more than
+//     Rate.
 //   - GCRA: a token bucket of Burst tokens refilled at Rate per Period, kept
 //     as one timestamp. Smooth, and its RetryAfter is exact to the
 //     microsecond.
@@ -37,9 +42,9 @@
 // Middleware limits requests per client IP (IPv6 grouped by /64), trusting
 // X-Forwarded-For and X-Real-IP only from configured proxies, and answers
 // with the RateLimit-Policy and RateLimit header fields of
-// draft-ietf-httpapi-ratelimit-headers-10 and 429 Too Many Requests with
+// draft-ietf-httpapi-ratelimit-headers-11 and 429 Too Many Requests with
 // Retry-After. When Redis is unreachable it fails open by default, after a
-// bounded wait.
+// bounded wait that the client cannot cut short.
 //
 // # Keys
 //
@@ -141,7 +146,11 @@ const (
 	// the first request; up to 2*Rate can pass around a window boundary.
 	FixedWindow
 	// SlidingWindow allows about Rate requests in any Period, estimating the
-	// count from the current and the previous window.
+	// count from the current and the previous window, weighted as if the
+	// previous window's requests were spread evenly. At most Rate pass in
+	// one aligned window; when the previous window's requests all came at
+	// its very end, up to 2*Rate-1 can pass within one Period across the
+	// boundary (see the package documentation).
 	SlidingWindow
 )
 
@@ -201,6 +210,9 @@ type Limiter struct {
 	unit     time.Duration // of the script's time replies
 	deny     *denyCache    // nil when disabled
 	now      func() time.Time
+	// afterReply, when not nil, runs after a script's reply is decoded and
+	// before a denial is cached: a seam for tests of that window.
+	afterReply func(key string, res Result)
 }
 
 // Result is the answer to one Allow or AllowN call.
@@ -327,6 +339,12 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // it (as n requests) if so. A denied request is not counted. n == 0 only
 // reads the key's state. Errors: ErrInvalidKey, ErrInvalidCost,
 // ErrCostTooHigh, or the Redis error (wrapped).
+//
+// A cost above the limit (Rate for the window algorithms, Burst for GCRA)
+// is ErrCostTooHigh, not a denied Result: a denial promises that the same
+// request can pass after RetryAfter, and no wait would ever let this one
+// pass. Returning an error keeps a caller that retries after RetryAfter
+// from looping forever, and costs no round trip.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error) {
 	if err := keyspace.CheckName(key); err != nil {
 		return Result{}, fmt.Errorf("%w: %w", ErrInvalidKey, err)
@@ -340,10 +358,14 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 	// Taken before the request is sent, so a deadline built on it is never
 	// later than the server's.
 	start := l.now()
-	if n > 0 {
-		if res, ok := l.cachedDenial(key, start); ok {
+	var gen uint64
+	if n > 0 && l.deny != nil {
+		if res, ok := l.deny.lookup(key, start, l.capacity); ok {
 			return res, nil
 		}
+		// Read before the request is sent: a Reset of key from now on
+		// keeps this call's denial out of the cache.
+		gen = l.deny.generation(key)
 	}
 	args := l.args1
 	if n != 1 {
@@ -376,8 +398,11 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 		res.RetryAfter = time.Duration(v[2]) * l.unit
 		res.ResetAfter = time.Duration(v[3]) * l.unit
 	}
+	if l.afterReply != nil {
+		l.afterReply(key, res)
+	}
 	if !res.Allowed && l.deny != nil && res.RetryAfter > 0 && l.denialCoversAll(res, n) {
-		l.deny.add(key, start, res)
+		l.deny.add(key, start, res, gen)
 	}
 	return res, nil
 }
@@ -402,15 +427,22 @@ func (l *Limiter) denialCoversAll(res Result, n int) bool {
 // Reset forgets key: its next request starts from a full limit. Other
 // processes' deny caches do not hear of it and may keep denying the key
 // until the time Redis last gave them.
+//
+// In this process, a denial of key that Redis decided before the DEL but
+// whose reply arrives after it is not cached: the local entry is dropped
+// after the DEL, and a generation counter keeps calls that started before
+// that from caching their denials afterwards. The local entry is
+// dropped even when the DEL fails, since it may have run.
 func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := keyspace.CheckName(key); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
+	c := l.sc.Client()
+	err := c.Do(ctx, c.B().Del().Key(keyspace.Key(l.prefix, key, l.suffix)).Build()).Error()
 	if l.deny != nil {
 		l.deny.remove(key)
 	}
-	c := l.sc.Client()
-	if err := c.Do(ctx, c.B().Del().Key(keyspace.Key(l.prefix, key, l.suffix)).Build()).Error(); err != nil {
+	if err != nil {
 		return fmt.Errorf("ratelimit: reset: %w", err)
 	}
 	return nil
