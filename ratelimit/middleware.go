@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -20,32 +21,83 @@ var ErrNoClientIP = errors.New("ratelimit: no client ip")
 // short enough that a dead one does not hold requests.
 const DefaultTimeout = 200 * time.Millisecond
 
-// MiddlewareOptions configures Middleware. The zero value of each field
-// means its default.
+// ClientIPHeader names the one request header ClientIP reads when the peer
+// is a trusted proxy.
+//
+// Exactly one header is read and the others are ignored. A proxy sets or
+// appends to the header it is configured for and usually passes the others
+// through from the client untouched, so reading a second header would let a
+// client choose its own key. Configure the header your proxy writes.
+type ClientIPHeader int
+
+const (
+	// XForwardedFor reads X-Forwarded-For, the comma-separated list a proxy
+	// appends its peer to (nginx $proxy_add_x_forwarded_for, HAProxy
+	// "option forwardfor", AWS and Google load balancers, Envoy). It is
+	// the zero value and the default because it is what most proxies write.
+	XForwardedFor ClientIPHeader = iota
+	// XRealIP reads X-Real-IP, one address a proxy sets to its peer
+	// (nginx "proxy_set_header X-Real-IP $remote_addr"). If the header
+	// appears on several lines, the last is read.
+	XRealIP
+	// Forwarded reads the for= parameters of RFC 7239 Forwarded, one
+	// element per proxy. Obfuscated identifiers ("_hidden") and "unknown"
+	// name no address, so they stop the walk like an unparsable entry.
+	Forwarded
+)
+
+// String returns the header's name.
+func (h ClientIPHeader) String() string {
+	switch h {
+	case XForwardedFor:
+		return "X-Forwarded-For"
+	case XRealIP:
+		return "X-Real-IP"
+	case Forwarded:
+		return "Forwarded"
+	}
+	return "ClientIPHeader(" + strconv.Itoa(int(h)) + ")"
+}
+
+// MiddlewareOptions configures NewMiddleware. The zero value of each field
+// means its default; negative or out-of-range values are errors.
 type MiddlewareOptions struct {
 	// KeyFunc returns the limiter key of a request. An empty key with a nil
 	// error lets the request through unlimited (for health checks, say); an
 	// error is handled like a Redis error (OnError, then FailClosed).
-	// Default: the client IP grouped by IPKey with TrustedProxies and the
-	// prefix lengths below.
+	// Default: the client IP of ClientIP with TrustedProxies and
+	// ClientIPHeader, grouped by IPKey with the prefix lengths below.
 	KeyFunc func(r *http.Request) (string, error)
-	// TrustedProxies are the peers whose X-Forwarded-For and X-Real-IP
-	// headers are believed. Default none: the key is the connection's
-	// address and those headers are ignored.
+	// TrustedProxies are the peers whose ClientIPHeader is believed.
+	// Default none: the key is the connection's address and headers are
+	// ignored. IPv4 proxies may be written as IPv4 prefixes or as
+	// IPv4-mapped IPv6 prefixes (::ffff:10.0.0.0/104 is 10.0.0.0/8);
+	// peers are compared unmapped. An invalid (zero) prefix is an error.
 	TrustedProxies []netip.Prefix
-	// IPv4PrefixLen groups IPv4 clients by network. Default 32 (one key per
-	// address).
+	// ClientIPHeader is the header read from a trusted proxy. Default
+	// XForwardedFor; see ClientIPHeader for why only one is read.
+	ClientIPHeader ClientIPHeader
+	// IPv4PrefixLen groups IPv4 clients by network, 1 to 32. Default 32
+	// (one key per address).
 	IPv4PrefixLen int
-	// IPv6PrefixLen groups IPv6 clients by network. Default 64: one host
-	// usually holds a whole /64 and could otherwise pick a new address per
-	// request.
+	// IPv6PrefixLen groups IPv6 clients by network, 1 to 128. Default 64:
+	// one host usually holds a whole /64 and could otherwise pick a new
+	// address per request.
 	IPv6PrefixLen int
 	// Timeout bounds the wait for Redis. Default DefaultTimeout (200ms).
+	// The client cannot shorten it: the check does not end when the
+	// client's connection closes.
 	Timeout time.Duration
 	// FailClosed rejects requests with 503 Service Unavailable when Redis
 	// cannot answer. Default false: such requests pass unlimited, so a
-	// Redis outage does not take the service down with it.
+	// Redis outage does not take the service down with it. A request whose
+	// client is gone (its context is done) is never passed unlimited: it
+	// gets the 503.
 	FailClosed bool
+	// UnavailableRetryAfter is sent as Retry-After with the 503 of
+	// FailClosed, rounded up to whole seconds. Default 0: no Retry-After,
+	// since how long Redis stays unreachable is not known.
+	UnavailableRetryAfter time.Duration
 	// OnError is told about every error: Redis unreachable, timeouts, key
 	// errors. Default: slog.Default() at level Error.
 	OnError func(r *http.Request, err error)
@@ -66,28 +118,52 @@ type MiddlewareOptions struct {
 	DisableHeaders bool
 }
 
-// Middleware returns net/http middleware that limits requests with l, one
-// key per client IP by default (see MiddlewareOptions.KeyFunc).
+// NewMiddleware returns net/http middleware that limits requests with l,
+// one key per client IP by default (see MiddlewareOptions.KeyFunc). It
+// returns an error wrapping ErrInvalidOptions if l is nil or an option is
+// out of range.
 //
 // Every limited response carries the header fields of
-// draft-ietf-httpapi-ratelimit-headers-10:
+// draft-ietf-httpapi-ratelimit-headers-11:
 //
 //	RateLimit-Policy: "default";q=100;w=60
 //	RateLimit: "default";r=42;t=17
 //
 // q is Result.Limit, w the time to earn q back in seconds (the Period,
 // or Burst emission intervals for GCRA), rounded up; r is
-// Result.Remaining and t Result.ResetAfter in whole seconds, rounded up. A
-// denied request gets 429 Too Many Requests, Retry-After in whole seconds
-// (rounded up, at least 1) and a short text body, unless OnDenied writes
-// something else.
-func Middleware(l *Limiter, opts MiddlewareOptions) func(http.Handler) http.Handler {
-	m := newMiddleware(l, opts)
+// Result.Remaining. t is the number of seconds, rounded up, until quota is
+// available again: Result.ResetAfter when the request is allowed, and
+// Result.RetryAfter when it is denied, so that t and Retry-After name the
+// same time. A denied request gets 429 Too Many Requests, Retry-After in
+// whole seconds (rounded up, at least 1) and a short text body, unless
+// OnDenied writes something else.
+//
+// The decision does not depend on the client: Redis is asked under a
+// context that the client's disconnect does not cancel, bounded by
+// Timeout. Otherwise a client could half-close its connection after
+// sending a request, make the check fail with context.Canceled, be let
+// through by fail-open, and still read the response.
+func NewMiddleware(l *Limiter, opts MiddlewareOptions) (func(http.Handler) http.Handler, error) {
+	m, err := newMiddleware(l, opts)
+	if err != nil {
+		return nil, err
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			m.serve(next, w, r)
 		})
+	}, nil
+}
+
+// Middleware is NewMiddleware for handler chains built at start-up: it
+// panics where NewMiddleware returns an error (a nil l or an option out of
+// range), as regexp.MustCompile does.
+func Middleware(l *Limiter, opts MiddlewareOptions) func(http.Handler) http.Handler {
+	mw, err := NewMiddleware(l, opts)
+	if err != nil {
+		panic(err)
 	}
+	return mw
 }
 
 type middleware struct {
@@ -97,21 +173,46 @@ type middleware struct {
 	name    string // quoted policy name
 	limit   string // X-RateLimit-Limit value
 	timeout time.Duration
+	retry   string // Retry-After of the 503, or ""
 }
 
-func newMiddleware(l *Limiter, opts MiddlewareOptions) *middleware {
-	if l == nil {
-		// A programming error, caught when the handler chain is built.
-		panic("ratelimit: Middleware called with a nil *Limiter")
+func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
+	switch {
+	case l == nil:
+		return nil, fmt.Errorf("%w: nil *Limiter", ErrInvalidOptions)
+	case opts.Timeout < 0:
+		return nil, fmt.Errorf("%w: negative Timeout %v", ErrInvalidOptions, opts.Timeout)
+	case opts.UnavailableRetryAfter < 0:
+		return nil, fmt.Errorf("%w: negative UnavailableRetryAfter %v", ErrInvalidOptions, opts.UnavailableRetryAfter)
+	case opts.IPv4PrefixLen < 0 || opts.IPv4PrefixLen > 32:
+		return nil, fmt.Errorf("%w: IPv4PrefixLen %d is not between 0 and 32", ErrInvalidOptions, opts.IPv4PrefixLen)
+	case opts.IPv6PrefixLen < 0 || opts.IPv6PrefixLen > 128:
+		return nil, fmt.Errorf("%w: IPv6PrefixLen %d is not between 0 and 128", ErrInvalidOptions, opts.IPv6PrefixLen)
+	case opts.ClientIPHeader < XForwardedFor || opts.ClientIPHeader > Forwarded:
+		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, opts.ClientIPHeader)
+	}
+	trustedProxies := make([]netip.Prefix, len(opts.TrustedProxies))
+	for i, p := range opts.TrustedProxies {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("%w: invalid trusted proxy prefix %d", ErrInvalidOptions, i)
+		}
+		if m := p.Masked(); m.Addr().Is4In6() && m.Bits() < 96 {
+			// Part IPv4-mapped, part not: no IPv4 prefix says the same.
+			return nil, fmt.Errorf("%w: trusted proxy prefix %v mixes IPv4-mapped and IPv6 addresses", ErrInvalidOptions, p)
+		}
+		trustedProxies[i] = unmapPrefix(p)
 	}
 	m := &middleware{l: l, opts: opts, timeout: opts.Timeout}
-	if m.timeout <= 0 {
+	if m.timeout == 0 {
 		m.timeout = DefaultTimeout
 	}
+	if opts.UnavailableRetryAfter > 0 {
+		m.retry = strconv.FormatInt(ceilSeconds(opts.UnavailableRetryAfter), 10)
+	}
 	if m.opts.KeyFunc == nil {
-		trusted, v4, v6 := opts.TrustedProxies, opts.IPv4PrefixLen, opts.IPv6PrefixLen
+		header, v4, v6 := opts.ClientIPHeader, opts.IPv4PrefixLen, opts.IPv6PrefixLen
 		m.opts.KeyFunc = func(r *http.Request) (string, error) {
-			ip, err := ClientIP(r, trusted)
+			ip, err := ClientIP(r, trustedProxies, header)
 			if err != nil {
 				return "", err
 			}
@@ -138,7 +239,7 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) *middleware {
 	// emission intervals for GCRA.
 	window := time.Duration(float64(l.limit.Period) * float64(l.capacity) / float64(l.limit.Rate))
 	m.policy = name + ";q=" + capacity + ";w=" + strconv.FormatInt(max(ceilSeconds(window), 1), 10)
-	return m
+	return m, nil
 }
 
 func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
@@ -153,14 +254,21 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		// is the path a flood from one client takes.
 		var ok bool
 		if res, ok = m.l.cachedDenial(key, m.l.now()); !ok {
-			ctx, cancel := context.WithTimeout(r.Context(), m.timeout)
+			// Not r.Context(): net/http cancels it when the client
+			// half-closes, and the decision must not be the client's.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.timeout)
 			res, err = m.l.Allow(ctx, key)
 			cancel()
 		}
 	}
 	if err != nil {
 		m.opts.OnError(r, err)
-		if m.opts.FailClosed {
+		// A client that is gone gets no fail-open: it may only have
+		// half-closed, and would read what the handler writes.
+		if m.opts.FailClosed || r.Context().Err() != nil {
+			if m.retry != "" {
+				w.Header().Set("Retry-After", m.retry)
+			}
 			http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
 			return
 		}
@@ -168,8 +276,16 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		return
 	}
 	h := w.Header()
+	retry := max(ceilSeconds(res.RetryAfter), 1)
 	if !m.opts.DisableHeaders {
+		// t is when quota is available again: for a denial that is
+		// RetryAfter (GCRA and sliding-window ResetAfter, the time until
+		// the key is back to full, is later), the same time Retry-After
+		// names.
 		reset := ceilSeconds(res.ResetAfter)
+		if !res.Allowed {
+			reset = retry
+		}
 		h.Set("RateLimit-Policy", m.policy)
 		h.Set("RateLimit", m.name+";r="+strconv.Itoa(res.Remaining)+";t="+strconv.FormatInt(reset, 10))
 		if m.opts.XRateLimitHeaders {
@@ -184,7 +300,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		}
 	}
 	if !res.Allowed {
-		h.Set("Retry-After", strconv.FormatInt(max(ceilSeconds(res.RetryAfter), 1), 10))
+		h.Set("Retry-After", strconv.FormatInt(retry, 10))
 		m.opts.OnDenied(w, r, res)
 		return
 	}
@@ -217,18 +333,37 @@ func sfString(s string) string {
 // ClientIP returns the address of the client that sent r.
 //
 // It is the connection's peer (r.RemoteAddr, port stripped) unless that peer
-// is in trustedProxies. Then the X-Forwarded-For entries (all such header
-// lines, in order) are read from the right, skipping addresses in
-// trustedProxies: the first one outside them is the client. Entries to its
-// left were written by the client itself and may be forged, so they never
-// choose the key. If every entry is a trusted proxy, the left-most one is
-// the answer; an entry that does not parse stops the walk at the last good
-// address. Without X-Forwarded-For, a trusted peer's X-Real-IP is used. The
-// result is unmapped (::ffff:1.2.3.4 is 1.2.3.4) and has no zone.
+// is in trustedProxies. Then the one header named by header is read, and
+// no other:
 //
-// ClientIP never panics; it returns ErrNoClientIP if RemoteAddr is not an
-// IP address (a Unix socket, say).
-func ClientIP(r *http.Request, trustedProxies []netip.Prefix) (netip.Addr, error) {
+//   - XForwardedFor: the entries of every X-Forwarded-For line, in order,
+//     are read from the right, skipping addresses in trustedProxies: the
+//     first one outside them is the client.
+//   - Forwarded: the same walk over the for= parameter of each element of
+//     every Forwarded line (RFC 7239). A node is an IPv4 address or a
+//     bracketed IPv6 address, with an optional port, quoted or not.
+//   - XRealIP: the address in the last X-Real-IP line.
+//
+// Entries to the left of the client were written by the client itself and
+// may be forged, so they never choose the key. If every entry is a trusted
+// proxy, the left-most one is the answer. An entry that names no address (it
+// does not parse, is "unknown" or an obfuscated "_name", or is an element
+// without for=) stops the walk at the last address that parsed, which is at
+// worst the peer: requests are then counted against the proxy, never against
+// an address the client picked. A missing or unparsable X-Real-IP also gives
+// the peer.
+//
+// Trusted prefixes written as IPv4-mapped IPv6 (::ffff:10.0.0.0/104) match
+// the IPv4 addresses they map. The result is unmapped (::ffff:1.2.3.4 is
+// 1.2.3.4) and has no zone.
+//
+// ClientIP never panics. It returns ErrNoClientIP if RemoteAddr is not an
+// IP address (a Unix socket, say), and an error wrapping ErrInvalidOptions
+// if header is not one of the constants.
+func ClientIP(r *http.Request, trustedProxies []netip.Prefix, header ClientIPHeader) (netip.Addr, error) {
+	if header < XForwardedFor || header > Forwarded {
+		return netip.Addr{}, fmt.Errorf("%w: %v", ErrInvalidOptions, header)
+	}
 	peer, ok := parseIP(r.RemoteAddr)
 	if !ok {
 		return netip.Addr{}, ErrNoClientIP
@@ -236,33 +371,54 @@ func ClientIP(r *http.Request, trustedProxies []netip.Prefix) (netip.Addr, error
 	if !trusted(peer, trustedProxies) {
 		return peer, nil
 	}
-	client := peer
-	if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 {
-		for i := len(xff) - 1; i >= 0; i-- {
-			line := xff[i]
-			for line != "" {
-				var entry string
-				if j := strings.LastIndexByte(line, ','); j >= 0 {
-					entry, line = line[j+1:], line[:j]
-				} else {
-					entry, line = line, ""
-				}
-				ip, ok := parseIP(entry)
-				if !ok {
-					return client, nil
-				}
-				client = ip
-				if !trusted(ip, trustedProxies) {
-					return client, nil
-				}
+	switch header {
+	case XRealIP:
+		if lines := r.Header.Values("X-Real-IP"); len(lines) > 0 {
+			if ip, ok := parseIP(lines[len(lines)-1]); ok {
+				return ip, nil
+			}
+		}
+		return peer, nil
+	case Forwarded:
+		var nodes []string
+		for _, line := range r.Header.Values("Forwarded") {
+			nodes = appendForwardedFor(nodes, line)
+		}
+		client := peer
+		for i := len(nodes) - 1; i >= 0; i-- {
+			ip, ok := parseForwardedNode(nodes[i])
+			if !ok {
+				return client, nil
+			}
+			client = ip
+			if !trusted(ip, trustedProxies) {
+				return client, nil
 			}
 		}
 		return client, nil
 	}
-	if ip, ok := parseIP(r.Header.Get("X-Real-IP")); ok {
-		return ip, nil
+	client := peer
+	xff := r.Header.Values("X-Forwarded-For")
+	for i := len(xff) - 1; i >= 0; i-- {
+		line := xff[i]
+		for line != "" {
+			var entry string
+			if j := strings.LastIndexByte(line, ','); j >= 0 {
+				entry, line = line[j+1:], line[:j]
+			} else {
+				entry, line = line, ""
+			}
+			ip, ok := parseIP(entry)
+			if !ok {
+				return client, nil
+			}
+			client = ip
+			if !trusted(ip, trustedProxies) {
+				return client, nil
+			}
+		}
 	}
-	return peer, nil
+	return client, nil
 }
 
 // parseIP reads an address with or without a port, in brackets or not,
@@ -282,8 +438,171 @@ func parseIP(s string) (netip.Addr, bool) {
 	return ip.Unmap().WithZone(""), true
 }
 
+// appendForwardedFor appends to dst the for= value of each element of one
+// Forwarded header line (RFC 7239: elements separated by commas, pairs by
+// semicolons, values tokens or quoted strings), unquoted. An element with no
+// for=, more than one, or a syntax error gives "", which names no address.
+// Empty elements, which the list syntax allows, are skipped.
+func appendForwardedFor(dst []string, line string) []string {
+	var (
+		node      string
+		pairs     int  // pairs seen in this element
+		fors      int  // for= pairs seen in this element
+		malformed bool // this element has a syntax error
+	)
+	i := 0
+	for {
+		for i < len(line) && (line[i] == ' ' || line[i] == '\t') {
+			i++
+		}
+		// A pair: token "=" (token / quoted-string).
+		j := i
+		for j < len(line) && line[j] != '=' && line[j] != ';' && line[j] != ',' && line[j] != '"' {
+			j++
+		}
+		name := strings.TrimRight(line[i:j], " \t")
+		if name != "" || (j < len(line) && line[j] != ',' && line[j] != ';') {
+			pairs++
+			var value string
+			if j >= len(line) || line[j] != '=' || name == "" {
+				malformed = true
+			} else if j++; j < len(line) && line[j] == '"' {
+				var b strings.Builder
+				closed := false
+				for j++; j < len(line); j++ {
+					c := line[j]
+					if c == '\\' && j+1 < len(line) {
+						j++
+						b.WriteByte(line[j])
+						continue
+					}
+					if c == '"' {
+						closed = true
+						j++
+						break
+					}
+					b.WriteByte(c)
+				}
+				malformed = malformed || !closed
+				value = b.String()
+			} else {
+				k := j
+				for j < len(line) && line[j] != ';' && line[j] != ',' {
+					j++
+				}
+				value = strings.TrimRight(line[k:j], " \t")
+			}
+			if strings.EqualFold(name, "for") {
+				fors++
+				node = value
+			}
+			for j < len(line) && (line[j] == ' ' || line[j] == '\t') {
+				j++
+			}
+			if j < len(line) && line[j] != ';' && line[j] != ',' {
+				// Text after a value: skip to the next separator.
+				malformed = true
+				for j < len(line) && line[j] != ';' && line[j] != ',' {
+					j++
+				}
+			}
+		}
+		if j >= len(line) || line[j] == ',' {
+			if pairs > 0 {
+				if fors != 1 || malformed {
+					node = ""
+				}
+				dst = append(dst, node)
+			}
+			node, pairs, fors, malformed = "", 0, 0, false
+		}
+		if j >= len(line) {
+			return dst
+		}
+		i = j + 1
+	}
+}
+
+// parseForwardedNode reads a Forwarded for= node: an IPv4 address or an
+// IPv6 address in brackets, optionally followed by ":" and a port (digits,
+// or an obfuscated "_port"). "unknown" and obfuscated names ("_abc") name no
+// address.
+func parseForwardedNode(s string) (netip.Addr, bool) {
+	host, port := s, ""
+	if strings.HasPrefix(s, "[") {
+		end := strings.IndexByte(s, ']')
+		if end < 0 {
+			return netip.Addr{}, false
+		}
+		host, port = s[1:end], s[end+1:]
+		if port != "" && port[0] != ':' {
+			return netip.Addr{}, false
+		}
+		ip, err := netip.ParseAddr(host)
+		if err != nil || !ip.Is6() || ip.Zone() != "" || !validNodePort(strings.TrimPrefix(port, ":"), port != "") {
+			return netip.Addr{}, false
+		}
+		return ip.Unmap(), true
+	}
+	if i := strings.IndexByte(s, ':'); i >= 0 {
+		host, port = s[:i], s[i+1:]
+		if !validNodePort(port, true) {
+			return netip.Addr{}, false
+		}
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || !ip.Is4() {
+		return netip.Addr{}, false
+	}
+	return ip, true
+}
+
+// validNodePort reports whether port is a valid RFC 7239 node-port: 1 to 5
+// digits, or "_" and letters, digits, ".", "_", "-". An empty port is valid
+// only when there was no ":".
+func validNodePort(port string, present bool) bool {
+	if !present {
+		return port == ""
+	}
+	if port == "" || len(port) > 64 {
+		return false
+	}
+	if port[0] == '_' {
+		for i := 1; i < len(port); i++ {
+			c := port[i]
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+				return false
+			}
+		}
+		return true
+	}
+	if len(port) > 5 {
+		return false
+	}
+	for i := 0; i < len(port); i++ {
+		if port[i] < '0' || port[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// unmapPrefix turns an IPv4-mapped IPv6 prefix (::ffff:10.0.0.0/104) into
+// the IPv4 prefix it covers (10.0.0.0/8), since peers and header addresses
+// are compared unmapped. Other prefixes are returned masked.
+func unmapPrefix(p netip.Prefix) netip.Prefix {
+	p = p.Masked()
+	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+		return netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+	}
+	return p
+}
+
 func trusted(ip netip.Addr, prefixes []netip.Prefix) bool {
 	for _, p := range prefixes {
+		if p.Addr().Is4In6() {
+			p = unmapPrefix(p)
+		}
 		if p.Contains(ip) {
 			return true
 		}

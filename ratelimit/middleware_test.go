@@ -34,37 +34,73 @@ func request(remote string, headers ...string) *http.Request {
 func TestClientIP(t *testing.T) {
 	tests := []struct {
 		name    string
+		header  ClientIPHeader
 		r       *http.Request
 		want    string
 		wantErr bool
 	}{
-		{"peer", request("203.0.113.7:1234"), "203.0.113.7", false},
-		{"peer without port", request("203.0.113.7"), "203.0.113.7", false},
-		{"ipv6 peer", request("[2001:db8::1]:443"), "2001:db8::1", false},
-		{"mapped peer", request("[::ffff:203.0.113.7]:443"), "203.0.113.7", false},
-		{"zoned peer", request("[fe80::1%eth0]:443"), "fe80::1", false},
-		{"untrusted peer ignores XFF", request("203.0.113.7:1", "X-Forwarded-For", "1.2.3.4"), "203.0.113.7", false},
-		{"untrusted peer ignores X-Real-IP", request("203.0.113.7:1", "X-Real-IP", "1.2.3.4"), "203.0.113.7", false},
-		{"trusted proxy", request("10.0.0.1:1", "X-Forwarded-For", "198.51.100.9"), "198.51.100.9", false},
-		{"proxy chain", request("10.0.0.1:1", "X-Forwarded-For", "198.51.100.9, 10.0.0.2, 10.0.0.3"), "198.51.100.9", false},
-		{"spoofed left-most entry", request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6, 198.51.100.9, 10.0.0.2"), "198.51.100.9", false},
-		{"several header lines", request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6", "X-Forwarded-For", "198.51.100.9,10.0.0.2"), "198.51.100.9", false},
-		{"entry with port", request("10.0.0.1:1", "X-Forwarded-For", "198.51.100.9:5555"), "198.51.100.9", false},
-		{"ipv6 entry in brackets", request("10.0.0.1:1", "X-Forwarded-For", "[2001:db8::9]"), "2001:db8::9", false},
-		{"ipv6 proxy", request("[fd00::1]:1", "X-Forwarded-For", "2001:db8::9, fd00::2"), "2001:db8::9", false},
-		{"all proxies", request("10.0.0.1:1", "X-Forwarded-For", "10.0.0.5, 10.0.0.2"), "10.0.0.5", false},
-		{"garbage stops the walk", request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6, garbage, 10.0.0.2"), "10.0.0.2", false},
-		{"garbage right after the peer", request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6, unknown"), "10.0.0.1", false},
-		{"empty XFF", request("10.0.0.1:1", "X-Forwarded-For", ""), "10.0.0.1", false},
-		{"X-Real-IP from proxy", request("10.0.0.1:1", "X-Real-IP", "198.51.100.9"), "198.51.100.9", false},
-		{"bad X-Real-IP", request("10.0.0.1:1", "X-Real-IP", "nope"), "10.0.0.1", false},
-		{"XFF wins over X-Real-IP", request("10.0.0.1:1", "X-Real-IP", "6.6.6.6", "X-Forwarded-For", "198.51.100.9"), "198.51.100.9", false},
-		{"unix socket", request("@"), "", true},
-		{"empty remote", request(""), "", true},
+		{"peer", XForwardedFor, request("203.0.113.7:1234"), "203.0.113.7", false},
+		{"peer without port", XForwardedFor, request("203.0.113.7"), "203.0.113.7", false},
+		{"ipv6 peer", XForwardedFor, request("[2001:db8::1]:443"), "2001:db8::1", false},
+		{"mapped peer", XForwardedFor, request("[::ffff:203.0.113.7]:443"), "203.0.113.7", false},
+		{"zoned peer", XForwardedFor, request("[fe80::1%eth0]:443"), "fe80::1", false},
+		{"untrusted peer ignores XFF", XForwardedFor, request("203.0.113.7:1", "X-Forwarded-For", "1.2.3.4"), "203.0.113.7", false},
+		{"untrusted peer ignores X-Real-IP", XRealIP, request("203.0.113.7:1", "X-Real-IP", "1.2.3.4"), "203.0.113.7", false},
+		{"untrusted peer ignores Forwarded", Forwarded, request("203.0.113.7:1", "Forwarded", "for=1.2.3.4"), "203.0.113.7", false},
+		{"trusted proxy", XForwardedFor, request("10.0.0.1:1", "X-Forwarded-For", "198.51.100.9"), "198.51.100.9", false},
+		{"mapped trusted peer", XForwardedFor, request("[::ffff:10.0.0.1]:1", "X-Forwarded-For", "198.51.100.9"), "198.51.100.9", false},
+		{"proxy chain", XForwardedFor, request("10.0.0.1:1", "X-Forwarded-For", "198.51.100.9, 10.0.0.2, 10.0.0.3"), "198.51.100.9", false},
+		{"spoofed left-most entry", XForwardedFor, request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6, 198.51.100.9, 10.0.0.2"), "198.51.100.9", false},
+		{"several header lines", XForwardedFor, request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6", "X-Forwarded-For", "198.51.100.9,10.0.0.2"), "198.51.100.9", false},
+		{"entry with port", XForwardedFor, request("10.0.0.1:1", "X-Forwarded-For", "198.51.100.9:5555"), "198.51.100.9", false},
+		{"ipv6 entry in brackets", XForwardedFor, request("10.0.0.1:1", "X-Forwarded-For", "[2001:db8::9]"), "2001:db8::9", false},
+		{"ipv6 proxy", XForwardedFor, request("[fd00::1]:1", "X-Forwarded-For", "2001:db8::9, fd00::2"), "2001:db8::9", false},
+		{"all proxies", XForwardedFor, request("10.0.0.1:1", "X-Forwarded-For", "10.0.0.5, 10.0.0.2"), "10.0.0.5", false},
+		{"garbage stops the walk", XForwardedFor, request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6, garbage, 10.0.0.2"), "10.0.0.2", false},
+		{"garbage right after the peer", XForwardedFor, request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6, unknown"), "10.0.0.1", false},
+		{"empty XFF", XForwardedFor, request("10.0.0.1:1", "X-Forwarded-For", ""), "10.0.0.1", false},
+		// Only the configured header counts: a proxy that sets one header
+		// passes the others through from the client.
+		{"XFF ignores X-Real-IP", XForwardedFor, request("10.0.0.1:1", "X-Real-IP", "198.51.100.9"), "10.0.0.1", false},
+		{"XFF ignores Forwarded", XForwardedFor, request("10.0.0.1:1", "Forwarded", "for=198.51.100.9"), "10.0.0.1", false},
+		{"X-Real-IP from proxy", XRealIP, request("10.0.0.1:1", "X-Real-IP", "198.51.100.9"), "198.51.100.9", false},
+		{"X-Real-IP not overridden by forged XFF", XRealIP, request("10.0.0.1:1", "X-Real-IP", "198.51.100.9", "X-Forwarded-For", "6.6.6.6"), "198.51.100.9", false},
+		{"X-Real-IP last line", XRealIP, request("10.0.0.1:1", "X-Real-IP", "6.6.6.6", "X-Real-IP", "198.51.100.9"), "198.51.100.9", false},
+		{"X-Real-IP ipv6 with port", XRealIP, request("10.0.0.1:1", "X-Real-IP", "[2001:db8::9]:80"), "2001:db8::9", false},
+		{"bad X-Real-IP", XRealIP, request("10.0.0.1:1", "X-Real-IP", "nope"), "10.0.0.1", false},
+		{"X-Real-IP list is not an address", XRealIP, request("10.0.0.1:1", "X-Real-IP", "6.6.6.6, 198.51.100.9"), "10.0.0.1", false},
+		{"missing X-Real-IP", XRealIP, request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6"), "10.0.0.1", false},
+		{"Forwarded ipv4", Forwarded, request("10.0.0.1:1", "Forwarded", "for=198.51.100.9"), "198.51.100.9", false},
+		{"Forwarded not overridden by forged XFF", Forwarded, request("10.0.0.1:1", "Forwarded", "for=198.51.100.9", "X-Forwarded-For", "6.6.6.6"), "198.51.100.9", false},
+		{"Forwarded quoted ipv4 with port", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9:4711"`), "198.51.100.9", false},
+		{"Forwarded ipv6 with port", Forwarded, request("10.0.0.1:1", "Forwarded", `for="[2001:db8:cafe::17]:4711"`), "2001:db8:cafe::17", false},
+		{"Forwarded ipv6 without port", Forwarded, request("10.0.0.1:1", "Forwarded", `For="[2001:db8:cafe::17]"`), "2001:db8:cafe::17", false},
+		{"Forwarded mapped ipv6", Forwarded, request("10.0.0.1:1", "Forwarded", `for="[::ffff:198.51.100.9]"`), "198.51.100.9", false},
+		{"Forwarded obfuscated port", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9:_abc"`), "198.51.100.9", false},
+		{"Forwarded other parameters", Forwarded, request("10.0.0.1:1", "Forwarded", `proto=https;for=198.51.100.9;by="[fd00::1]";host="a,b"`), "198.51.100.9", false},
+		{"Forwarded chain", Forwarded, request("10.0.0.1:1", "Forwarded", "for=6.6.6.6, for=198.51.100.9;proto=http, for=10.0.0.2"), "198.51.100.9", false},
+		{"Forwarded several lines", Forwarded, request("10.0.0.1:1", "Forwarded", "for=6.6.6.6", "Forwarded", "for=198.51.100.9, for=10.0.0.2"), "198.51.100.9", false},
+		{"Forwarded all proxies", Forwarded, request("10.0.0.1:1", "Forwarded", `for=10.0.0.5, for="[fd00::2]:1"`), "10.0.0.5", false},
+		{"Forwarded comma in quotes", Forwarded, request("10.0.0.1:1", "Forwarded", `for=6.6.6.6;host="x, for=7.7.7.7", for=198.51.100.9`), "198.51.100.9", false},
+		{"Forwarded empty elements", Forwarded, request("10.0.0.1:1", "Forwarded", " , for=198.51.100.9 ,"), "198.51.100.9", false},
+		{"Forwarded unknown", Forwarded, request("10.0.0.1:1", "Forwarded", "for=6.6.6.6, for=unknown"), "10.0.0.1", false},
+		{"Forwarded obfuscated", Forwarded, request("10.0.0.1:1", "Forwarded", "for=6.6.6.6, for=_hidden, for=10.0.0.2"), "10.0.0.2", false},
+		{"Forwarded element without for", Forwarded, request("10.0.0.1:1", "Forwarded", "for=6.6.6.6, proto=https"), "10.0.0.1", false},
+		{"Forwarded two for in one element", Forwarded, request("10.0.0.1:1", "Forwarded", "for=198.51.100.9;for=6.6.6.6"), "10.0.0.1", false},
+		{"Forwarded unquoted ipv6", Forwarded, request("10.0.0.1:1", "Forwarded", "for=2001:db8::1"), "10.0.0.1", false},
+		{"Forwarded ipv6 without brackets in quotes", Forwarded, request("10.0.0.1:1", "Forwarded", `for="2001:db8::1"`), "10.0.0.1", false},
+		{"Forwarded ipv4 in brackets", Forwarded, request("10.0.0.1:1", "Forwarded", `for="[198.51.100.9]"`), "10.0.0.1", false},
+		{"Forwarded zoned ipv6", Forwarded, request("10.0.0.1:1", "Forwarded", `for="[fe80::1%eth0]"`), "10.0.0.1", false},
+		{"Forwarded bad port", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9:http"`), "10.0.0.1", false},
+		{"Forwarded unterminated quote", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9`), "10.0.0.1", false},
+		{"Forwarded spaces around =", Forwarded, request("10.0.0.1:1", "Forwarded", `for = 198.51.100.9`), "10.0.0.1", false},
+		{"Forwarded missing", Forwarded, request("10.0.0.1:1", "X-Forwarded-For", "6.6.6.6"), "10.0.0.1", false},
+		{"unix socket", XForwardedFor, request("@"), "", true},
+		{"empty remote", XForwardedFor, request(""), "", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ip, err := ClientIP(tt.r, testProxies)
+			ip, err := ClientIP(tt.r, testProxies, tt.header)
 			if tt.wantErr {
 				if !errors.Is(err, ErrNoClientIP) {
 					t.Fatalf("ClientIP = %v, %v; want ErrNoClientIP", ip, err)
@@ -75,6 +111,40 @@ func TestClientIP(t *testing.T) {
 				t.Fatalf("ClientIP = %v, %v; want %s", ip, err, tt.want)
 			}
 		})
+	}
+	if _, err := ClientIP(request("10.0.0.1:1"), testProxies, 7); !errors.Is(err, ErrInvalidOptions) {
+		t.Errorf("ClientIP with header 7: error %v; want ErrInvalidOptions", err)
+	}
+}
+
+// TestClientIPMappedPrefixes checks that trusted prefixes written in
+// IPv4-mapped form match the IPv4 peers they map, for IPv4 and mapped peers.
+func TestClientIPMappedPrefixes(t *testing.T) {
+	mapped := []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}
+	for _, remote := range []string{"10.1.2.3:1", "[::ffff:10.1.2.3]:1"} {
+		t.Run(remote, func(t *testing.T) {
+			r := request(remote, "X-Forwarded-For", "198.51.100.9")
+			ip, err := ClientIP(r, mapped, XForwardedFor)
+			if err != nil || ip.String() != "198.51.100.9" {
+				t.Fatalf("ClientIP = %v, %v; want 198.51.100.9 (peer trusted through ::ffff:10.0.0.0/104)", ip, err)
+			}
+		})
+	}
+	r := request("11.0.0.1:1", "X-Forwarded-For", "198.51.100.9")
+	if ip, err := ClientIP(r, mapped, XForwardedFor); err != nil || ip.String() != "11.0.0.1" {
+		t.Fatalf("peer outside the mapped prefix: ClientIP = %v, %v; want 11.0.0.1", ip, err)
+	}
+	for _, tt := range []struct{ in, want string }{
+		{"::ffff:10.0.0.0/104", "10.0.0.0/8"},
+		{"::ffff:10.1.2.3/128", "10.1.2.3/32"},
+		{"::ffff:0.0.0.0/96", "0.0.0.0/0"},
+		{"::ffff:10.1.2.3/104", "10.0.0.0/8"},
+		{"10.0.0.0/8", "10.0.0.0/8"},
+		{"2001:db8::/32", "2001:db8::/32"},
+	} {
+		if got := unmapPrefix(netip.MustParsePrefix(tt.in)); got.String() != tt.want {
+			t.Errorf("unmapPrefix(%s) = %v; want %s", tt.in, got, tt.want)
+		}
 	}
 }
 
@@ -363,7 +433,7 @@ func FuzzClientIP(f *testing.F) {
 			r.Header.Add("X-Forwarded-For", line)
 		}
 		r.Header.Set("X-Real-IP", realIP)
-		ip, err := ClientIP(r, testProxies)
+		ip, err := ClientIP(r, testProxies, XForwardedFor)
 		if err != nil {
 			if !errors.Is(err, ErrNoClientIP) {
 				t.Fatalf("ClientIP error %v; want ErrNoClientIP", err)
