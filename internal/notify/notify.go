@@ -7,23 +7,37 @@
 // linger, so a busy hand-off does not subscribe and unsubscribe on every
 // acquisition) or when the Hub is closed.
 //
-// Messages carry a budget: how many units were freed (1 for a mutex, the
-// permits now free for a semaphore). The hub wakes waiters in arrival order
-// while their weights fit in the budget, so a release does not stampede every
-// local waiter into Redis. A woken waiter that leaves without taking its turn
-// passes the wake-up on.
+// Messages carry a budget: how many units are free (1 for a mutex, the
+// permits now free for a semaphore). The hub wakes, in arrival order, the
+// waiters whose weights fit in what is left of the budget, skipping heavier
+// ones, so a release does not stampede every local waiter into Redis and a
+// small release is not spent on a waiter too heavy to use it. Only when no
+// waiter fits is the first one woken anyway (the budget is a hint). A woken
+// waiter that cannot use its wake-up passes it on: one that leaves
+// (Leave, Close), and one whose attempt failed while some units were free
+// (PassOn). This is not a fair queue: a heavy waiter can be overtaken by
+// lighter ones that fit first.
 //
 // Wake-ups are hints, never the only way forward: messages can be lost when
 // the pub/sub connection drops, so waiters also wait no longer than the
 // resource's remaining lease. After a subscription is re-established every
 // waiter of the channel is woken to try again, since a release published
 // while it was down was missed.
+//
+// Connection failures are retried with backoff and never reported: waiters
+// keep relying on their timeouts meanwhile. An error reply to the SUBSCRIBE
+// itself (an ACL user without access to the channel gets NOPERM; Redis 7
+// users default to resetchannels) is not retried: Ready and Wait of every
+// waiter of that channel return an error wrapping ErrSubscribe and the
+// Redis error, since otherwise each wait would silently last a whole lease.
+// The refused channel is forgotten, so a later Subscribe tries again.
 package notify
 
 import (
 	"container/list"
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -32,8 +46,15 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// ErrClosed is returned by Subscribe on a closed hub.
-var ErrClosed = errors.New("notify: hub closed")
+// Errors of this package; check them with errors.Is.
+var (
+	// ErrClosed is returned by Subscribe, Ready and Wait once the hub is
+	// closed.
+	ErrClosed = errors.New("notify: hub closed")
+	// ErrSubscribe is wrapped, with the Redis error, by the error Ready and
+	// Wait return when Redis refused the subscription (NOPERM and the like).
+	ErrSubscribe = errors.New("notify: subscription refused")
+)
 
 // DefaultLinger is how long a subscription is kept after its last waiter
 // leaves.
@@ -53,12 +74,16 @@ type Hub struct {
 	closed bool
 }
 
+// channel is one subscription. Its fields are guarded by Hub.mu, except
+// err, which is written once before failed is closed and read after.
 type channel struct {
 	name    string
 	waiters list.List // of *Waiter, arrival order
 	cancel  context.CancelFunc
 	ready   chan struct{} // closed when first confirmed
 	ok      bool          // confirmed at least once
+	failed  chan struct{} // closed when Redis refused the subscription
+	err     error         // why, wrapping ErrSubscribe
 	linger  *time.Timer
 }
 
@@ -90,7 +115,7 @@ func (h *Hub) Subscribe(channelName string, weight int64) (*Waiter, error) {
 	}
 	ch := h.chans[channelName]
 	if ch == nil {
-		ch = &channel{name: channelName, ready: make(chan struct{})}
+		ch = &channel{name: channelName, ready: make(chan struct{}), failed: make(chan struct{})}
 		ctx, cancel := context.WithCancel(h.ctx)
 		ch.cancel = cancel
 		h.chans[channelName] = ch
@@ -108,9 +133,13 @@ func (h *Hub) Subscribe(channelName string, weight int64) (*Waiter, error) {
 
 // Ready waits until the channel's subscription is confirmed by Redis, so no
 // message published after Ready returns nil can be missed, or until timeout
-// passes (nil too: a waiter then relies on its timeout), or ctx is done
-// (ctx.Err()).
+// passes (nil too: a waiter then relies on its timeout). It returns ctx.Err()
+// if ctx ends first, ErrClosed at once if the hub is closed, and an error
+// wrapping ErrSubscribe if Redis refused the subscription.
 func (w *Waiter) Ready(ctx context.Context, timeout time.Duration) error {
+	if err := w.stopped(); err != nil {
+		return err
+	}
 	select {
 	case <-w.ch.ready:
 		return nil
@@ -120,34 +149,79 @@ func (w *Waiter) Ready(ctx context.Context, timeout time.Duration) error {
 	defer t.Stop()
 	select {
 	case <-w.ch.ready:
-		return nil
+		return w.stopped()
 	case <-t.C:
-		return nil
+		return w.stopped()
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-w.h.ctx.Done():
+		return ErrClosed
+	case <-w.ch.failed:
+		return w.ch.err
 	}
 }
 
-// Wait blocks until the waiter is woken, timeout passes (nil in both cases)
-// or ctx is done (ctx.Err()).
+// Wait blocks until the waiter is woken or timeout passes (nil in both
+// cases). It returns ctx.Err() if ctx ends first, ErrClosed at once if the
+// hub is closed, and an error wrapping ErrSubscribe if Redis refused the
+// subscription.
 func (w *Waiter) Wait(ctx context.Context, timeout time.Duration) error {
+	w.woken.Store(false)
+	if err := w.stopped(); err != nil {
+		return err
+	}
 	select {
 	case <-w.c:
 		w.woken.Store(true)
 		return nil
 	default:
 	}
-	w.woken.Store(false)
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case <-w.c:
 		w.woken.Store(true)
-		return nil
+		return w.stopped()
 	case <-t.C:
-		return nil
+		return w.stopped()
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-w.h.ctx.Done():
+		return ErrClosed
+	case <-w.ch.failed:
+		return w.ch.err
+	}
+}
+
+// stopped returns why the waiter can wait no more (the hub is closed, the
+// subscription was refused), or nil.
+func (w *Waiter) stopped() error {
+	select {
+	case <-w.h.ctx.Done():
+		return ErrClosed
+	case <-w.ch.failed:
+		return w.ch.err
+	default:
+		return nil
+	}
+}
+
+// PassOn tells the hub that the waiter's attempt after its last wake-up
+// failed although free units remained, fewer than its weight (another
+// process took some first). They are offered to the waiters behind it that
+// fit in free, which the wake-up skipped because this waiter counted
+// against the budget. It does nothing if the last Wait was not a wake-up.
+// Unlike a message, it never wakes a waiter heavier than free, so waiters
+// cannot pass a wake-up back and forth.
+func (w *Waiter) PassOn(free int64) {
+	if free < 1 || !w.woken.Load() {
+		return
+	}
+	h := w.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if w.elem != nil {
+		h.wakeFitLocked(w.ch, free)
 	}
 }
 
@@ -183,7 +257,7 @@ func (w *Waiter) Close() {
 		h.wakeLocked(ch, w.weight)
 	default:
 	}
-	if ch.waiters.Len() == 0 && !h.closed && ch.linger == nil {
+	if ch.waiters.Len() == 0 && !h.closed && ch.linger == nil && h.chans[ch.name] == ch {
 		ch.linger = time.AfterFunc(h.linger, func() { h.unsubscribeIdle(ch) })
 	}
 }
@@ -200,7 +274,7 @@ func (h *Hub) unsubscribeIdle(ch *channel) {
 }
 
 // Close ends every subscription and waits for their goroutines. Waiters
-// still registered are woken so they notice and stop.
+// blocked in Ready or Wait return ErrClosed at once.
 func (h *Hub) Close() {
 	h.mu.Lock()
 	if h.closed {
@@ -212,30 +286,46 @@ func (h *Hub) Close() {
 		if ch.linger != nil {
 			ch.linger.Stop()
 		}
-		h.wakeAllLocked(ch)
 	}
 	h.mu.Unlock()
 	h.cancel()
 	h.wg.Wait()
 }
 
-// wakeLocked wakes waiters in arrival order while their weights fit in
-// budget. Waiters already holding a wake-up count against the budget: they
-// are about to try. At least one waiter is woken if any is idle.
+// wakeLocked spends budget (a message, or a wake-up passed on by a waiter
+// that left) on the waiters that fit in it. If none fits, the first waiter
+// is woken anyway: the budget is a hint, and it tries and finds out.
 func (h *Hub) wakeLocked(ch *channel, budget int64) {
-	woke := false
+	if !h.wakeFitLocked(ch, budget) {
+		if e := ch.waiters.Front(); e != nil {
+			select {
+			case e.Value.(*Waiter).c <- struct{}{}:
+			default: // already woken, not yet tried
+			}
+		}
+	}
+}
+
+// wakeFitLocked wakes, in arrival order, the waiters whose weight fits in
+// what is left of budget, skipping heavier ones so that units they could not
+// use reach lighter waiters behind them. Waiters already holding a wake-up
+// count against the budget too: they are about to try. It reports whether
+// any waiter fitted.
+func (h *Hub) wakeFitLocked(ch *channel, budget int64) bool {
+	fit := false
 	for e := ch.waiters.Front(); e != nil && budget > 0; e = e.Next() {
 		w := e.Value.(*Waiter)
-		if w.weight > budget && woke {
-			break
+		if w.weight > budget {
+			continue
 		}
+		fit = true
 		budget -= w.weight
 		select {
 		case w.c <- struct{}{}:
-			woke = true
 		default: // already woken, not yet tried
 		}
 	}
+	return fit
 }
 
 func (h *Hub) wakeAllLocked(ch *channel) {
@@ -272,10 +362,43 @@ func (h *Hub) confirmed(ch *channel) {
 	h.wakeAllLocked(ch)
 }
 
+// refused records that Redis refused the subscription of ch and forgets ch,
+// so a later Subscribe of that name starts over.
+func (h *Hub) refused(ch *channel, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ch.err = fmt.Errorf("%w: %s: %w", ErrSubscribe, ch.name, err)
+	close(ch.failed)
+	if ch.linger != nil {
+		ch.linger.Stop()
+		ch.linger = nil
+	}
+	if h.chans[ch.name] == ch {
+		delete(h.chans, ch.name)
+	}
+}
+
+// isRefusal reports whether err, returned by Receive, is Redis refusing the
+// subscription (NOPERM, an unknown command) rather than a failure that
+// retrying can fix: connection errors, and the replies of a cluster that is
+// moving slots or electing a primary.
+func isRefusal(err error) bool {
+	re, ok := rueidis.IsRedisErr(err)
+	if !ok || re.IsNil() || re.IsTryAgain() || re.IsLoading() || re.IsClusterDown() {
+		return false
+	}
+	if _, ok := re.IsRedirect(); ok {
+		return false
+	}
+	return true
+}
+
 // run keeps ch subscribed until ctx is cancelled, re-subscribing with
-// backoff when the connection drops.
+// backoff when the connection drops. It ends, reporting to the waiters of
+// ch, if Redis refuses the subscription.
 func (h *Hub) run(ctx context.Context, ch *channel) {
 	defer h.wg.Done()
+	defer ch.cancel()
 	backoff := 10 * time.Millisecond
 	for ctx.Err() == nil {
 		rctx := rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
@@ -305,8 +428,12 @@ func (h *Hub) run(ctx context.Context, ch *channel) {
 			sub = h.client.B().Subscribe().Channel(ch.name).Build()
 		}
 		start := time.Now()
-		h.client.Receive(rctx, sub, func(m rueidis.PubSubMessage) { h.deliver(ch, m.Message) })
+		err := h.client.Receive(rctx, sub, func(m rueidis.PubSubMessage) { h.deliver(ch, m.Message) })
 		if ctx.Err() != nil {
+			return
+		}
+		if isRefusal(err) {
+			h.refused(ch, err)
 			return
 		}
 		if time.Since(start) > time.Second {

@@ -2,7 +2,10 @@ package notify
 
 import (
 	"context"
+	"errors"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -152,6 +155,25 @@ func TestCloseHandsOnWakeUp(t *testing.T) {
 	woken(t, w2)
 }
 
+// blockedIn waits until some goroutine is blocked in a select inside fn, so
+// that what the test does next happens while it waits, not before.
+func blockedIn(t *testing.T, fn string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	ok := redistest.WaitFor(context.Background(), signalWait, func() bool {
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		for _, g := range strings.Split(stacks, "\n\n") {
+			if strings.Contains(g, "[select") && strings.Contains(g, fn) {
+				return true
+			}
+		}
+		return false
+	})
+	if !ok {
+		t.Fatalf("no goroutine blocked in %s", fn)
+	}
+}
+
 func waitLen(w *Waiter) bool {
 	deadline := time.Now().Add(signalWait)
 	for len(w.c) == 0 {
@@ -247,10 +269,150 @@ func TestClosedHub(t *testing.T) {
 	h := setups()[0].hub(t)
 	w, _ := h.Subscribe("{n}:closed", 1)
 	h.Close()
-	woken(t, w) // waiters are told
+	if err := w.Wait(context.Background(), time.Hour); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Wait after Close = %v, want ErrClosed", err)
+	}
+	if err := w.Ready(context.Background(), time.Hour); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Ready after Close = %v, want ErrClosed", err)
+	}
 	w.Close()
 	if _, err := h.Subscribe("{n}:closed", 1); err != ErrClosed {
 		t.Fatalf("Subscribe after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestCloseInterruptsWaiters: Close makes a Wait, and a Ready whose
+// subscription cannot be confirmed (the server is paused), return ErrClosed
+// at once instead of after their timeouts.
+func TestCloseInterruptsWaiters(t *testing.T) {
+	srv := redistest.NewServer(t)
+	h := New(redistest.Client(t, srv.Addr()), false)
+	defer h.Close()
+	waiting, _ := h.Subscribe("{n}:close-wait", 1)
+	defer waiting.Close()
+	ready(t, waiting)
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Resume() })
+	unconfirmed, _ := h.Subscribe("{n}:close-ready", 1)
+	defer unconfirmed.Close()
+
+	errs := make(chan error, 2)
+	go func() { errs <- waiting.Wait(context.Background(), time.Hour) }()
+	go func() { errs <- unconfirmed.Ready(context.Background(), time.Hour) }()
+	blockedIn(t, "notify.(*Waiter).Wait(")
+	blockedIn(t, "notify.(*Waiter).Ready(")
+	h.Close()
+	for range 2 {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrClosed) {
+				t.Fatalf("Wait or Ready during Close = %v, want ErrClosed", err)
+			}
+		case <-time.After(signalWait):
+			t.Fatal("Wait or Ready still blocked after Close")
+		}
+	}
+}
+
+// TestWakeSkipsHeavier: a budget too small for the first waiter goes to a
+// lighter one behind it that can use it, not to the first (issue 10, item
+// 5: capacity 5, a weight-5 waiter ahead of a weight-1 waiter, one permit
+// released).
+func TestWakeSkipsHeavier(t *testing.T) {
+	h := setups()[0].hub(t)
+	pub := setups()[0].publish
+	ch := "{n}:skip"
+	heavy, _ := h.Subscribe(ch, 5)
+	defer heavy.Close()
+	light, _ := h.Subscribe(ch, 1)
+	defer light.Close()
+	ready(t, heavy, light)
+	pub(t, ch, "1")
+	woken(t, light)
+	notWoken(t, heavy)
+	pub(t, ch, "5") // both fit in turn: the first takes it all
+	woken(t, heavy)
+	notWoken(t, light)
+}
+
+// TestPassOn: a woken waiter whose attempt failed with fewer units free than
+// it needs offers them to the waiters behind it that fit; a waiter that was
+// not woken passes nothing on.
+func TestPassOn(t *testing.T) {
+	h := setups()[0].hub(t)
+	pub := setups()[0].publish
+	ch := "{n}:passon"
+	heavy, _ := h.Subscribe(ch, 3)
+	defer heavy.Close()
+	mid, _ := h.Subscribe(ch, 2)
+	defer mid.Close()
+	light, _ := h.Subscribe(ch, 1)
+	defer light.Close()
+	ready(t, heavy, mid, light)
+	pub(t, ch, "3") // the first waiter fits and takes the whole budget
+	if err := heavy.Wait(context.Background(), signalWait); err != nil || !heavy.woken.Load() {
+		t.Fatalf("heavy.Wait = %v, woken %v; want a wake-up", err, heavy.woken.Load())
+	}
+	notWoken(t, mid)
+	notWoken(t, light)
+	// Someone elsewhere took 2 first: heavy finds 1 free, which fits light.
+	heavy.PassOn(1)
+	woken(t, light)
+	notWoken(t, mid)
+	notWoken(t, heavy) // never back to the waiter that passed it on
+
+	if err := mid.Wait(context.Background(), time.Millisecond); err != nil || mid.woken.Load() {
+		t.Fatalf("mid.Wait = %v, woken %v; want a timeout", err, mid.woken.Load())
+	}
+	mid.PassOn(1)
+	notWoken(t, light)
+}
+
+// TestSubscribeRefused: an ACL user without access to the channel
+// (resetchannels, the Redis 7 default) gets NOPERM for SUBSCRIBE. Ready and
+// Wait report it instead of waiting their whole timeout, every time; once
+// access is granted, a new Subscribe works.
+func TestSubscribeRefused(t *testing.T) {
+	srv := redistest.NewServer(t)
+	if _, err := srv.Do("ACL", "SETUSER", "u", "on", ">pw", "~*", "+@all", "resetchannels"); err != nil {
+		t.Fatal(err)
+	}
+	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true, Username: "u", Password: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	h := New(client, false)
+	defer h.Close()
+	ch := "{n}:refused"
+	for i := range 2 { // not cached: the second Subscribe is refused anew
+		w, err := h.Subscribe(ch, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = w.Ready(context.Background(), time.Hour)
+		var re *rueidis.RedisError
+		if !errors.Is(err, ErrSubscribe) || !errors.As(err, &re) || !strings.HasPrefix(re.Error(), "NOPERM") {
+			t.Fatalf("Ready %d with NOPERM = %v, want ErrSubscribe wrapping the NOPERM reply", i, err)
+		}
+		if err := w.Wait(context.Background(), time.Hour); !errors.Is(err, ErrSubscribe) {
+			t.Fatalf("Wait %d with NOPERM = %v, want ErrSubscribe", i, err)
+		}
+		w.Leave()
+	}
+	if _, err := srv.Do("ACL", "SETUSER", "u", "allchannels"); err != nil {
+		t.Fatal(err)
+	}
+	w, err := h.Subscribe(ch, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	ready(t, w)
+	if err := w.Ready(context.Background(), time.Hour); err != nil {
+		t.Fatalf("Ready once allowed = %v, want nil", err)
 	}
 }
 
