@@ -187,14 +187,21 @@ func TestLatencyKeepsOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// With the latency still on, every round trip would take at least
+	// 2*base; on a loaded machine one may be slow for other reasons, so
+	// the fastest of a few is compared.
 	p.SetLatency(0, 0)
-	start = time.Now()
-	fmt.Fprintf(c, "fast\n")
-	if _, err := r.ReadString('\n'); err != nil {
-		t.Fatal(err)
+	fastest := time.Hour
+	for range 5 {
+		start = time.Now()
+		fmt.Fprintf(c, "fast\n")
+		if _, err := r.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		fastest = min(fastest, time.Since(start))
 	}
-	if rtt := time.Since(start); rtt > base {
-		t.Errorf("round trip %v after SetLatency(0, 0)", rtt)
+	if fastest >= 2*base {
+		t.Errorf("fastest of 5 round trips %v after SetLatency(0, 0), want under %v", fastest, 2*base)
 	}
 }
 
