@@ -308,6 +308,7 @@ func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
 	if m.owner == "" {
 		m.owner = uuid.NewString()
 	}
+	m.nonce = uuid.NewString()[:8] + "."
 	if m.watchdog {
 		m.renewFn = m.renewLease
 	}
@@ -331,6 +332,7 @@ type Mutex struct {
 	op       sync.Mutex // one script call at a time, so hold counts stay in step
 	argv     [5]string  // script arguments; guarded by op, reused to save allocations
 	attempts uint64     // outermost attempts so far, names each; guarded by op
+	nonce    string     // "random." prefix of this value's attempt ids
 
 	mu       sync.Mutex // guards the fields below; never held across a call
 	holds    int64
@@ -340,6 +342,17 @@ type Mutex struct {
 	lse      *lease.Lease
 	lost     chan struct{} // made on demand by Lost; closedChan once lost
 	err      error
+
+	// releasing is the gen whose final Unlock is in flight: a loss reported
+	// meanwhile waits in pending, because a release that succeeds proves
+	// the hold lasted until it (the renewal that found the key gone may
+	// simply have run just after it).
+	releasing uint64
+	pending   error
+	// orphan is the token (as sent) of a hold declared lost that the
+	// server may still keep under this owner; the next Unlock gives it
+	// back so that it does not linger for the rest of its lease.
+	orphan string
 }
 
 func (m *Mutex) setLease(d time.Duration) {
@@ -379,7 +392,7 @@ func (m *Mutex) Lock(ctx context.Context) error {
 		}
 	}()
 	if err := w.Ready(ctx, wait); err != nil {
-		return m.notObtained(err)
+		return m.waitErr(ctx, err)
 	}
 	for {
 		if ok, wait, err = m.attempt(ctx); ok {
@@ -389,12 +402,26 @@ func (m *Mutex) Lock(ctx context.Context) error {
 			return m.ctxErr(ctx, err)
 		}
 		if err := w.Wait(ctx, wait); err != nil {
-			return m.notObtained(err)
+			return m.waitErr(ctx, err)
 		}
 		if m.l.closed.Load() {
 			return ErrClosed
 		}
 	}
+}
+
+// waitErr is Lock's error when waiting for a release failed: the Locker
+// was closed, ctx ended, or Redis refused the subscription (an ACL without
+// channel permissions), which Lock reports rather than polling at the pace
+// of the holder's lease.
+func (m *Mutex) waitErr(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, notify.ErrClosed):
+		return ErrClosed
+	case ctx.Err() != nil:
+		return m.notObtained(err)
+	}
+	return fmt.Errorf("mutex: lock %q: %w", m.name, err)
 }
 
 func (m *Mutex) notObtained(cause error) error {
@@ -437,33 +464,42 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	m.op.Lock()
 	defer m.op.Unlock()
 	m.mu.Lock()
-	holds, heldGen := m.holds, m.gen
+	holds, heldGen, tokenArg := m.holds, m.gen, m.tokenArg
 	m.mu.Unlock()
 
 	sent := time.Now()
-	m.argv[0], m.argv[1], m.argv[2], m.argv[3] = m.owner, m.leaseMs, strconv.FormatInt(holds, 10), ""
+	m.argv = [5]string{m.owner, m.leaseMs, strconv.FormatInt(holds, 10), "", ""}
 	if holds == 0 {
 		m.attempts++
-		m.argv[3] = strconv.FormatUint(m.attempts, 10)
+		m.argv[3] = m.nonce + strconv.FormatUint(m.attempts, 10)
+	} else {
+		m.argv[4] = tokenArg
 	}
 	var r []rueidis.RedisMessage
 	var err error
 	acks := int64(-1) // not asked
 	if m.l.opts.ReplicaAcks > 0 && holds == 0 {
 		var res rueidis.RedisResult
-		res, acks, err = m.l.lock.ExecWait(ctx, m.keys[:1], m.argv[:4], int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout)
+		attempt := m.argv[3]
+		res, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.keys[:1], m.argv[:], int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
+			func(late rueidis.RedisResult, _ int64, _ error) {
+				// Whatever the replicas said, nobody waits for this grant.
+				if grantedOrUnknown(late) {
+					m.l.giveBack(m, attempt)
+				}
+			})
 		if err == nil {
 			r, err = res.ToArray()
 		}
 	} else if holds == 0 {
 		attempt := m.argv[3]
-		r, err = m.l.lock.ExecOrLate(ctx, m.keys[:1], m.argv[:4], func(late rueidis.RedisResult) {
+		r, err = m.l.lock.ExecOrLate(ctx, m.keys[:1], m.argv[:], func(late rueidis.RedisResult) {
 			if grantedOrUnknown(late) {
 				m.l.giveBack(m, attempt)
 			}
 		}).ToArray()
 	} else {
-		r, err = m.l.lock.Exec(ctx, m.keys[:1], m.argv[:4]).ToArray()
+		r, err = m.l.lock.Exec(ctx, m.keys[:1], m.argv[:]).ToArray()
 	}
 	if err != nil {
 		if _, isReply := rueidis.IsRedisErr(err); holds == 0 && !isReply && ctx.Err() == nil {
@@ -479,6 +515,12 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	}
 	got, _ := r[0].AsInt64()
 	n, _ := r[1].AsInt64()
+	if got < 0 {
+		// A nested Lock whose outer hold is gone (expired, deleted, taken
+		// over): the outer section no longer excludes anyone. Report the
+		// loss; never start a new hold the caller would take for the old.
+		return false, 0, m.foundNotHeld(heldGen)
+	}
 	if got == 0 {
 		wait := time.Duration(n) * time.Millisecond
 		if n < 0 {
@@ -495,34 +537,14 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	}
 	if holds > 0 {
 		m.mu.Lock()
-		stillHeld := m.gen == heldGen && m.holds > 0
-		if !stillHeld || token != m.token {
-			// The hold this Lock was to nest in is gone: declared lost
-			// while the call was in flight, or found gone now (expired,
-			// deleted, lost with a Redis restart) with the script taking
-			// the free lock afresh under a new token nobody tracks. Give a
-			// fresh acquisition back and report the loss, instead of
-			// counting a nested hold under the old, stale token.
-			gen, lse, fresh := m.gen, m.lse, token != m.token
-			m.mu.Unlock()
-			if fresh {
-				m.releaseGrant(ctx, token)
-			}
-			if stillHeld {
-				if lse != nil {
-					lse.Stop() // it would renew the stale token
-				}
-				m.lose(gen, errFoundNotHeld)
-			}
-			m.mu.Lock()
-			defer m.mu.Unlock()
-			if m.err != nil {
-				return false, 0, m.err
-			}
-			return false, 0, fmt.Errorf("%w: %q: %w", ErrLost, m.name, errFoundNotHeld)
+		defer m.mu.Unlock()
+		if m.gen != heldGen || m.holds == 0 {
+			// Declared lost while the call was in flight. The server
+			// counted one more hold of that acquisition; the Unlock that
+			// gives back the orphan releases it whatever its count.
+			return false, 0, m.err
 		}
 		m.holds = n
-		m.mu.Unlock()
 		return true, 0, nil
 	}
 
@@ -530,7 +552,7 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	m.mu.Lock()
 	m.gen++
 	gen := m.gen
-	m.holds, m.token, m.err, m.lost = n, token, nil, nil
+	m.holds, m.token, m.err, m.lost, m.orphan = n, token, nil, nil, ""
 	m.tokenArg = strconv.FormatInt(token, 10)
 	m.mu.Unlock()
 	lse := m.l.keeper.Add(sent, m.lease, m.renewFn, func(err error) { m.lose(gen, err) })
@@ -549,6 +571,29 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 		return false, 0, ErrClosed
 	}
 	return false, 0, fmt.Errorf("%w: %w", ErrNotObtained, lostErr)
+}
+
+// foundNotHeld records that the server no longer has acquisition gen,
+// as a nested Lock found, and returns the loss error.
+func (m *Mutex) foundNotHeld(gen uint64) error {
+	m.mu.Lock()
+	lse := m.lse
+	if m.gen == gen && m.holds > 0 {
+		m.lse = nil
+	} else {
+		lse = nil
+	}
+	m.mu.Unlock()
+	if lse != nil {
+		lse.Stop() // it would renew the stale token
+	}
+	m.lose(gen, errFoundNotHeld)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return m.err
+	}
+	return fmt.Errorf("%w: %q: %w", ErrLost, m.name, errFoundNotHeld)
 }
 
 // releaseGrant gives back, at once, a grant with the given token that this
@@ -600,7 +645,19 @@ func (m *Mutex) lose(gen uint64, cause error) {
 	if m.gen != gen || m.holds == 0 {
 		return // already released, or a later acquisition
 	}
+	if m.releasing == gen {
+		if m.pending == nil {
+			m.pending = cause // decided when the final Unlock's reply comes
+		}
+		return
+	}
+	m.loseLocked(cause)
+}
+
+// loseLocked declares the current hold lost. Called with m.mu held.
+func (m *Mutex) loseLocked(cause error) {
 	m.holds, m.lse = 0, nil
+	m.orphan = m.tokenArg
 	m.err = fmt.Errorf("%w: %q: %w", ErrLost, m.name, cause)
 	m.closeLost()
 }
@@ -614,17 +671,34 @@ func (m *Mutex) closeLost() {
 }
 
 // Unlock gives back one hold; the last one releases the lock and wakes a
-// waiter. It returns an error wrapping ErrNotHeld, and changes nothing, if
-// this Mutex does not hold the lock; after a loss the error wraps Err too.
-// If Unlock fails with any other error (the reply was lost), the hold is
-// still counted and calling Unlock again is safe: it never removes two.
+// waiter. It returns an error wrapping ErrNotHeld if this Mutex does not
+// hold the lock; after a loss the error wraps Err too, and the first such
+// Unlock also gives back what the server may still keep of the lost hold
+// (the lease margin, a renewal whose reply was late), so that it does not
+// block others for the rest of its lease. If Unlock fails with any other
+// error (the reply was lost), the hold is still counted and calling Unlock
+// again is safe: it never removes two.
+//
+// A final Unlock that succeeds is never followed by a loss signal for that
+// hold: a loss reported while it is in flight (a renewal that ran just after
+// the release and found the key gone) is dropped, since the release itself
+// proves that the hold lasted until then.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	m.op.Lock()
 	defer m.op.Unlock()
 	m.mu.Lock()
-	holds, tokenArg, lostErr, heldGen := m.holds, m.tokenArg, m.err, m.gen
+	holds, tokenArg, lostErr, heldGen, orphan := m.holds, m.tokenArg, m.err, m.gen, m.orphan
+	if holds == 0 {
+		m.orphan = ""
+	} else if holds == 1 {
+		m.releasing = heldGen
+	}
 	m.mu.Unlock()
 	if holds == 0 {
+		if orphan != "" {
+			m.argv = [5]string{m.owner, "1", orphan, m.l.pubMode, m.keepMs}
+			m.l.unlock.Exec(ctx, m.keys, m.argv[:])
+		}
 		if lostErr != nil {
 			return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
 		}
@@ -632,31 +706,29 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	}
 	m.argv = [5]string{m.owner, strconv.FormatInt(holds, 10), tokenArg, m.l.pubMode, m.keepMs}
 	left, err := m.l.unlock.Exec(ctx, m.keys, m.argv[:]).AsInt64()
-	if err != nil {
-		return fmt.Errorf("mutex: unlock %q: %w", m.name, err)
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.gen != heldGen || m.holds == 0 {
-		// The hold was declared lost while this call was in flight. A
-		// final Unlock that went through still released it; a partial one
-		// leaves holds that expire with the lease.
-		if left == 0 {
-			return nil
+	pending := m.pending
+	m.releasing, m.pending = 0, nil
+	if err != nil {
+		if pending != nil && m.gen == heldGen && m.holds > 0 {
+			m.loseLocked(pending)
 		}
+		return fmt.Errorf("mutex: unlock %q: %w", m.name, err)
+	}
+	if m.gen != heldGen || m.holds == 0 {
+		// The hold was declared lost while this call was in flight (a
+		// partial Unlock; a final one defers the loss). A partial Unlock
+		// leaves holds that the next Unlock gives back.
 		return fmt.Errorf("%w: %w", ErrNotHeld, m.err)
 	}
 	if left < 0 {
 		// Redis says we do not hold it, before our watchdog noticed.
-		if m.holds > 0 {
-			m.holds = 0
-			if m.lse != nil {
-				m.lse.Stop()
-				m.lse = nil
-			}
-			m.err = fmt.Errorf("%w: %q: found not held at unlock", ErrLost, m.name)
-			m.closeLost()
+		if m.lse != nil {
+			m.lse.Stop()
 		}
+		m.loseLocked(errors.New("found not held at unlock"))
+		m.orphan = ""
 		return fmt.Errorf("%w: %w", ErrNotHeld, m.err)
 	}
 	m.holds = left

@@ -1,0 +1,289 @@
+package mutex_test
+
+// Regression tests for the losses an independent review found erased,
+// reported late or answered with a reused token (issue 10).
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+func lockKey(name string) string { return mutex.DefaultPrefix + "{" + name + "}" }
+
+// keepKeyAfterClientLoss takes m (with a short fixed lease) and stretches the
+// key's TTL on the server, then waits until the client declares the hold
+// lost: the state a fixed lease's loss margin or a renewal whose reply came
+// late leaves, made deterministic.
+func keepKeyAfterClientLoss(t *testing.T, srv *redistest.Server, m *mutex.Mutex) int64 {
+	t.Helper()
+	ctx := context.Background()
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	token := m.Token()
+	if n, err := srv.Do("PEXPIRE", lockKey(m.Name()), "60000"); err != nil || n != "1" {
+		t.Fatalf("PEXPIRE = %q, %v", n, err)
+	}
+	select {
+	case <-m.Lost():
+	case <-time.After(signal):
+		t.Fatal("the fixed lease did not end on the client")
+	}
+	if !errors.Is(m.Err(), mutex.ErrLost) {
+		t.Fatalf("Err() = %v, want ErrLost", m.Err())
+	}
+	return token
+}
+
+// TestTokenNotReusedAfterLoss: a hold declared lost while the server still
+// keeps it under the same owner must not hand its token out again.
+func TestTokenNotReusedAfterLoss(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{})
+	m := newMutex(t, l, "reuse", mutex.WithLease(100*time.Millisecond))
+	old := keepKeyAfterClientLoss(t, srv, m)
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m.Token() <= old {
+		t.Fatalf("token after the loss = %d, want greater than the lost hold's %d", m.Token(), old)
+	}
+	if info, _ := m.Info(ctx); info.Token != m.Token() || info.Holds != 1 {
+		t.Fatalf("Info = %+v, want token %d with 1 hold", info, m.Token())
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUnlockAfterLossGivesBackOrphan: Unlock after a loss reports
+// ErrNotHeld, and releases what the server still keeps of the lost hold
+// instead of leaving it to block others for the rest of its lease.
+func TestUnlockAfterLossGivesBackOrphan(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{})
+	m := newMutex(t, l, "orphan", mutex.WithLease(100*time.Millisecond))
+	keepKeyAfterClientLoss(t, srv, m)
+	if err := m.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) || !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("Unlock after loss = %v, want ErrNotHeld wrapping ErrLost", err)
+	}
+	if info, err := m.Info(ctx); err != nil || info.Held {
+		t.Fatalf("Info after Unlock = %+v, %v; want the orphaned hold released", info, err)
+	}
+	other := newMutex(t, l, "orphan")
+	if err := other.TryLock(ctx); err != nil {
+		t.Fatalf("another owner's TryLock = %v, want the lock free", err)
+	}
+	// A second Unlock does nothing more (and must not touch other's hold).
+	if err := m.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
+		t.Fatalf("second Unlock = %v, want ErrNotHeld", err)
+	}
+	if info, _ := other.Info(ctx); info.Owner != other.Owner() {
+		t.Fatalf("Info = %+v, want held by the other owner", info)
+	}
+	other.Unlock(ctx)
+}
+
+// TestTakeoverWithSameOwner: a second Mutex with the same owner id (the
+// documented WithOwner takeover after a restart, when the old process was
+// only paused) gets a new, greater token, and the old holder is told it
+// lost the lock instead of renewing it as its own.
+func TestTakeoverWithSameOwner(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	opts := mutex.Options{WatchdogLease: 300 * time.Millisecond}
+	oldProc, newProc := newLocker(t, client, opts), newLocker(t, client, opts)
+	a := newMutex(t, oldProc, "takeover:"+t.Name(), mutex.WithOwner("worker-7"))
+	b := newMutex(t, newProc, "takeover:"+t.Name(), mutex.WithOwner("worker-7"))
+	if err := a.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b.Token() <= a.Token() {
+		t.Fatalf("takeover token %d, want greater than the old holder's %d", b.Token(), a.Token())
+	}
+	select {
+	case <-a.Lost():
+	case <-time.After(signal):
+		t.Fatal("the old holder was not told of the takeover")
+	}
+	if !errors.Is(a.Err(), mutex.ErrLost) {
+		t.Fatalf("old holder's Err() = %v, want ErrLost", a.Err())
+	}
+	if err := a.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
+		t.Fatalf("old holder's Unlock = %v, want ErrNotHeld", err)
+	}
+	if info, _ := b.Info(ctx); !info.Held || info.Token != b.Token() {
+		t.Fatalf("Info = %+v, want still held with token %d", info, b.Token())
+	}
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNestedLockAfterTakeover: the outer hold is released behind the
+// holder's back and another owner takes the lock. A nested Lock must report
+// the loss at once, not wait and then return nil as if it had nested.
+func TestNestedLockAfterTakeover(t *testing.T) {
+	ctx := context.Background()
+	for _, tg := range realTargets {
+		t.Run(tg.name, func(t *testing.T) {
+			l := newLocker(t, clientFor(t, tg), mutex.Options{})
+			name := "nested-takeover:" + t.Name()
+			m, other := newMutex(t, l, name), newMutex(t, l, name)
+			if err := m.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			lost := m.Lost()
+			if ok, err := other.ForceUnlock(ctx); err != nil || !ok {
+				t.Fatalf("ForceUnlock = %v, %v", ok, err)
+			}
+			if err := other.TryLock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// Far shorter than the 30 s lease the old code would wait out,
+			// far longer than one round trip on a loaded machine.
+			lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			if err := m.Lock(lctx); !errors.Is(err, mutex.ErrLost) {
+				t.Fatalf("nested Lock after a takeover = %v (holds %d), want ErrLost", err, m.Holds())
+			}
+			select {
+			case <-lost:
+			default:
+				t.Fatal("Lost not closed")
+			}
+			if m.Holds() != 0 || m.Token() != 0 {
+				t.Fatalf("Holds %d, Token %d; want 0, 0", m.Holds(), m.Token())
+			}
+			if info, _ := other.Info(ctx); info.Owner != other.Owner() || info.Holds != 1 {
+				t.Fatalf("Info = %+v, want the other owner's single hold untouched", info)
+			}
+			other.Unlock(ctx)
+		})
+	}
+}
+
+// TestNoLossAfterCleanUnlock: with renewals every 10 ms, some land just
+// after a release and find the key gone. A successful Unlock must never be
+// followed by a loss signal for the hold it released.
+func TestNoLossAfterCleanUnlock(t *testing.T) {
+	ctx := context.Background()
+	l := newLocker(t, redistest.Client(t, redistest.Single(t).Addr()), mutex.Options{WatchdogLease: 30 * time.Millisecond})
+	m := newMutex(t, l, "clean-unlock")
+	clean := 0
+	for i := range 300 {
+		if err := m.Lock(ctx); err != nil {
+			continue // a false loss under load is another matter
+		}
+		lost := m.Lost()
+		// Hold across about one renewal period so releases meet renewals.
+		time.Sleep(time.Duration(i%12) * time.Millisecond)
+		if err := m.Unlock(ctx); err != nil {
+			continue
+		}
+		clean++
+		if err := m.Err(); err != nil {
+			t.Fatalf("cycle %d: Unlock returned nil, then Err() = %v", i, err)
+		}
+		select {
+		case <-lost:
+			t.Fatalf("cycle %d: Lost closed after a clean Unlock", i)
+		default:
+		}
+	}
+	if clean < 100 {
+		t.Fatalf("only %d of 300 cycles unlocked cleanly; the test did not exercise the race", clean)
+	}
+}
+
+// TestStaleAttemptCannotRetag runs the lock and give-back scripts in the
+// order a late abandoned attempt produces: attempt 2 of a Mutex holds the
+// lock when its abandoned attempt 1 arrives. Attempt 1 must be refused, so
+// that the give-back of attempt 1 leaves attempt 2's hold alone.
+func TestStaleAttemptCannotRetag(t *testing.T) {
+	ctx := context.Background()
+	sc, err := scriptcache.New(ctx, redistest.Client(t, redistest.Single(t).Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, _ := sc.Script("mutex_lock")
+	abandon, _ := sc.Script("mutex_abandon")
+	keys := []string{lockKey("retag"), lockKey("retag") + ":w"}
+	attempt := func(id string) []int64 {
+		vs, err := lock.Exec(ctx, keys[:1], []string{"owner", "30000", "0", id, ""}).AsIntSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vs
+	}
+	if got := attempt("n0nce.2"); got[0] != 1 {
+		t.Fatalf("attempt 2 = %v, want granted", got)
+	}
+	if got := attempt("n0nce.1"); got[0] != 0 {
+		t.Fatalf("late attempt 1 = %v, want refused while attempt 2 holds", got)
+	}
+	if n, _ := abandon.Exec(ctx, keys, []string{"owner", "n0nce.1", "p", "1000"}).AsInt64(); n != 0 {
+		t.Fatalf("give-back of attempt 1 released %d holds, want 0", n)
+	}
+	vals, _ := sc.Client().Do(ctx, sc.Client().B().Hmget().Key(keys[0]).Field("o", "a").Build()).AsStrSlice()
+	if len(vals) != 2 || vals[0] != "owner" || vals[1] != "n0nce.2" {
+		t.Fatalf("hash = %q, want held by attempt 2", vals)
+	}
+	// Another value of the same owner (a restart with WithOwner) is not
+	// ordered against this one: it takes over with a new token.
+	before := attempt("n0nce.2")[2]
+	if got := attempt("0ther.1"); got[0] != 1 || got[2] <= before {
+		t.Fatalf("takeover by another value = %v, want granted with a token above %d", got, before)
+	}
+}
+
+// TestReplicaAcksHonoursContext: with ReplicaAcks, Lock on a server that
+// stopped answering returns when its context ends, and the grant the server
+// makes when it wakes is given back rather than held for the lease.
+func TestReplicaAcksHonoursContext(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	client := redistest.Client(t, srv.Addr())
+	l := newLocker(t, client, mutex.Options{ReplicaAcks: 1, ReplicaTimeout: 20 * time.Millisecond})
+	m := newMutex(t, l, "acks-ctx")
+	if err := m.TryLock(ctx); !errors.Is(err, mutex.ErrNotReplicated) { // opens the connections
+		t.Fatalf("TryLock = %v, want ErrNotReplicated", err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	start := time.Now()
+	err := m.Lock(short)
+	elapsed := time.Since(start)
+	cancel()
+	if rerr := srv.Resume(); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if !errors.Is(err, mutex.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock on a paused server = %v, want ErrNotObtained and DeadlineExceeded", err)
+	}
+	// The server stayed paused until Lock returned; the bound only tells the
+	// 200 ms context from the call's own WaitSlack.
+	if elapsed > scriptcache.WaitSlack/2 {
+		t.Fatalf("Lock returned after %v, want soon after its 200 ms context", elapsed)
+	}
+	plain := newMutex(t, newLocker(t, client, mutex.Options{}), "acks-ctx")
+	lctx, cancel := context.WithTimeout(ctx, signal)
+	defer cancel()
+	if err := plain.Lock(lctx); err != nil {
+		t.Fatalf("the late grant was not given back: %v", err)
+	}
+	plain.Unlock(ctx)
+}
