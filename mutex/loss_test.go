@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/mutex"
 	"github.com/sluicekit/sluice/scriptcache"
@@ -286,4 +288,31 @@ func TestReplicaAcksHonoursContext(t *testing.T) {
 		t.Fatalf("the late grant was not given back: %v", err)
 	}
 	plain.Unlock(ctx)
+}
+
+// TestSubscribeRefused: a Redis 7 ACL user without channel permissions gets
+// NOPERM for SUBSCRIBE. A Lock that has to wait must say so, not poll at
+// the pace of the holder's 30 s lease.
+func TestSubscribeRefused(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	if _, err := srv.Do("ACL", "SETUSER", "nochannels", "on", ">pw", "~*", "+@all", "resetchannels"); err != nil {
+		t.Fatal(err)
+	}
+	holder := newMutex(t, newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{}), "acl")
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	limited, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, Username: "nochannels", Password: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer limited.Close()
+	waiter := newMutex(t, newLocker(t, limited, mutex.Options{}), "acl")
+	lctx, cancel := context.WithTimeout(ctx, signal)
+	defer cancel()
+	if err := waiter.Lock(lctx); !errors.Is(err, mutex.ErrSubscribe) || errors.Is(err, mutex.ErrNotObtained) {
+		t.Fatalf("Lock by a user without channels = %v, want ErrSubscribe (not a timeout)", err)
+	}
+	holder.Unlock(ctx)
 }

@@ -123,6 +123,13 @@ var (
 	// ErrNotReplicated means Options.ReplicaAcks replicas did not confirm
 	// an acquisition in time; it was released again and is not held.
 	ErrNotReplicated = errors.New("mutex: acquisition not acknowledged by replicas")
+	// ErrSubscribe means Redis refused the subscription a waiting Lock
+	// needs to hear of releases (NOPERM: a Redis 7 ACL user gets no
+	// channels by default; grant it the lock channels, e.g. &sluice:mutex:*).
+	// Lock returns it rather than silently polling at the pace of the
+	// holder's lease. The releasing scripts PUBLISH too, so such a user
+	// cannot Unlock either.
+	ErrSubscribe = notify.ErrSubscribe
 )
 
 // Defaults for Options.
