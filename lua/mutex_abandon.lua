@@ -1,10 +1,11 @@
 -- mutex_abandon: give back an acquisition whose caller gave up waiting for
 -- the reply of its Lock, so that nobody holds a lock nobody knows of.
 --
--- The client sends this right after abandoning the attempt, on the same
--- connection (same key, same slot), so Redis runs it after that attempt. It
--- releases only if the hold was made by that very attempt: a later Lock of
--- the same owner records its own attempt id, and is left alone.
+-- The client sends this once the late reply of the abandoned attempt shows
+-- a grant (or its connection failed, outcome unknown). It releases only if
+-- the hold was made by that very attempt: a later Lock of the same Mutex
+-- records its own attempt id, and mutex_lock refuses an older attempt that
+-- arrives after a newer one holds, so the give-back cannot hit a newer hold.
 --
 -- KEYS[1]  lock hash
 -- KEYS[2]  wake-up channel
