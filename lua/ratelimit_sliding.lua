@@ -6,6 +6,10 @@
 -- window's count, weighted by the share of it still inside the sliding
 -- window, plus the current window's count. This smooths the 2x burst a fixed
 -- window lets through at its boundary while keeping two counters per key.
+-- It is an estimate that assumes the previous window's requests were spread
+-- evenly: if they all came at its end, up to 2*limit-1 requests can pass
+-- within one window length across the boundary. One aligned window never
+-- passes more than limit.
 -- The counters live in one hash, so the key is known before the script reads
 -- the time (cluster routing needs it). A denied request does not count.
 --

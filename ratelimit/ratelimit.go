@@ -301,7 +301,10 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 		if interval*float64(burst) > float64(maxPeriod.Microseconds()) {
 			return nil, fmt.Errorf("%w: burst %d at %v takes longer than %v to refill", ErrInvalidLimit, burst, lim, maxPeriod)
 		}
-		l.arg0 = strconv.FormatFloat(interval, 'g', -1, 64)
+		// 'f', not 'g': intervals of a second or more would go out in
+		// exponent form ("1e+07"), which Redis's Lua reads but some
+		// embedded Lua interpreters (miniredis's) do not.
+		l.arg0 = strconv.FormatFloat(interval, 'f', -1, 64)
 		l.arg1 = strconv.Itoa(burst)
 		name, l.suffix, l.unit = "ratelimit_gcra", ":g", time.Microsecond
 	default:
