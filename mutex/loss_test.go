@@ -18,8 +18,9 @@ import (
 
 func lockKey(name string) string { return mutex.DefaultPrefix + "{" + name + "}" }
 
-// keepKeyAfterClientLoss takes m (with a short fixed lease) and stretches the
-// key's TTL on the server, then waits until the client declares the hold
+// keepKeyAfterClientLoss takes m (with a fixed lease of a second: the
+// PEXPIRE must come before it ends, even on a loaded machine) and stretches
+// the key's TTL on the server, then waits until the client declares the hold
 // lost: the state a fixed lease's loss margin or a renewal whose reply came
 // late leaves, made deterministic.
 func keepKeyAfterClientLoss(t *testing.T, srv *redistest.Server, m *mutex.Mutex) int64 {
@@ -49,7 +50,7 @@ func TestTokenNotReusedAfterLoss(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.NewServer(t)
 	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{})
-	m := newMutex(t, l, "reuse", mutex.WithLease(100*time.Millisecond))
+	m := newMutex(t, l, "reuse", mutex.WithLease(time.Second))
 	old := keepKeyAfterClientLoss(t, srv, m)
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
@@ -72,7 +73,7 @@ func TestUnlockAfterLossGivesBackOrphan(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.NewServer(t)
 	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{})
-	m := newMutex(t, l, "orphan", mutex.WithLease(100*time.Millisecond))
+	m := newMutex(t, l, "orphan", mutex.WithLease(time.Second))
 	keepKeyAfterClientLoss(t, srv, m)
 	if err := m.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) || !errors.Is(err, mutex.ErrLost) {
 		t.Fatalf("Unlock after loss = %v, want ErrNotHeld wrapping ErrLost", err)
@@ -204,7 +205,7 @@ func TestNoLossAfterCleanUnlock(t *testing.T) {
 		default:
 		}
 	}
-	if clean < 100 {
+	if clean < 30 {
 		t.Fatalf("only %d of 300 cycles unlocked cleanly; the test did not exercise the race", clean)
 	}
 }
