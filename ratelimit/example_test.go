@@ -36,7 +36,7 @@ func newScriptCache() (*scriptcache.Cache, func()) {
 
 // Per-IP rate limiting of a net/http server: two requests per minute per
 // client address, then 429 with Retry-After.
-func ExampleMiddleware() {
+func ExampleNewMiddleware() {
 	sc, done := newScriptCache()
 	defer done()
 
@@ -50,8 +50,14 @@ func ExampleMiddleware() {
 	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "hello")
 	})
+	// Behind a proxy, list it in TrustedProxies and name the header it
+	// writes in ClientIPHeader; here clients connect directly.
+	limit, err := ratelimit.NewMiddleware(limiter, ratelimit.MiddlewareOptions{})
+	if err != nil {
+		panic(err)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/", ratelimit.Middleware(limiter, ratelimit.MiddlewareOptions{})(hello))
+	mux.Handle("/", limit(hello))
 
 	srv := httptest.NewServer(mux)
 	defer srv.Close()

@@ -72,7 +72,8 @@ type MiddlewareOptions struct {
 	// Default none: the key is the connection's address and headers are
 	// ignored. IPv4 proxies may be written as IPv4 prefixes or as
 	// IPv4-mapped IPv6 prefixes (::ffff:10.0.0.0/104 is 10.0.0.0/8);
-	// peers are compared unmapped. An invalid (zero) prefix is an error.
+	// peers are compared unmapped, so other IPv6 prefixes, even ::/0, match
+	// no IPv4 peer. An invalid (zero) prefix is an error.
 	TrustedProxies []netip.Prefix
 	// ClientIPHeader is the header read from a trusted proxy. Default
 	// XForwardedFor; see ClientIPHeader for why only one is read.

@@ -130,6 +130,10 @@ func TestClientIPMappedPrefixes(t *testing.T) {
 			}
 		})
 	}
+	// Other IPv6 prefixes, even ::/0, do not cover IPv4 peers.
+	if ip, err := ClientIP(request("10.1.2.3:1", "X-Forwarded-For", "198.51.100.9"), []netip.Prefix{netip.MustParsePrefix("::/0")}, XForwardedFor); err != nil || ip.String() != "10.1.2.3" {
+		t.Fatalf("IPv4 peer with ::/0 trusted: ClientIP = %v, %v; want the peer 10.1.2.3", ip, err)
+	}
 	r := request("11.0.0.1:1", "X-Forwarded-For", "198.51.100.9")
 	if ip, err := ClientIP(r, mapped, XForwardedFor); err != nil || ip.String() != "11.0.0.1" {
 		t.Fatalf("peer outside the mapped prefix: ClientIP = %v, %v; want 11.0.0.1", ip, err)
@@ -419,26 +423,41 @@ func TestMiddlewareRedisDown(t *testing.T) {
 	}
 }
 
-// FuzzClientIP feeds arbitrary RemoteAddr and header values to ClientIP and
+// FuzzClientIP feeds arbitrary RemoteAddr, X-Forwarded-For, X-Real-IP and
+// Forwarded values to ClientIP, with each header choice, and the result to
 // IPKey: they must not panic, must return a clean address that came from
-// the request, and must give a key the limiter accepts.
+// the peer or the configured header (never from another header), and must
+// give a key the limiter accepts.
 func FuzzClientIP(f *testing.F) {
-	f.Add("203.0.113.7:1234", "1.2.3.4", "")
-	f.Add("10.0.0.1:80", "6.6.6.6, 198.51.100.9, 10.0.0.2", "5.5.5.5")
-	f.Add("[fd00::1]:1", "[2001:db8::1]:80,fd00::2", "")
-	f.Add("[fe80::1%eth0]:443", "::ffff:1.2.3.4", "x")
-	f.Fuzz(func(t *testing.T, remote, xff, realIP string) {
+	f.Add("203.0.113.7:1234", "1.2.3.4", "", "", uint8(0))
+	f.Add("10.0.0.1:80", "6.6.6.6, 198.51.100.9, 10.0.0.2", "5.5.5.5", "for=7.7.7.7", uint8(1))
+	f.Add("[fd00::1]:1", "[2001:db8::1]:80,fd00::2", "", `for="[2001:db8::1]:80", for=10.0.0.2`, uint8(2))
+	f.Add("[fe80::1%eth0]:443", "::ffff:1.2.3.4", "x", "for=unknown", uint8(2))
+	f.Fuzz(func(t *testing.T, remote, xff, realIP, fwd string, header uint8) {
+		h := ClientIPHeader(header % 4) // 3 is not a header
 		r := &http.Request{RemoteAddr: remote, Header: http.Header{}}
 		for _, line := range strings.Split(xff, "\n") {
 			r.Header.Add("X-Forwarded-For", line)
 		}
 		r.Header.Set("X-Real-IP", realIP)
-		ip, err := ClientIP(r, testProxies, XForwardedFor)
+		for _, line := range strings.Split(fwd, "\n") {
+			r.Header.Add("Forwarded", line)
+		}
+		ip, err := ClientIP(r, testProxies, h)
 		if err != nil {
+			if h > Forwarded {
+				if !errors.Is(err, ErrInvalidOptions) {
+					t.Fatalf("ClientIP with header %d: error %v; want ErrInvalidOptions", h, err)
+				}
+				return
+			}
 			if !errors.Is(err, ErrNoClientIP) {
 				t.Fatalf("ClientIP error %v; want ErrNoClientIP", err)
 			}
 			return
+		}
+		if h > Forwarded {
+			t.Fatalf("ClientIP with header %d = %v; want an error", h, ip)
 		}
 		if !ip.IsValid() || ip.Zone() != "" || ip.Is4In6() {
 			t.Fatalf("ClientIP = %#v; want a valid, unzoned, unmapped address", ip)
@@ -447,18 +466,35 @@ func FuzzClientIP(f *testing.F) {
 		if !trusted(peer, testProxies) && ip != peer {
 			t.Fatalf("untrusted peer %v: ClientIP = %v; want the peer", peer, ip)
 		}
-		if ip != peer && !strings.Contains(xff+realIP, ip.String()) && !strings.Contains(strings.ToLower(xff+realIP), ip.String()) {
+		if ip != peer {
 			// The address may be written differently in the header
-			// (leading zeros, upper case, mapped form); parse every
-			// candidate to be sure it came from there.
+			// (leading zeros, upper case, mapped form, quoted); parse every
+			// candidate of the configured header to be sure it came from
+			// there.
 			found := false
-			for _, s := range strings.FieldsFunc(xff+","+realIP, func(c rune) bool { return c == ',' || c == '\n' }) {
-				if a, ok := parseIP(s); ok && a == ip {
-					found = true
+			switch h {
+			case XForwardedFor:
+				for _, s := range strings.FieldsFunc(xff, func(c rune) bool { return c == ',' || c == '\n' }) {
+					if a, ok := parseIP(s); ok && a == ip {
+						found = true
+					}
+				}
+			case XRealIP:
+				a, ok := parseIP(realIP)
+				found = ok && a == ip
+			case Forwarded:
+				var nodes []string
+				for _, line := range strings.Split(fwd, "\n") {
+					nodes = appendForwardedFor(nodes, line)
+				}
+				for _, n := range nodes {
+					if a, ok := parseForwardedNode(n); ok && a == ip {
+						found = true
+					}
 				}
 			}
 			if !found {
-				t.Fatalf("ClientIP = %v, which is neither the peer nor in the headers", ip)
+				t.Fatalf("ClientIP(%v) = %v, which is neither the peer nor in that header", h, ip)
 			}
 		}
 		for _, bits := range [][2]int{{0, 0}, {24, 48}, {-1, 200}} {
@@ -489,5 +525,121 @@ func TestMiddlewareFloodCostsNoRedisCalls(t *testing.T) {
 	}
 	if got := evalshaCalls(t, srv); got != 2 {
 		t.Fatalf("EVALSHA calls %d for 200 requests; want 2 (one allowed, one denied, the rest local)", got)
+	}
+}
+
+func TestNewMiddlewareValidation(t *testing.T) {
+	sc := newCache(t, redistest.Single(t).Addr())
+	l := newLimiter(t, sc, Options{Limit: PerMinute(1)})
+	tests := []struct {
+		name string
+		l    *Limiter
+		opts MiddlewareOptions
+	}{
+		{"nil limiter", nil, MiddlewareOptions{}},
+		{"negative timeout", l, MiddlewareOptions{Timeout: -time.Second}},
+		{"negative unavailable retry-after", l, MiddlewareOptions{UnavailableRetryAfter: -1}},
+		{"negative ipv4 prefix", l, MiddlewareOptions{IPv4PrefixLen: -1}},
+		{"ipv4 prefix over 32", l, MiddlewareOptions{IPv4PrefixLen: 33}},
+		{"negative ipv6 prefix", l, MiddlewareOptions{IPv6PrefixLen: -8}},
+		{"ipv6 prefix over 128", l, MiddlewareOptions{IPv6PrefixLen: 129}},
+		{"unknown header", l, MiddlewareOptions{ClientIPHeader: 3}},
+		{"negative header", l, MiddlewareOptions{ClientIPHeader: -1}},
+		{"zero prefix", l, MiddlewareOptions{TrustedProxies: []netip.Prefix{testProxies[0], {}}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mw, err := NewMiddleware(tt.l, tt.opts)
+			if !errors.Is(err, ErrInvalidOptions) || mw != nil {
+				t.Fatalf("NewMiddleware = %v, %v; want nil, ErrInvalidOptions", mw != nil, err)
+			}
+			if !strings.HasPrefix(err.Error(), "ratelimit: ") {
+				t.Errorf("error %q lacks the package prefix", err)
+			}
+			defer func() {
+				if p, ok := recover().(error); !ok || !errors.Is(p, ErrInvalidOptions) {
+					t.Errorf("Middleware panicked with %v; want the NewMiddleware error", p)
+				}
+			}()
+			Middleware(tt.l, tt.opts)
+		})
+	}
+	for _, opts := range []MiddlewareOptions{
+		{},
+		{IPv4PrefixLen: 32, IPv6PrefixLen: 128, ClientIPHeader: Forwarded, Timeout: time.Second},
+		{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104"), netip.MustParsePrefix("::/0")}},
+	} {
+		if mw, err := NewMiddleware(l, opts); err != nil || mw == nil {
+			t.Errorf("NewMiddleware(%+v) = %v, %v; want middleware, nil", opts, mw != nil, err)
+		}
+	}
+}
+
+// TestMiddlewareClientIPHeader checks the configured header end to end:
+// behind a proxy that sets X-Real-IP, a forged X-Forwarded-For must not
+// choose the key, and a trusted proxy given in IPv4-mapped form is trusted.
+func TestMiddlewareClientIPHeader(t *testing.T) {
+	sc := newCache(t, redistest.Single(t).Addr())
+	newHandler := func(t *testing.T, opts MiddlewareOptions) http.Handler {
+		l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(1)})
+		mw, err := NewMiddleware(l, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mw(okHandler)
+	}
+	t.Run("X-Real-IP with forged XFF", func(t *testing.T) {
+		h := newHandler(t, MiddlewareOptions{TrustedProxies: testProxies, ClientIPHeader: XRealIP})
+		for i := range 4 {
+			forged := "6.6.6." + strconv.Itoa(i)
+			w := serve(h, request("10.0.0.1:80", "X-Real-IP", "198.51.100.9", "X-Forwarded-For", forged))
+			if want := map[bool]int{true: 200, false: 429}[i == 0]; w.Code != want {
+				t.Fatalf("request %d with XFF %s: status %d; want %d (the key is X-Real-IP's)", i+1, forged, w.Code, want)
+			}
+		}
+	})
+	t.Run("Forwarded", func(t *testing.T) {
+		h := newHandler(t, MiddlewareOptions{TrustedProxies: testProxies, ClientIPHeader: Forwarded})
+		for i, tc := range []struct {
+			fwd  string
+			want int
+		}{
+			{`for="[2001:db8:1:2::1]:443", for=10.0.0.2`, 200},
+			{`for=6.6.6.6, for="[2001:db8:1:2::77]"`, 429}, // same /64
+			{`for=198.51.100.9`, 200},
+		} {
+			if w := serve(h, request("10.0.0.1:80", "Forwarded", tc.fwd, "X-Forwarded-For", "6.6.6."+strconv.Itoa(i))); w.Code != tc.want {
+				t.Fatalf("Forwarded %q: status %d; want %d", tc.fwd, w.Code, tc.want)
+			}
+		}
+	})
+	t.Run("mapped trusted prefix", func(t *testing.T) {
+		h := newHandler(t, MiddlewareOptions{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}})
+		for i, remote := range []string{"10.0.0.1:80", "[::ffff:10.0.0.2]:80"} {
+			xff := "198.51.100." + strconv.Itoa(i)
+			if w := serve(h, request(remote, "X-Forwarded-For", xff)); w.Code != 200 {
+				t.Fatalf("%s with XFF %s: status %d; want 200 (a client of its own)", remote, xff, w.Code)
+			}
+		}
+	})
+}
+
+// TestMiddlewareUnavailableRetryAfter checks the 503 of FailClosed: no
+// Retry-After by default, UnavailableRetryAfter rounded up when set.
+func TestMiddlewareUnavailableRetryAfter(t *testing.T) {
+	srv := redistest.NewServer(t)
+	sc := newCache(t, srv.Addr())
+	l := newLimiter(t, sc, Options{Limit: PerMinute(100)})
+	srv.Kill()
+	var errs errRecorder
+	for _, tc := range []struct {
+		retry time.Duration
+		want  string
+	}{{0, ""}, {1500 * time.Millisecond, "2"}, {time.Minute, "60"}} {
+		h := Middleware(l, MiddlewareOptions{OnError: errs.record, FailClosed: true, UnavailableRetryAfter: tc.retry})(okHandler)
+		w := serve(h, request("192.0.2.1:1"))
+		if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != tc.want {
+			t.Errorf("UnavailableRetryAfter %v: status %d, Retry-After %q; want 503, %q", tc.retry, w.Code, w.Header().Get("Retry-After"), tc.want)
+		}
 	}
 }

@@ -435,3 +435,36 @@ func TestRoundPeriods(t *testing.T) {
 		}
 	}
 }
+
+// TestCostAboveLimit checks the documented choice: a cost above what the
+// limit can ever allow at once is ErrCostTooHigh without a round trip, for
+// every algorithm, while the largest cost that fits is allowed on a fresh
+// key.
+func TestCostAboveLimit(t *testing.T) {
+	srv := redistest.NewServer(t)
+	sc := newCache(t, srv.Addr())
+	for _, tc := range []struct {
+		opts     Options
+		capacity int
+	}{
+		{Options{Algorithm: FixedWindow, Limit: PerMinute(5)}, 5},
+		{Options{Algorithm: SlidingWindow, Limit: PerMinute(5)}, 5},
+		{Options{Algorithm: GCRA, Limit: PerMinute(5)}, 5},
+		{Options{Algorithm: GCRA, Limit: Limit{Rate: 5, Period: time.Minute, Burst: 8}}, 8},
+	} {
+		t.Run(tc.opts.Algorithm.String()+"/"+tc.opts.Limit.String(), func(t *testing.T) {
+			l := newLimiter(t, sc, tc.opts)
+			resetStats(t, srv)
+			res, err := l.AllowN(context.Background(), "k", tc.capacity+1)
+			if !errors.Is(err, ErrCostTooHigh) || res != (Result{}) {
+				t.Fatalf("AllowN(%d) = %+v, %v; want ErrCostTooHigh", tc.capacity+1, res, err)
+			}
+			if got := evalshaCalls(t, srv); got != 0 {
+				t.Fatalf("AllowN(%d) ran %d scripts; want 0", tc.capacity+1, got)
+			}
+			if res := allow(t, l, "k", tc.capacity); !res.Allowed || res.Remaining != 0 {
+				t.Fatalf("AllowN(%d) on a fresh key: got %+v; want allowed with 0 remaining", tc.capacity, res)
+			}
+		})
+	}
+}
