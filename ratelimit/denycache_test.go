@@ -176,7 +176,7 @@ func TestDenyCacheLookupResult(t *testing.T) {
 // has just reset. The afterReply hook holds the reply at that point, so the
 // interleaving is the same on every run.
 func TestResetDuringDenial(t *testing.T) {
-	sc := newCache(t, redistest.Single(t).Addr())
+	sc := newCache(t, redistest.NewServer(t).Addr())
 	for _, algo := range algorithms {
 		t.Run(algo.String(), func(t *testing.T) {
 			l := newLimiter(t, sc, Options{Algorithm: algo, Limit: PerHour(1)})

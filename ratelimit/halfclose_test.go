@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicekit/sluice/internal/faultproxy"
 	"github.com/sluicekit/sluice/internal/redistest"
 )
 
@@ -60,7 +61,7 @@ func keyAfterHalfClose(key string) func(r *http.Request) (string, error) {
 // like any other, not let through by fail-open because their request's
 // context was cancelled.
 func TestMiddlewareHalfClose(t *testing.T) {
-	sc := newCache(t, redistest.Single(t).Addr())
+	sc := newCache(t, redistest.NewServer(t).Addr())
 	l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(1), DisableDenyCache: true})
 	var errs errRecorder
 	h := Middleware(l, MiddlewareOptions{OnError: errs.record, KeyFunc: keyAfterHalfClose("203.0.113.50")})(okHandler)
@@ -114,5 +115,38 @@ func TestMiddlewareHalfCloseRedisDown(t *testing.T) {
 	open := Middleware(l, MiddlewareOptions{OnError: errs.record})(handler)
 	if w := serve(open, request("203.0.113.52:1")); w.Code != http.StatusOK || ran.Load() != 1 {
 		t.Errorf("connected client with Redis down: status %d, handler ran %d times; want 200 and 1", w.Code, ran.Load())
+	}
+}
+
+// TestMiddlewareHalfCloseSlowRedis is the bypass as it was found, without
+// hooks: the default KeyFunc, and Redis 0.5ms away behind a proxy, so the
+// half-close usually arrives while the script is in flight. The outcome
+// must not depend on that timing: every request past the limit is denied.
+// (On the old code most of these requests were served.)
+func TestMiddlewareHalfCloseSlowRedis(t *testing.T) {
+	srv := redistest.NewServer(t)
+	p, err := faultproxy.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.SetLatency(500*time.Microsecond, 0)
+	sc := newCache(t, p.Addr())
+	l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(1), DisableDenyCache: true})
+	var errs errRecorder
+	// A generous timeout: a loaded machine must not turn a denial into a
+	// timeout.
+	h := Middleware(l, MiddlewareOptions{OnError: errs.record, Timeout: time.Minute})(okHandler)
+	hs := httptest.NewServer(h)
+	defer hs.Close()
+	served := 0
+	const requests = 20
+	for range requests {
+		if halfClosedGet(t, hs.Listener.Addr().String()) == http.StatusOK {
+			served++
+		}
+	}
+	if served != 1 {
+		t.Errorf("%d of %d half-closed requests served with a limit of 1; want 1 (errors: %v)", served, requests, errs.list())
 	}
 }

@@ -579,7 +579,7 @@ func TestNewMiddlewareValidation(t *testing.T) {
 // behind a proxy that sets X-Real-IP, a forged X-Forwarded-For must not
 // choose the key, and a trusted proxy given in IPv4-mapped form is trusted.
 func TestMiddlewareClientIPHeader(t *testing.T) {
-	sc := newCache(t, redistest.Single(t).Addr())
+	sc := newCache(t, redistest.NewServer(t).Addr())
 	newHandler := func(t *testing.T, opts MiddlewareOptions) http.Handler {
 		l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(1)})
 		mw, err := NewMiddleware(l, opts)

@@ -39,12 +39,14 @@
 //
 // # HTTP middleware
 //
-// Middleware limits requests per client IP (IPv6 grouped by /64), trusting
-// X-Forwarded-For and X-Real-IP only from configured proxies, and answers
-// with the RateLimit-Policy and RateLimit header fields of
+// NewMiddleware limits requests per client IP (IPv6 grouped by /64). It
+// reads one configured header (X-Forwarded-For by default, X-Real-IP or RFC
+// 7239 Forwarded) and only from configured proxies, and answers with the
+// RateLimit-Policy and RateLimit header fields of
 // draft-ietf-httpapi-ratelimit-headers-11 and 429 Too Many Requests with
 // Retry-After. When Redis is unreachable it fails open by default, after a
-// bounded wait that the client cannot cut short.
+// bounded wait that the client cannot cut short, and never for a client
+// that has gone.
 //
 // # Keys
 //
@@ -86,7 +88,8 @@ var (
 	// round trip.
 	ErrCostTooHigh = errors.New("ratelimit: cost exceeds the limit")
 	// ErrInvalidOptions means an Options field other than Limit,
-	// Algorithm and Prefix is out of range.
+	// Algorithm and Prefix is out of range, or NewMiddleware was given a
+	// nil Limiter or a MiddlewareOptions field out of range.
 	ErrInvalidOptions = errors.New("ratelimit: invalid options")
 	// ErrUnexpectedReply means a script returned something this package
 	// does not understand, such as a key holding another type of value.
