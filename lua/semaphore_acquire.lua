@@ -8,10 +8,11 @@
 -- keys expire at the latest permit expiry and are deleted when the last
 -- permit goes, so nothing outlives the permits.
 --
--- Up to 16 expired permits are reclaimed per call (bounded work); if more
--- remain, the reply's wait is 0 and the caller simply calls again. When the
--- reclaim frees capacity that this call does not take, the free count is
--- published so waiters elsewhere try again.
+-- Up to 16 expired permits are reclaimed per call (bounded work), plus the
+-- caller's own id if its earlier grant expired, so that it is not counted
+-- twice; if more remain, the reply's wait is 0 and the caller simply calls
+-- again. When the reclaim frees capacity that this call does not take, the
+-- free count is published so waiters elsewhere try again.
 --
 -- The capacity is fixed while any permit is held: a caller with another
 -- capacity is refused (status -1). When no permit is held, the caller's
@@ -46,9 +47,23 @@ local id = ARGV[3]
 local used = tonumber(redis.call('HGET', KEYS[1], ':used') or '0')
 local stored = tonumber(redis.call('HGET', KEYS[1], ':cap') or ARGV[1])
 
--- Reclaim expired permits, the oldest first.
+-- Reclaim expired permits, the oldest first, and this id's own earlier
+-- grant if it expired (a retry after a lost reply) but is not among them.
+-- Everything freed goes through the one write-back of ':used' below.
 local freed = 0
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', num(now), 'LIMIT', 0, 16)
+local own = redis.call('ZSCORE', KEYS[2], id)
+if own and tonumber(own) <= now then
+  local listed = false
+  for i = 1, #expired do
+    if expired[i] == id then
+      listed = true
+    end
+  end
+  if not listed then
+    expired[#expired + 1] = id
+  end
+end
 if #expired > 0 then
   local weights = redis.call('HMGET', KEYS[1], unpack(expired))
   for i = 1, #expired do
@@ -98,17 +113,7 @@ if n == 0 then
 end
 
 local exp = now + tonumber(ARGV[4])
-local score = redis.call('ZSCORE', KEYS[2], id)
-if score and tonumber(score) <= now then
-  -- This id's own earlier grant expired and was not reclaimed above: drop
-  -- it so its weight is not counted twice.
-  local w = tonumber(redis.call('HGET', KEYS[1], id) or '0')
-  redis.call('HDEL', KEYS[1], id)
-  redis.call('ZREM', KEYS[2], id)
-  used = used - w
-  freed = freed + w
-  score = nil
-end
+local score = redis.call('ZSCORE', KEYS[2], id) -- live if still there
 if score then
   -- Already granted to this id (a retry): renew, do not count twice.
   redis.call('ZADD', KEYS[2], num(exp), id)
