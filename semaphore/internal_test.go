@@ -5,10 +5,14 @@ package semaphore
 
 import (
 	"context"
+	"errors"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/scriptcache"
 )
@@ -68,5 +72,117 @@ func TestOwnExpiredGrantWrittenBack(t *testing.T) {
 	}
 	if got, err := s.Available(ctx); err != nil || got != 22 {
 		t.Fatalf("Available = %d, %v; want 22 (25 less the live permit's 3)", got, err)
+	}
+}
+
+// TestLossDuringReleaseDeferred: the keeper decides a loss under its lock
+// and reports it after, so a loss decided just before Release stopped the
+// lease can arrive while the release is in flight. If the release then
+// succeeds, the loss must not be signalled: Release returned nil.
+func TestLossDuringReleaseDeferred(t *testing.T) {
+	srv := redistest.NewServer(t)
+	m := internalManager(t, srv.Addr(), Options{})
+	s, err := m.NewSemaphore("deferred", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), internalWait)
+	defer cancel()
+	p, err := s.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Resume() })
+	done := make(chan error, 1)
+	go func() { done <- p.Release(context.Background()) }()
+	blockedIn(t, "semaphore.(*Permit).Release(", "scriptcache.(*Script).Exec(")
+	p.lose(lease.ErrExpired) // as the keeper reports a loss it decided before
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Release = %v, want nil", err)
+		}
+	case <-time.After(internalWait):
+		t.Fatal("Release did not return")
+	}
+	if err := p.Err(); err != nil {
+		t.Fatalf("Err after a successful Release = %v, want nil", err)
+	}
+	select {
+	case <-p.Lost():
+		t.Fatal("Lost closed after a successful Release")
+	default:
+	}
+}
+
+// TestLossDuringFailedRelease: a loss reported while a Release is in
+// flight counts once that Release fails.
+func TestLossDuringFailedRelease(t *testing.T) {
+	srv := redistest.NewServer(t)
+	m := internalManager(t, srv.Addr(), Options{})
+	s, err := m.NewSemaphore("deferred-failed", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.TryAcquire(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Release(context.Background()) }()
+	blockedIn(t, "semaphore.(*Permit).Release(", "scriptcache.(*Script).Exec(")
+	p.lose(lease.ErrExpired)
+	srv.Kill() // the release fails
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Release against a killed server = nil, want an error")
+		}
+	case <-time.After(internalWait):
+		t.Fatal("Release did not return")
+	}
+	select {
+	case <-p.Lost():
+	default:
+		t.Fatal("Lost not closed after a failed Release during which a loss was reported")
+	}
+	if err := p.Err(); !errors.Is(err, ErrLost) || !errors.Is(err, lease.ErrExpired) {
+		t.Fatalf("Err = %v, want ErrLost wrapping lease.ErrExpired", err)
+	}
+}
+
+// blockedIn waits until some goroutine's stack contains every one of fns
+// and it is blocked, so that what the test does next happens while that
+// call is in flight.
+func blockedIn(t *testing.T, fns ...string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	ok := redistest.WaitFor(context.Background(), internalWait, func() bool {
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			head, _, _ := strings.Cut(g, "\n")
+			if strings.Contains(head, "[running]") || strings.Contains(head, "[runnable]") {
+				continue
+			}
+			all := true
+			for _, fn := range fns {
+				all = all && strings.Contains(g, fn)
+			}
+			if all {
+				return true
+			}
+		}
+		return false
+	})
+	if !ok {
+		t.Fatalf("no goroutine blocked in %v", fns)
 	}
 }

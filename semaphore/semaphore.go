@@ -535,10 +535,12 @@ type Permit struct {
 
 	op sync.Mutex // serializes Release
 
-	mu       sync.Mutex // guards the fields below; never held across a call
-	lse      *lease.Lease
-	err      error // why the permit was lost
-	released bool  // Release got an answer
+	mu        sync.Mutex // guards the fields below; never held across a call
+	lse       *lease.Lease
+	err       error // why the permit was lost
+	released  bool  // Release got an answer
+	releasing bool  // a Release is in flight: a loss waits in deferred
+	deferred  error // a loss reported while Release was in flight
 }
 
 // ID returns the permit's id, as listed by Holders.
@@ -548,7 +550,9 @@ func (p *Permit) ID() string { return p.id }
 func (p *Permit) Weight() int64 { return p.weight }
 
 // Lost returns a channel that is closed when the permit is lost before it
-// is released. Release does not close it.
+// is released. Release does not close it, and once Release has returned nil
+// it is never closed: a loss the watchdog reports while a Release is in
+// flight counts only if that Release fails.
 func (p *Permit) Lost() <-chan struct{} { return p.lost }
 
 // Err returns why the permit was lost (wrapping ErrLost), or nil.
@@ -570,6 +574,10 @@ func (p *Permit) Release(ctx context.Context) error {
 	defer p.op.Unlock()
 	p.mu.Lock()
 	released, lse, lostErr := p.released, p.lse, p.err
+	// The keeper decides a loss under its own lock and reports it after:
+	// one decided before the Stop below can arrive while the release is in
+	// flight, and must not be signalled if the release then succeeds.
+	p.releasing = !released
 	p.mu.Unlock()
 	if released {
 		return fmt.Errorf("%w: %q: released before", ErrNotHeld, p.s.name)
@@ -578,30 +586,34 @@ func (p *Permit) Release(ctx context.Context) error {
 	// kept alive by the watchdog forever.
 	lse.Stop()
 	vs, err := p.s.m.release.Exec(ctx, p.s.keys, []string{p.id, p.s.m.pubMode}).ToArray()
+	held := int64(-1)
+	if err == nil && len(vs) == 2 {
+		held, _ = vs[0].AsInt64()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.releasing = false
+	deferred := p.deferred
+	p.deferred = nil
+	if held == 1 {
+		p.released = true
+		return nil
+	}
+	if deferred != nil {
+		p.loseLocked(deferred)
+	}
 	if err != nil {
 		return fmt.Errorf("semaphore: release %q: %w", p.s.name, err)
-	}
-	held := int64(-1)
-	if len(vs) == 2 {
-		held, _ = vs[0].AsInt64()
 	}
 	if held < 0 {
 		return fmt.Errorf("semaphore: release %q: unexpected reply", p.s.name)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.released = true
-	if held == 1 {
-		return nil
-	}
 	if lostErr != nil {
 		return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
 	}
 	// Redis says it is gone before the watchdog noticed.
-	if p.err == nil {
-		p.err = fmt.Errorf("%w: %q: found not held at release", ErrLost, p.s.name)
-		close(p.lost)
-	}
+	p.loseLocked(fmt.Errorf("%w: %q: found not held at release", ErrLost, p.s.name))
 	return fmt.Errorf("%w: %w", ErrNotHeld, p.err)
 }
 
@@ -622,11 +634,24 @@ func (p *Permit) lose(cause error) {
 	if errors.Is(cause, lease.ErrClosed) {
 		cause = fmt.Errorf("%w: %w", ErrClosed, cause)
 	}
+	err := fmt.Errorf("%w: %q: %w", ErrLost, p.s.name, cause)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.releasing {
+		if p.deferred == nil {
+			p.deferred = err
+		}
+		return
+	}
+	p.loseLocked(err)
+}
+
+// loseLocked records the loss err (wrapping ErrLost) unless the permit was
+// released or already lost. Called with p.mu held.
+func (p *Permit) loseLocked(err error) {
 	if p.released || p.err != nil {
 		return
 	}
-	p.err = fmt.Errorf("%w: %q: %w", ErrLost, p.s.name, cause)
+	p.err = err
 	close(p.lost)
 }
