@@ -23,13 +23,19 @@
 -- than the one that made the current hold, from the same Mutex value
 -- (attempt ids are "nonce.seq", seq increasing per value): it was abandoned
 -- by its caller and arrives late; granting it would re-tag the hold so that
--- its give-back released the newer hold, so it is refused.
+-- its give-back released the newer hold, so it is refused. An attempt
+-- whose caller gave up before the reply is refused too if its give-back
+-- (mutex_abandon) got here first and left a tombstone: the give-back is
+-- sent at once, without waiting for the attempt's reply, so the two can
+-- reach Redis in either order and neither order leaves a grant nobody
+-- knows of.
 --
 -- Fencing tokens are the server's TIME in microseconds, or one more than the
 -- previous token if that is larger (it is kept briefly after a release), so
 -- they increase across acquisitions without a counter key that lives forever.
 --
 -- KEYS[1]  lock hash
+-- KEYS[2]  tombstones: Mutex value nonce -> highest abandoned attempt seq
 -- ARGV[1]  owner id
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  holds the owner's client has now (0 for an outermost Lock)
@@ -38,7 +44,8 @@
 --
 -- Returns  {1, holds, token} when the owner holds the lock now;
 --          {0, remaining lease in ms (-1: no TTL), 0} when another owner
---          (or a newer attempt of the same Mutex) does;
+--          (or a newer attempt of the same Mutex) does, or the attempt was
+--          abandoned ({0, 0, 0} if the lock is free);
 --          {-1, 0, 0} when a nested Lock's acquisition is gone.
 -- Complexity: O(1).
 local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'a')
@@ -55,12 +62,19 @@ end
 if h[1] and h[1] ~= ARGV[1] then
   return {0, redis.call('PTTL', KEYS[1]), 0}
 end
+local an, as = string.match(ARGV[4], '^(.*)%.(%d+)$')
+if not an then
+  return redis.error_reply('mutex_lock: malformed attempt id')
+end
 if h[1] and h[3] then
   local hn, hs = string.match(h[3], '^(.*)%.(%d+)$')
-  local an, as = string.match(ARGV[4], '^(.*)%.(%d+)$')
-  if hn and hn == an and tonumber(as) < tonumber(hs) then
+  if hn == an and tonumber(as) < tonumber(hs) then
     return {0, redis.call('PTTL', KEYS[1]), 0}
   end
+end
+local dead = redis.call('HGET', KEYS[2], an)
+if dead and tonumber(as) <= tonumber(dead) then
+  return {0, h[1] and redis.call('PTTL', KEYS[1]) or 0, 0}
 end
 
 local t = redis.call('TIME')

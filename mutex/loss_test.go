@@ -222,9 +222,9 @@ func TestStaleAttemptCannotRetag(t *testing.T) {
 	}
 	lock, _ := sc.Script("mutex_lock")
 	abandon, _ := sc.Script("mutex_abandon")
-	keys := []string{lockKey("retag"), lockKey("retag") + ":w"}
+	keys := []string{lockKey("retag"), lockKey("retag") + ":w", lockKey("retag") + ":x"}
 	attempt := func(id string) []int64 {
-		vs, err := lock.Exec(ctx, keys[:1], []string{"owner", "30000", "0", id, ""}).AsIntSlice()
+		vs, err := lock.Exec(ctx, []string{keys[0], keys[2]}, []string{"owner", "30000", "0", id, ""}).AsIntSlice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +236,7 @@ func TestStaleAttemptCannotRetag(t *testing.T) {
 	if got := attempt("n0nce.1"); got[0] != 0 {
 		t.Fatalf("late attempt 1 = %v, want refused while attempt 2 holds", got)
 	}
-	if n, _ := abandon.Exec(ctx, keys, []string{"owner", "n0nce.1", "p", "1000"}).AsInt64(); n != 0 {
+	if n, _ := abandon.Exec(ctx, keys, []string{"owner", "n0nce.1", "p", "1000", "30000"}).AsInt64(); n != 0 {
 		t.Fatalf("give-back of attempt 1 released %d holds, want 0", n)
 	}
 	vals, _ := sc.Client().Do(ctx, sc.Client().B().Hmget().Key(keys[0]).Field("o", "a").Build()).AsStrSlice()
@@ -248,6 +248,46 @@ func TestStaleAttemptCannotRetag(t *testing.T) {
 	before := attempt("n0nce.2")[2]
 	if got := attempt("0ther.1"); got[0] != 1 || got[2] <= before {
 		t.Fatalf("takeover by another value = %v, want granted with a token above %d", got, before)
+	}
+}
+
+// TestGiveBackBeforeAttempt: the give-back of an abandoned attempt is sent
+// without waiting for the attempt's reply, so it may reach Redis first. Its
+// tombstone must make the attempt refuse itself when it arrives, while the
+// same Mutex's next attempt still gets the lock.
+func TestGiveBackBeforeAttempt(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Single(t)
+	sc, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, _ := sc.Script("mutex_lock")
+	abandon, _ := sc.Script("mutex_abandon")
+	keys := []string{lockKey("tomb"), lockKey("tomb") + ":w", lockKey("tomb") + ":x"}
+	attempt := func(id string) []int64 {
+		vs, err := lock.Exec(ctx, []string{keys[0], keys[2]}, []string{"owner", "30000", "0", id, ""}).AsIntSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vs
+	}
+	if n, err := abandon.Exec(ctx, keys, []string{"owner", "v.5", "p", "1000", "30000"}).AsInt64(); err != nil || n != 0 {
+		t.Fatalf("give-back before its attempt = %d, %v; want 0 (nothing held yet)", n, err)
+	}
+	for _, id := range []string{"v.5", "v.4"} {
+		if got := attempt(id); got[0] != 0 {
+			t.Fatalf("abandoned attempt %s arriving after its give-back = %v, want refused", id, got)
+		}
+	}
+	if ex, _ := srv.Do("EXISTS", keys[0]); ex != "0" {
+		t.Fatalf("lock hash exists after refused attempts (%s), want the lock free", ex)
+	}
+	if pttl, _ := srv.Do("PTTL", keys[2]); pttl == "-1" || pttl == "-2" {
+		t.Fatalf("tombstones PTTL = %s, want them to expire", pttl)
+	}
+	if got := attempt("v.6"); got[0] != 1 {
+		t.Fatalf("the next attempt of the same Mutex = %v, want granted", got)
 	}
 }
 

@@ -68,19 +68,23 @@
 //
 // When a Lock's context ends while its request is in flight, or the
 // connection fails, Redis may still grant the lock to an owner that has
-// stopped waiting. When the late reply shows a grant (or the connection is
-// gone, so the attempt can no longer run), the Locker sends a script that
-// gives back exactly what that attempt took (each outermost attempt is
-// recorded in the lock by its own id) and nothing a later attempt took, so a
-// lock nobody knows it holds does not block everyone for a lease. Waiting
-// for that reply costs a goroutine per outermost Lock whose context can be
-// cancelled; a reply that never comes leaves the lock to its lease.
+// stopped waiting. The Locker then sends, at once and in the background, a
+// script that gives back exactly what that attempt took (each outermost
+// attempt is recorded in the lock by its own id) and nothing a later
+// attempt took, so a lock nobody knows it holds does not block everyone for
+// a lease. The give-back may reach Redis before the attempt (rueidis spreads
+// calls over several connections): it then leaves a tombstone, kept for a
+// lease, that makes the attempt refuse itself when it arrives. No goroutine
+// waits for the reply of a Lock; an attempt delayed past its tombstone can
+// still grant, and that grant ends with its lease.
 //
 // # Keys
 //
-// A lock named N is the hash PREFIX{N} and its channel PREFIX{N}:w (PREFIX
-// defaults to "sluice:mutex:"); the braces keep both in one cluster slot. A
-// free lock leaves no key, apart from the released hash for a second.
+// A lock named N is the hash PREFIX{N}, its channel PREFIX{N}:w and the
+// tombstones of abandoned attempts PREFIX{N}:x (PREFIX defaults to
+// "sluice:mutex:"); the braces keep all in one cluster slot. A free lock
+// leaves no key, apart from the released hash for min(1 s, lease) and
+// tombstones for a lease after an abandoned attempt.
 //
 // On miniredis (tests, the embedded demo) the rueidis client needs
 // DisableCache and AlwaysRESP2 (pub/sub on its own connection).
@@ -91,6 +95,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -263,7 +268,7 @@ func (l *Locker) giveBack(m *Mutex, attempt string) {
 		defer l.bg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), m.lease)
 		defer cancel()
-		l.abandon.Exec(ctx, m.keys, []string{m.owner, attempt, l.pubMode, m.keepMs})
+		l.abandon.Exec(ctx, m.keys, []string{m.owner, attempt, l.pubMode, m.keepMs, m.leaseMs})
 	}()
 }
 
@@ -304,8 +309,9 @@ func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
 	m := &Mutex{
 		l:    l,
 		name: name,
-		keys: []string{keyspace.Key(l.opts.Prefix, name, ""), keyspace.Key(l.opts.Prefix, name, ":w")},
+		keys: []string{keyspace.Key(l.opts.Prefix, name, ""), keyspace.Key(l.opts.Prefix, name, ":w"), keyspace.Key(l.opts.Prefix, name, ":x")},
 	}
+	m.lockKeys = []string{m.keys[0], m.keys[2]}
 	m.setLease(l.opts.Lease)
 	for _, opt := range opts {
 		if err := opt(m); err != nil {
@@ -315,7 +321,7 @@ func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
 	if m.owner == "" {
 		m.owner = uuid.NewString()
 	}
-	m.nonce = uuid.NewString()[:8] + "."
+	m.nonce = strings.ReplaceAll(uuid.NewString(), "-", "")[:16] + "."
 	if m.watchdog {
 		m.renewFn = m.renewLease
 	}
@@ -327,7 +333,8 @@ func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
 type Mutex struct {
 	l        *Locker
 	name     string
-	keys     []string // lock hash, wake-up channel
+	keys     []string // lock hash, wake-up channel, tombstones of abandoned attempts
+	lockKeys []string // lock hash, tombstones
 	owner    string
 	lease    time.Duration
 	watchdog bool
@@ -488,7 +495,7 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	if m.l.opts.ReplicaAcks > 0 && holds == 0 {
 		var res rueidis.RedisResult
 		attempt := m.argv[3]
-		res, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.keys[:1], m.argv[:], int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
+		res, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.lockKeys, m.argv[:], int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
 			func(late rueidis.RedisResult, _ int64, _ error) {
 				// Whatever the replicas said, nobody waits for this grant.
 				if grantedOrUnknown(late) {
@@ -498,23 +505,17 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 		if err == nil {
 			r, err = res.ToArray()
 		}
-	} else if holds == 0 {
-		attempt := m.argv[3]
-		r, err = m.l.lock.ExecOrLate(ctx, m.keys[:1], m.argv[:], func(late rueidis.RedisResult) {
-			if grantedOrUnknown(late) {
-				m.l.giveBack(m, attempt)
-			}
-		}).ToArray()
 	} else {
-		r, err = m.l.lock.Exec(ctx, m.keys[:1], m.argv[:]).ToArray()
-	}
-	if err != nil {
-		if _, isReply := rueidis.IsRedisErr(err); holds == 0 && !isReply && ctx.Err() == nil {
-			// The connection failed: the attempt may have run before it
-			// did, and nothing sent on that connection can run after, so
-			// the give-back cannot overtake it.
+		r, err = m.l.lock.Exec(ctx, m.lockKeys, m.argv[:]).ToArray()
+		if _, isReply := rueidis.IsRedisErr(err); err != nil && holds == 0 && !isReply {
+			// ctx ended before the reply, or the connection failed: the
+			// attempt may run, or have run, and nobody would know of its
+			// grant. The give-back goes at once; its tombstone makes it
+			// work in whichever order the two reach Redis.
 			m.l.giveBack(m, m.argv[3])
 		}
+	}
+	if err != nil {
 		return false, 0, fmt.Errorf("mutex: lock %q: %w", m.name, err)
 	}
 	if len(r) != 3 {
@@ -608,7 +609,7 @@ func (m *Mutex) foundNotHeld(gen uint64) error {
 // Locker). It runs even if ctx has ended. Called with m.op held.
 func (m *Mutex) releaseGrant(ctx context.Context, token int64) {
 	m.argv = [5]string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs}
-	m.l.unlock.Exec(context.WithoutCancel(ctx), m.keys, m.argv[:])
+	m.l.unlock.Exec(context.WithoutCancel(ctx), m.keys[:2], m.argv[:])
 }
 
 // grantedOrUnknown reports whether the reply to a lock attempt shows that
@@ -704,7 +705,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if holds == 0 {
 		if orphan != "" {
 			m.argv = [5]string{m.owner, "1", orphan, m.l.pubMode, m.keepMs}
-			m.l.unlock.Exec(ctx, m.keys, m.argv[:])
+			m.l.unlock.Exec(ctx, m.keys[:2], m.argv[:])
 		}
 		if lostErr != nil {
 			return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
@@ -712,7 +713,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		return fmt.Errorf("%w: %q", ErrNotHeld, m.name)
 	}
 	m.argv = [5]string{m.owner, strconv.FormatInt(holds, 10), tokenArg, m.l.pubMode, m.keepMs}
-	left, err := m.l.unlock.Exec(ctx, m.keys, m.argv[:]).AsInt64()
+	left, err := m.l.unlock.Exec(ctx, m.keys[:2], m.argv[:]).AsInt64()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	pending := m.pending
@@ -828,7 +829,7 @@ func (m *Mutex) Info(ctx context.Context) (Info, error) {
 // reports whether the lock was held. The holder learns of it at its next
 // renewal (or Unlock) and is told through Lost.
 func (m *Mutex) ForceUnlock(ctx context.Context) (bool, error) {
-	n, err := m.l.force.Exec(ctx, m.keys, []string{m.l.pubMode, m.keepMs}).AsInt64()
+	n, err := m.l.force.Exec(ctx, m.keys[:2], []string{m.l.pubMode, m.keepMs}).AsInt64()
 	if err != nil {
 		return false, fmt.Errorf("mutex: force unlock %q: %w", m.name, err)
 	}

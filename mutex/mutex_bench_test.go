@@ -15,41 +15,48 @@ import (
 )
 
 // BenchmarkLockUnlock measures uncontended Lock+Unlock pairs on distinct
-// keys at 1 and 64 goroutines; one op is one pair.
+// keys at 1 and 64 goroutines; one op is one pair. ctx=deadline gives every
+// pair a context with a deadline, as a request handler's would.
 //
 //	go test -run=NONE -bench=. -benchmem ./mutex
 func BenchmarkLockUnlock(b *testing.B) {
-	for _, goroutines := range []int{1, 64} {
-		b.Run(fmt.Sprintf("goroutines=%d", goroutines), func(b *testing.B) {
-			l := newLocker(b, redistest.Client(b, redistest.Single(b).Addr()), mutex.Options{})
-			var next atomic.Int64
-			ctx := context.Background()
-			procs := runtime.GOMAXPROCS(0)
-			b.SetParallelism(max(1, goroutines/procs))
-			if goroutines < procs {
-				runtime.GOMAXPROCS(goroutines)
-				defer runtime.GOMAXPROCS(procs)
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				m, err := l.NewMutex("bench:" + strconv.FormatInt(next.Add(1), 10))
-				if err != nil {
-					b.Error(err)
-					return
+	for _, deadline := range []bool{false, true} {
+		for _, goroutines := range []int{1, 64} {
+			b.Run(fmt.Sprintf("ctx=%s/goroutines=%d", map[bool]string{false: "background", true: "deadline"}[deadline], goroutines), func(b *testing.B) {
+				l := newLocker(b, redistest.Client(b, redistest.Single(b).Addr()), mutex.Options{})
+				var next atomic.Int64
+				procs := runtime.GOMAXPROCS(0)
+				b.SetParallelism(max(1, goroutines/procs))
+				if goroutines < procs {
+					runtime.GOMAXPROCS(goroutines)
+					defer runtime.GOMAXPROCS(procs)
 				}
-				for pb.Next() {
-					if err := m.Lock(ctx); err != nil {
+				b.ReportAllocs()
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					m, err := l.NewMutex("bench:" + strconv.FormatInt(next.Add(1), 10))
+					if err != nil {
 						b.Error(err)
 						return
 					}
-					if err := m.Unlock(ctx); err != nil {
-						b.Error(err)
-						return
+					for pb.Next() {
+						ctx, cancel := context.Background(), context.CancelFunc(func() {})
+						if deadline {
+							ctx, cancel = context.WithTimeout(ctx, time.Minute)
+						}
+						err := m.Lock(ctx)
+						if err == nil {
+							err = m.Unlock(ctx)
+						}
+						cancel()
+						if err != nil {
+							b.Error(err)
+							return
+						}
 					}
-				}
+				})
 			})
-		})
+		}
 	}
 }
 
