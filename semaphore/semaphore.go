@@ -58,9 +58,19 @@
 // permit expiry passes, whichever comes first. A release publishes how many
 // permits are now free, and each process wakes only as many of its local
 // waiters as that many permits could satisfy, in arrival order, not the
-// whole herd. On a Redis 7 cluster the channel is sharded (SPUBLISH).
-// Waiting is not fair across processes: a request for many permits can be
-// overtaken by smaller ones that fit first.
+// whole herd. A waiter that needs more permits than were freed is skipped
+// for lighter ones behind it that fit, and a woken waiter that finds too few
+// permits free (another process took some first) offers the rest to the
+// waiters behind it. On a Redis 7 cluster the channel is sharded (SPUBLISH).
+// Waiting is not fair, within a process or across processes: a request for
+// many permits can be overtaken by smaller ones that fit first.
+//
+// Waiting needs the subscription: if Redis refuses it (an ACL user without
+// access to the channel gets NOPERM, and Redis 7 users have no channel access
+// unless granted, e.g. with &sluice:sem:*), an Acquire that has to wait
+// returns an error wrapping ErrSubscribe and the Redis error instead of
+// waiting without wake-ups. If the Manager is closed, a waiting Acquire
+// returns ErrClosed at once.
 //
 // If ctx ends while waiting, Acquire returns an error wrapping ErrNotObtained
 // and ctx.Err() and holds nothing. A request still in flight when ctx ends
@@ -137,6 +147,10 @@ var (
 	// ErrNotReplicated means Options.ReplicaAcks replicas did not confirm
 	// a grant in time; it was released again and is not held.
 	ErrNotReplicated = errors.New("semaphore: grant not acknowledged by replicas")
+	// ErrSubscribe means Redis refused the subscription an Acquire needs
+	// to wait (NOPERM for an ACL user without access to the channel); the
+	// error also wraps the Redis error. Nothing is held.
+	ErrSubscribe = notify.ErrSubscribe
 )
 
 // Defaults and limits.
@@ -301,13 +315,13 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Permit, error) {
 		return nil, err
 	}
 	id := uuid.NewString()
-	p, wait, err := s.attempt(ctx, id, n)
+	p, wait, _, err := s.attempt(ctx, id, n)
 	if p != nil || err != nil {
 		return p, err
 	}
 	w, err := s.m.hub.Subscribe(s.keys[2], n)
 	if err != nil {
-		return nil, ErrClosed
+		return nil, ErrClosed // the only error of Subscribe
 	}
 	defer func() {
 		if p != nil {
@@ -319,18 +333,30 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Permit, error) {
 	// Try again only once the subscription is confirmed: a release between
 	// the first attempt and the subscription would otherwise be missed.
 	if err := w.Ready(ctx, wait); err != nil {
-		return nil, s.notObtained(err)
+		return nil, s.waitErr(err)
 	}
 	for {
-		if p, wait, err = s.attempt(ctx, id, n); p != nil || err != nil {
+		var free int64
+		if p, wait, free, err = s.attempt(ctx, id, n); p != nil || err != nil {
 			return p, err
 		}
+		// Woken but too few free: the rest may fit waiters behind this one.
+		w.PassOn(free)
 		if err := w.Wait(ctx, wait); err != nil {
-			return nil, s.notObtained(err)
+			return nil, s.waitErr(err)
 		}
-		if s.m.closed.Load() {
-			return nil, ErrClosed
-		}
+	}
+}
+
+// waitErr turns an error of notify's Ready or Wait into Acquire's.
+func (s *Semaphore) waitErr(err error) error {
+	switch {
+	case errors.Is(err, notify.ErrClosed):
+		return ErrClosed
+	case errors.Is(err, notify.ErrSubscribe):
+		return fmt.Errorf("semaphore: acquire %q: %w", s.name, err)
+	default:
+		return s.notObtained(err)
 	}
 }
 
@@ -340,7 +366,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*Permit, error) {
 	if err := s.checkWeight(n); err != nil {
 		return nil, err
 	}
-	p, _, err := s.attempt(ctx, uuid.NewString(), n)
+	p, _, _, err := s.attempt(ctx, uuid.NewString(), n)
 	if p != nil || err != nil {
 		return p, err
 	}
@@ -415,25 +441,26 @@ func (s *Semaphore) parse(res rueidis.RedisResult) (reply, error) {
 }
 
 // attempt tries once to take n permits for id. It returns the permit, or
-// how long to wait before the next try, or an error.
-func (s *Semaphore) attempt(ctx context.Context, id string, n int64) (*Permit, time.Duration, error) {
+// how long to wait before the next try and how many permits were free, or
+// an error.
+func (s *Semaphore) attempt(ctx context.Context, id string, n int64) (*Permit, time.Duration, int64, error) {
 	if s.m.closed.Load() {
-		return nil, 0, ErrClosed
+		return nil, 0, 0, ErrClosed
 	}
 	sent := time.Now()
 	r, err := s.call(ctx, id, n)
 	if err != nil {
 		if errors.Is(err, ErrCapacityMismatch) || errors.Is(err, ErrNotReplicated) {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		if ctx.Err() != nil {
 			// A grant that arrives late is released by call.
-			return nil, 0, s.notObtained(ctx.Err())
+			return nil, 0, 0, s.notObtained(ctx.Err())
 		}
 		// The connection failed: the request may have run and granted the
 		// permit anyway. Give it back so a failed Acquire holds nothing.
 		s.cleanup(ctx, id)
-		return nil, 0, fmt.Errorf("semaphore: acquire %q: %w", s.name, err)
+		return nil, 0, 0, fmt.Errorf("semaphore: acquire %q: %w", s.name, err)
 	}
 	if r.status == 0 {
 		// Wake up when the earliest permit expires, at the latest after one
@@ -444,7 +471,7 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64) (*Permit, t
 		} else if r.wait > 0 {
 			wait += time.Millisecond // past the expiry, not on it
 		}
-		return nil, wait, nil
+		return nil, wait, r.capacity - r.used, nil
 	}
 	p := &Permit{s: s, id: id, weight: n, lost: make(chan struct{})}
 	var renew lease.Renew
@@ -459,9 +486,9 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64) (*Permit, t
 	if closed {
 		// Close ran during the request: nobody would renew this permit.
 		s.cleanup(ctx, id)
-		return nil, 0, ErrClosed
+		return nil, 0, 0, ErrClosed
 	}
-	return p, 0, nil
+	return p, 0, 0, nil
 }
 
 // cleanup releases id, best effort, with its own deadline since ctx may be

@@ -665,6 +665,107 @@ func TestMaxCapacityExact(t *testing.T) {
 	wantAvailable(t, s, 0)
 }
 
+// TestWakeLighterWaiter (issue 10, item 5): capacity 5, permits of 4 and 1
+// held, a waiter for 5 ahead of a waiter for 1. Releasing the 1 must wake
+// the waiter for 1, not spend the wake-up on the one for 5 that cannot use
+// it; otherwise the waiter for 1 sleeps until its wait bound, a whole
+// watchdog lease (30 s), with a permit free.
+func TestWakeLighterWaiter(t *testing.T) {
+	srv := redistest.NewServer(t)
+	e := newEnv(t, []string{srv.Addr()}, semaphore.Options{})
+	s := e.sem(t, uniqueName(t), 5)
+	four := acquire(t, s, 4)
+	one := acquire(t, s, 1)
+
+	type result struct {
+		p   *semaphore.Permit
+		err error
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), signalWait)
+	defer cancel()
+	start := func(n int64) chan result {
+		done := make(chan result, 1)
+		calls := evalshaCalls(t, srv)
+		go func() {
+			p, err := s.Acquire(ctx, n)
+			done <- result{p, err}
+		}()
+		// Its first attempt, then the one after subscribing: it waits
+		// next, and is registered behind any waiter started before it.
+		if !redistest.WaitFor(ctx, signalWait, func() bool { return evalshaCalls(t, srv) >= calls+2 }) {
+			t.Fatalf("Acquire(%d) did not start waiting", n)
+		}
+		return done
+	}
+	heavy := start(5)
+	light := start(1)
+
+	release(t, one)
+	select {
+	case r := <-light:
+		if r.err != nil {
+			t.Fatalf("Acquire(1) after one permit was released: %v", r.err)
+		}
+		release(t, r.p)
+	case <-time.After(signalWait):
+		t.Fatalf("Acquire(1) still waiting %v after one permit was released", signalWait)
+	}
+	release(t, four)
+	r := <-heavy
+	if r.err != nil {
+		t.Fatalf("Acquire(5) once all were released: %v", r.err)
+	}
+	release(t, r.p)
+}
+
+// TestSubscribeRefused (issue 10, item 7): an ACL user without access to
+// the wake-up channel (resetchannels, the default for new Redis 7 users)
+// gets NOPERM for SUBSCRIBE. An Acquire that has to wait must say so at
+// once, not wait a whole lease for want of wake-ups.
+func TestSubscribeRefused(t *testing.T) {
+	srv := redistest.NewServer(t)
+	if _, err := srv.Do("ACL", "SETUSER", "limited", "on", ">pw", "~*", "+@all", "resetchannels"); err != nil {
+		t.Fatal(err)
+	}
+	client, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress: []string{srv.Addr()}, DisableCache: true, Username: "limited", Password: "pw",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	sc, err := scriptcache.New(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := semaphore.NewManager(sc, semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mgr.Close()
+	name := uniqueName(t)
+	s, err := mgr.NewSemaphore(name, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := newEnv(t, []string{srv.Addr()}, semaphore.Options{})
+	held := acquire(t, full.sem(t, name, 1), 1)
+	defer release(t, held)
+
+	for i := range 2 { // the refusal is not remembered: each Acquire asks
+		ctx, cancel := context.WithTimeout(context.Background(), signalWait)
+		p, err := s.Acquire(ctx, 1)
+		cancel()
+		var re *rueidis.RedisError
+		if p != nil || !errors.Is(err, semaphore.ErrSubscribe) || !errors.As(err, &re) || !strings.HasPrefix(re.Error(), "NOPERM") {
+			t.Fatalf("Acquire %d on a full semaphore without channel access = (%v, %v), want ErrSubscribe wrapping NOPERM", i, p, err)
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire %d waited for its context: %v", i, err)
+		}
+	}
+}
+
 // TestNoLossAfterRelease (issue 10, item 4 for the semaphore): with a
 // 30 ms watchdog lease, renewals run every 10 ms and overlap many releases.
 // A successful Release must never be followed by a loss signal. A loss
