@@ -197,6 +197,7 @@ type Locker struct {
 
 	lock, unlock, renew, force, abandon *scriptcache.Script
 	client                              rueidis.Client
+	sc                                  *scriptcache.Cache
 
 	hub    *notify.Hub
 	keeper *lease.Keeper
@@ -216,7 +217,7 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Locker{opts: opts, pubMode: "p", client: sc.Client()}
+	l := &Locker{opts: opts, pubMode: "p", client: sc.Client(), sc: sc}
 	if sc.ShardedPubSub() {
 		l.pubMode = "s"
 	}
