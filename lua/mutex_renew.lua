@@ -1,4 +1,5 @@
--- mutex_renew: extend the lease of a held lock (the watchdog's call).
+-- mutex_renew: extend the lease of a held lock (the watchdog's renewal, and
+-- Mutex.Extend of a fixed lease).
 --
 -- KEYS[1]  lock hash
 -- ARGV[1]  owner id

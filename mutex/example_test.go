@@ -137,3 +137,29 @@ func Example_inventory() {
 	// sold: 5 left: 0
 	// inventory: stale fencing token
 }
+
+// Do runs a function under the lock, with a context that ends if the lock
+// is lost, and unlocks afterwards.
+func ExampleMutex_Do() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	client, _ := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress: []string{mr.Addr()}, DisableCache: true, AlwaysRESP2: true,
+	})
+	defer client.Close()
+	ctx := context.Background()
+	sc, _ := scriptcache.New(ctx, client)
+	locks, _ := mutex.NewLocker(sc, mutex.Options{})
+	defer locks.Close()
+
+	m, _ := locks.NewMutex("report:daily")
+	err := m.Do(ctx, func(ctx context.Context) error {
+		// ctx ends if the lock is lost: pass it to everything the work does.
+		fmt.Println("working under the lock:", m.Holds() == 1)
+		return nil
+	})
+	fmt.Println("done:", err, "held after:", m.Holds())
+	// Output:
+	// working under the lock: true
+	// done: <nil> held after: 0
+}

@@ -368,6 +368,8 @@ type Mutex struct {
 	// server may still keep under this owner; the next Unlock gives it
 	// back so that it does not linger for the rest of its lease.
 	orphan string
+	// scoped cancels the contexts Context made for the current hold.
+	scoped []context.CancelCauseFunc
 }
 
 func (m *Mutex) setLease(d time.Duration) {
@@ -669,6 +671,7 @@ func (m *Mutex) loseLocked(cause error) {
 	m.orphan = m.tokenArg
 	m.err = fmt.Errorf("%w: %q: %w", ErrLost, m.name, cause)
 	m.closeLost()
+	m.endScopedLocked(m.err)
 }
 
 // closeLost closes the current hold's Lost channel. Called with m.mu held.
@@ -747,6 +750,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 			m.lse = nil
 		}
 		m.token, m.lost = 0, nil
+		m.endScopedLocked(fmt.Errorf("%w: %q: released", ErrNotHeld, m.name))
 	}
 	return nil
 }

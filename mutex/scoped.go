@@ -1,0 +1,144 @@
+package mutex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/sluicekit/sluice/internal/lease"
+)
+
+// Context returns a context derived from parent that is cancelled when the
+// current hold ends: lost (context.Cause wraps ErrLost and the reason) or
+// released by the last Unlock (the cause wraps ErrNotHeld). Work that must
+// stop when the lock is gone can simply run under it. If nothing is held,
+// the context is already cancelled.
+//
+// It costs no goroutine; the cancel function only releases the context
+// early, and is safe to ignore once the hold has ended.
+func (m *Mutex) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.holds == 0 {
+		cause := m.err
+		if cause == nil {
+			cause = fmt.Errorf("%w: %q", ErrNotHeld, m.name)
+		}
+		cancel(cause)
+	} else {
+		m.scoped = append(m.scoped, cancel)
+	}
+	return ctx, func() { cancel(context.Canceled) }
+}
+
+// endScopedLocked cancels the contexts of the hold that just ended. Called
+// with m.mu held.
+func (m *Mutex) endScopedLocked(cause error) {
+	for _, cancel := range m.scoped {
+		cancel(cause)
+	}
+	m.scoped = nil
+}
+
+// Do locks m, runs fn with a context that ends if the hold is lost, and
+// unlocks. It returns fn's error, joined with an error wrapping ErrLost if
+// the hold was lost while fn ran (fn then ran, at least in part, without the
+// lock, even if it returned nil), and with Unlock's error if that failed.
+// If Lock fails, fn does not run and Do returns Lock's error.
+//
+// The Unlock runs even when ctx has ended meanwhile, bounded by the lock's
+// lease: a hold should not outlive the work it guarded.
+func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	if err := m.Lock(ctx); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	gen := m.gen
+	m.mu.Unlock()
+	hctx, cancel := m.Context(ctx)
+	err := fn(hctx)
+	cancel()
+	m.mu.Lock()
+	lost := m.gen == gen && m.holds == 0 && m.err != nil
+	lostErr := m.err
+	m.mu.Unlock()
+	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), m.lease)
+	defer ucancel()
+	uerr := m.Unlock(uctx)
+	switch {
+	case lost:
+		return errors.Join(err, lostErr)
+	case errors.Is(uerr, ErrLost):
+		// Lost between fn's return and the Unlock: fn finished while the
+		// lock was still held.
+		return err
+	case uerr != nil:
+		return errors.Join(err, uerr)
+	}
+	return err
+}
+
+// ErrNotFixed means Extend was called on a Mutex whose lease the watchdog
+// renews; only fixed leases (Options.Lease, WithLease) can be extended.
+var ErrNotFixed = errors.New("mutex: lease is renewed by the watchdog, not fixed")
+
+// Extend gives the current hold of a Mutex with a fixed lease a new lease
+// of d from now, if this Mutex still holds it, and returns the time until
+// which the hold is known to last (counted, like every lease, from before
+// the request was sent, less the safety margin). It returns an error
+// wrapping ErrNotHeld if nothing is held, ErrLost if the server no longer
+// has the hold, ErrNotFixed for a watchdog lease, and ErrInvalidOptions for
+// a d outside the lease bounds.
+func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) {
+	if m.watchdog {
+		return time.Time{}, fmt.Errorf("%w: %q", ErrNotFixed, m.name)
+	}
+	if err := lease.CheckFixed(d); err != nil || d == 0 {
+		return time.Time{}, fmt.Errorf("%w: extend by %v: lease outside [%v, %v]", ErrInvalidOptions, d, lease.MinLease, lease.MaxLease)
+	}
+	m.op.Lock()
+	defer m.op.Unlock()
+	m.mu.Lock()
+	holds, gen, tokenArg, lostErr := m.holds, m.gen, m.tokenArg, m.err
+	m.mu.Unlock()
+	if holds == 0 {
+		if lostErr != nil {
+			return time.Time{}, fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
+		}
+		return time.Time{}, fmt.Errorf("%w: %q", ErrNotHeld, m.name)
+	}
+	sent := time.Now()
+	ok, err := m.l.renew.Exec(ctx, m.keys[:1], []string{m.owner, tokenArg, strconv.FormatInt(d.Milliseconds(), 10)}).AsInt64()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("mutex: extend %q: %w", m.name, err)
+	}
+	if ok == 0 {
+		return time.Time{}, m.foundNotHeld(gen)
+	}
+	m.mu.Lock()
+	if m.gen != gen || m.holds == 0 {
+		// Declared lost while the call was in flight (the old lease ran
+		// out first). The server has the extended hold; the next Unlock
+		// gives it back.
+		err := m.err
+		m.mu.Unlock()
+		return time.Time{}, err
+	}
+	old := m.lse
+	m.mu.Unlock()
+	lse := m.l.keeper.Add(sent, d, nil, func(err error) { m.lose(gen, err) })
+	if old != nil {
+		old.Stop()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gen != gen || m.holds == 0 {
+		lse.Stop()
+		return time.Time{}, m.err
+	}
+	m.lse = lse
+	return lse.Deadline(), nil
+}
