@@ -390,13 +390,18 @@ type reply struct {
 }
 
 // call runs the acquire script with n permits (0: only reclaim and report).
-// If ctx ends before the reply comes, the script may still run: a permit it
-// grants then is released as soon as that late reply arrives.
+// If ctx ends before the reply comes, call returns ctx.Err() at once, also
+// while waiting for replicas; the script may still run, and a permit it may
+// have granted is released as soon as that late reply (or the news that
+// none will come) arrives.
 func (s *Semaphore) call(ctx context.Context, id string, n int64) (reply, error) {
 	args := []string{s.capArg, strconv.FormatInt(n, 10), id, s.m.leaseMs, s.m.pubMode}
 	if acks := int64(s.m.opts.ReplicaAcks); acks > 0 && n > 0 {
-		res, got, err := s.m.acquire.ExecWait(ctx, s.keys, args, acks, s.m.opts.ReplicaTimeout)
+		res, got, err := s.m.acquire.ExecWaitOrLate(ctx, s.keys, args, acks, s.m.opts.ReplicaTimeout,
+			func(r rueidis.RedisResult, _ int64, _ error) { s.releaseLate(r, id) })
 		if err != nil {
+			// If the script ran and only WAIT failed, attempt releases the
+			// grant, as after any failure other than ctx ending.
 			return reply{}, err
 		}
 		r, err := s.parse(res)
@@ -409,13 +414,24 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64) (reply, error)
 	}
 	var late func(rueidis.RedisResult)
 	if n > 0 {
-		late = func(r rueidis.RedisResult) {
-			if got, err := s.parse(r); err == nil && got.status == 1 {
-				s.cleanup(context.Background(), id)
-			}
-		}
+		late = func(r rueidis.RedisResult) { s.releaseLate(r, id) }
 	}
 	return s.parse(s.m.acquire.ExecOrLate(ctx, s.keys, args, late))
+}
+
+// releaseLate handles the reply to an acquire whose caller had gone: it
+// releases id unless the reply says nothing was granted. An unknown outcome
+// (no reply at all) is released too; releasing an id that is not held frees
+// nothing.
+func (s *Semaphore) releaseLate(r rueidis.RedisResult, id string) {
+	if err := r.Error(); err != nil {
+		if _, ok := rueidis.IsRedisErr(err); ok {
+			return // the script failed: nothing granted
+		}
+	} else if got, err := s.parse(r); err == nil && got.status != 1 {
+		return
+	}
+	s.cleanup(context.Background(), id)
 }
 
 // parse reads the acquire script's reply.
@@ -453,13 +469,16 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64) (*Permit, t
 		if errors.Is(err, ErrCapacityMismatch) || errors.Is(err, ErrNotReplicated) {
 			return nil, 0, 0, err
 		}
+		if cerr := ctx.Err(); cerr == nil || !errors.Is(err, cerr) {
+			// The request failed (the connection, or WAIT after the
+			// script): it may have run and granted the permit anyway. Give
+			// it back so a failed Acquire holds nothing. A call abandoned
+			// because ctx ended hands its late reply to releaseLate instead.
+			s.cleanup(ctx, id)
+		}
 		if ctx.Err() != nil {
-			// A grant that arrives late is released by call.
 			return nil, 0, 0, s.notObtained(ctx.Err())
 		}
-		// The connection failed: the request may have run and granted the
-		// permit anyway. Give it back so a failed Acquire holds nothing.
-		s.cleanup(ctx, id)
 		return nil, 0, 0, fmt.Errorf("semaphore: acquire %q: %w", s.name, err)
 	}
 	if r.status == 0 {

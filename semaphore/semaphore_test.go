@@ -766,6 +766,45 @@ func TestSubscribeRefused(t *testing.T) {
 	}
 }
 
+// TestReplicaAcksHonoursContext (issue 10, items 4 and 6): with ReplicaAcks
+// an Acquire against a server that does not answer returns when its context
+// ends, not when the server answers; and the permit its request is granted
+// once the server answers after all is released, not left until its lease.
+func TestReplicaAcksHonoursContext(t *testing.T) {
+	srv := redistest.NewServer(t)
+	e := newEnv(t, []string{srv.Addr()}, semaphore.Options{ReplicaAcks: 1})
+	s := e.sem(t, uniqueName(t), 2)
+	wantAvailable(t, s, 2) // connection up, scripts loaded
+
+	const paused = 3 * time.Second
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	pausedAt := time.Now()
+	t.Cleanup(func() { srv.Resume() })
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	p, err := s.Acquire(ctx, 1)
+	took := time.Since(pausedAt)
+	if p != nil || !errors.Is(err, semaphore.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire against a paused server = (%v, %v), want ErrNotObtained wrapping DeadlineExceeded", p, err)
+	}
+	if took > 2*time.Second {
+		t.Fatalf("Acquire with a 200ms context took %v against a paused server", took)
+	}
+	// The server stays paused well past the context, as a stalled one would.
+	time.Sleep(paused - time.Since(pausedAt))
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	// The request runs now and is granted (WAIT then finds no replica):
+	// nobody waits for it, so it must be released, well before the 30 s
+	// lease would free it.
+	if !redistest.WaitFor(context.Background(), signalWait, func() bool { return available(t, s) == 2 }) {
+		t.Fatalf("Available still %d %v after the server answered, want 2: the late grant was not released", available(t, s), signalWait)
+	}
+}
+
 // TestNoLossAfterRelease (issue 10, item 4 for the semaphore): with a
 // 30 ms watchdog lease, renewals run every 10 ms and overlap many releases.
 // A successful Release must never be followed by a loss signal. A loss
