@@ -348,6 +348,7 @@ type Mutex struct {
 	argv     [5]string  // script arguments; guarded by op, reused to save allocations
 	attempts uint64     // outermost attempts so far, names each; guarded by op
 	nonce    string     // "random." prefix of this value's attempt ids
+	idBuf    []byte     // builds attempt ids; guarded by op
 
 	mu       sync.Mutex // guards the fields below; never held across a call
 	holds    int64
@@ -488,7 +489,8 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	m.argv = [5]string{m.owner, m.leaseMs, strconv.FormatInt(holds, 10), "", ""}
 	if holds == 0 {
 		m.attempts++
-		m.argv[3] = m.nonce + strconv.FormatUint(m.attempts, 10)
+		m.idBuf = strconv.AppendUint(append(m.idBuf[:0], m.nonce...), m.attempts, 10)
+		m.argv[3] = string(m.idBuf)
 	} else {
 		m.argv[4] = tokenArg
 	}
@@ -750,7 +752,9 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 			m.lse = nil
 		}
 		m.token, m.lost = 0, nil
-		m.endScopedLocked(fmt.Errorf("%w: %q: released", ErrNotHeld, m.name))
+		if len(m.scoped) > 0 {
+			m.endScopedLocked(fmt.Errorf("%w: %q: released", ErrNotHeld, m.name))
+		}
 	}
 	return nil
 }

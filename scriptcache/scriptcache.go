@@ -30,6 +30,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -213,13 +214,20 @@ func (s *Script) Exec(ctx context.Context, keys, args []string) rueidis.RedisRes
 		return rueidis.NewErrorResult(err)
 	}
 	var rctx context.Context
+	var hidden *cancelOnly
 	switch {
 	case ctx == context.Background():
 		rctx = background // no allocation on the commonest path
 	case ctx.Done() == nil:
 		rctx = pipelined{ctx}
 	default:
-		rctx = cancelOnly{ctx}
+		if _, ok := ctx.Deadline(); !ok {
+			rctx = ctx // nothing to hide
+			break
+		}
+		hidden = cancelOnlyPool.Get().(*cancelOnly)
+		hidden.Context = ctx
+		rctx = hidden
 	}
 	r := s.exec(rctx, keys, args)
 	for range 3 {
@@ -228,13 +236,23 @@ func (s *Script) Exec(ctx context.Context, keys, args []string) rueidis.RedisRes
 		}
 		r = s.exec(rctx, keys, args)
 	}
+	if hidden != nil && ctx.Err() == nil {
+		// A call that ended without ctx ending left nothing in rueidis
+		// that still refers to the wrapper; an abandoned one may have, so
+		// its wrapper is not reused.
+		hidden.Context = nil
+		cancelOnlyPool.Put(hidden)
+	}
 	return r
 }
 
-// cancelOnly is ctx without its deadline (see Exec).
+// cancelOnly is ctx without its deadline (see Exec). Exec reuses them: a
+// wrapper costs an allocation per call otherwise.
 type cancelOnly struct{ context.Context }
 
-func (cancelOnly) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*cancelOnly) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+var cancelOnlyPool = sync.Pool{New: func() any { return new(cancelOnly) }}
 
 // neverSent reports whether err says a call failed before it was sent: the
 // connection it waited for could not be dialled, possibly because another
