@@ -60,6 +60,7 @@ type Proxy struct {
 	changed     chan struct{} // closed (and replaced) when blackhole changes
 	closed      bool
 	accepted    int
+	heldReplies int // reply chunks a blackhole has held back
 }
 
 // New starts a proxy listening on 127.0.0.1 on a free port that forwards
@@ -98,6 +99,16 @@ func (p *Proxy) Blackhole(on bool) {
 	p.blackhole = on
 	close(p.changed)
 	p.changed = make(chan struct{})
+}
+
+// HeldReplies returns how many chunks of server replies a blackhole has
+// held back so far. A reply held back is one whose request reached the
+// server before the blackhole: it took effect there, and the client does
+// not know.
+func (p *Proxy) HeldReplies() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.heldReplies
 }
 
 // DropReplies makes the proxy discard (on) every byte the server sends
@@ -212,7 +223,7 @@ func (p *Proxy) serve(c net.Conn) {
 		q := make(chan chunk, queueChunks)
 		fw.Add(2)
 		go func() { defer fw.Done(); l.read(d.src, q, d.reply) }()
-		go func() { defer fw.Done(); l.write(d.dst, q) }()
+		go func() { defer fw.Done(); l.write(d.dst, q, d.reply) }()
 	}
 	fw.Wait()
 	p.mu.Lock()
@@ -296,8 +307,9 @@ func (l *link) read(src net.Conn, q chan<- chunk, reply bool) {
 
 // write sends the chunks of q to dst in order, each no earlier than its
 // release time and only while no blackhole is on. When q is closed (the
-// other side closed) it ends the link after the last chunk.
-func (l *link) write(dst net.Conn, q <-chan chunk) {
+// other side closed) it ends the link after the last chunk. reply says that
+// dst is the client.
+func (l *link) write(dst net.Conn, q <-chan chunk, reply bool) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -320,7 +332,7 @@ func (l *link) write(dst net.Conn, q <-chan chunk) {
 				return
 			}
 		}
-		if !l.waitOpen() {
+		if !l.waitOpen(reply) {
 			return
 		}
 		if _, err := dst.Write(c.data); err != nil {
@@ -330,12 +342,16 @@ func (l *link) write(dst net.Conn, q <-chan chunk) {
 	}
 }
 
-// waitOpen waits while a blackhole is on. It reports false if the link
-// ended meanwhile.
-func (l *link) waitOpen() bool {
-	for {
+// waitOpen waits while a blackhole is on, counting a held reply chunk. It
+// reports false if the link ended meanwhile.
+func (l *link) waitOpen(reply bool) bool {
+	for counted := false; ; {
 		l.p.mu.Lock()
 		on, changed := l.p.blackhole, l.p.changed
+		if on && reply && !counted {
+			l.p.heldReplies++
+			counted = true
+		}
 		l.p.mu.Unlock()
 		if !on {
 			return true

@@ -230,6 +230,9 @@ func TestBlackholeHoldsBytes(t *testing.T) {
 	if got := s.received(); strings.Contains(got, "during") || strings.Contains(got, "new") {
 		t.Fatalf("server received %q through a blackhole", got)
 	}
+	if n := p.HeldReplies(); n != 0 {
+		t.Errorf("HeldReplies() = %d with no request through before the blackhole, want 0", n)
+	}
 
 	p.Blackhole(false)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -237,6 +240,29 @@ func TestBlackholeHoldsBytes(t *testing.T) {
 		t.Fatalf("after the blackhole: %q, %v; want the held line", line, err)
 	}
 	waitFor(t, "the new connection's bytes", func() bool { return strings.Contains(s.received(), "new") })
+}
+
+// TestBlackholeCountsHeldReplies: a reply whose request reached the server
+// before the blackhole is held and counted.
+func TestBlackholeCountsHeldReplies(t *testing.T) {
+	s := newServer(t, true)
+	p := newProxy(t, s.ln.Addr().String())
+	// The reply is on its way for half a second after the request arrives:
+	// time enough, even on a loaded machine, to start the blackhole first.
+	p.SetLatency(500*time.Millisecond, 0)
+	c := dial(t, p.Addr())
+	fmt.Fprintf(c, "request\n")
+	waitFor(t, "the request at the server", func() bool { return strings.Contains(s.received(), "request") })
+	p.Blackhole(true)
+	waitFor(t, "the reply to be held", func() bool { return p.HeldReplies() == 1 })
+	p.Blackhole(false)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "request\n" {
+		t.Fatalf("after the blackhole: %q, %v; want the held reply", line, err)
+	}
+	if n := p.HeldReplies(); n != 1 {
+		t.Errorf("HeldReplies() = %d, want 1", n)
+	}
 }
 
 func isTimeout(err error) bool {

@@ -22,7 +22,12 @@ import (
 //   - not more than the margin plus a fifth of the lease before it (the
 //     fifth is for the one-way time of the renewal that set the expiry,
 //     which the server counts from and the client does not know): an
-//     earlier signal would be a loss declared while the lease still held;
+//     earlier signal would be a loss declared while the lease still held.
+//     This is not checked when the blackhole held back a reply (on a
+//     loaded machine the cut can fall inside a renewal's round trip): that
+//     renewal extended the lease on the server, and the client, never told,
+//     rightly gives up a renewal interval earlier. At least one trial must
+//     be checked in full;
 //   - not after it, unless the process demonstrably was not scheduled in
 //     time: the promise rests on the process running within the margin
 //     (see package lease), so a late signal is accepted only if a probe
@@ -44,7 +49,7 @@ func TestBlackholeLossBeforeExpiry(t *testing.T) {
 	probe := startProbe(t)
 
 	var early []time.Duration
-	excused := 0
+	excused, cutReplies := 0, 0
 	for trial := range trials {
 		m := newMutex(t, locks, uniqueName(t))
 		if err := m.Lock(ctx); err != nil {
@@ -55,6 +60,7 @@ func TestBlackholeLossBeforeExpiry(t *testing.T) {
 		// Hold across at least one renewal, so the expiry under test is a
 		// renewed one, then cut the link at a varying point of the cycle.
 		time.Sleep(watchdog/2 + time.Duration(trial%5)*watchdog/15)
+		held := r.proxy.HeldReplies()
 		r.proxy.Blackhole(true)
 
 		lostAt := make(chan time.Time, 1)
@@ -80,6 +86,7 @@ func TestBlackholeLossBeforeExpiry(t *testing.T) {
 			return false
 		})
 		tLost, ok := <-lostAt
+		cutReply := r.proxy.HeldReplies() > held
 		r.proxy.Blackhole(false)
 		if !ok {
 			t.Fatalf("trial %d: no loss signal within %v of the blackhole", trial, watchdog+signalWait)
@@ -94,6 +101,9 @@ func TestBlackholeLossBeforeExpiry(t *testing.T) {
 		e := expiry.Sub(tLost)
 		early = append(early, e)
 		switch {
+		case e > margin+watchdog/5 && cutReply:
+			cutReplies++
+			t.Logf("trial %d: loss signalled %v before the server-side expiry; a reply was cut in flight, so the server had one renewal more than the client knew of", trial, e)
 		case e > margin+watchdog/5:
 			t.Errorf("trial %d: loss signalled %v before the server-side expiry; want about the margin %v (at most %v): given up while the lease held",
 				trial, e, margin, margin+watchdog/5)
@@ -111,8 +121,11 @@ func TestBlackholeLossBeforeExpiry(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d trials, watchdog lease %v, margin %v: loss came before the server-side expiry by %s; %d late on a stalled process",
-		trials, watchdog, margin, durations(early), excused)
+	if cutReplies == trials {
+		t.Errorf("every trial cut a renewal's reply in flight: the early bound was never checked")
+	}
+	t.Logf("%d trials, watchdog lease %v, margin %v: loss came before the server-side expiry by %s; %d late on a stalled process, %d early after a reply cut in flight",
+		trials, watchdog, margin, durations(early), excused, cutReplies)
 }
 
 // probe measures how promptly the process is scheduled: a goroutine sleeps
