@@ -187,7 +187,9 @@ type Options struct {
 	// ReplicaTimeout, the permit is released again and Acquire returns
 	// ErrNotReplicated. It narrows, but cannot close, the window in which a
 	// failover loses granted permits (replication stays asynchronous).
-	// Zero (the default) does not wait.
+	// Acquire still returns as soon as its context ends; a grant that
+	// lands after that is released when its reply comes. Zero (the
+	// default) does not wait.
 	ReplicaAcks int
 	// ReplicaTimeout bounds the wait for ReplicaAcks. Zero means
 	// DefaultReplicaTimeout (100 ms).
