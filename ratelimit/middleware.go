@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -59,6 +60,68 @@ func (h ClientIPHeader) String() string {
 	return "ClientIPHeader(" + strconv.Itoa(int(h)) + ")"
 }
 
+// Fallback says what the middleware does with a request when Redis cannot
+// answer in time (MiddlewareOptions.Timeout) or at all.
+//
+// None is free. FallbackOpen keeps the service up through a Redis outage
+// but removes limiting: whoever can slow Redis past the timeout (by
+// flooding it, or with more keys than the deny cache holds) switches
+// limiting off for everyone. FallbackClosed keeps every limit and takes the
+// service down with Redis. FallbackLocal keeps limiting and the service up,
+// with weaker limits: each process limits on its own, so a fleet of N
+// processes admits up to N times the limit per key while Redis fails, and
+// each key starts from a full bucket when the fallback begins.
+type Fallback int
+
+const (
+	// FallbackOpen passes requests unlimited while Redis fails. It is the
+	// zero value and the default. A request whose client is gone (its
+	// context is done) is never passed unlimited: it gets a 503, since it
+	// may only have half-closed and would read the response.
+	FallbackOpen Fallback = iota
+	// FallbackClosed rejects requests with 503 Service Unavailable (and
+	// UnavailableRetryAfter, if set) while Redis fails.
+	FallbackClosed
+	// FallbackLocal decides requests with an in-process limiter while
+	// Redis fails, and for LocalHold after each failure.
+	//
+	// The local limiter is a GCRA token bucket per key with the Limiter's
+	// Rate, Period and capacity (Burst for GCRA, Rate for the windows),
+	// whatever its algorithm. Its accuracy: per process, each key gets at
+	// most its capacity at once and Rate per Period after, counted from
+	// the first local decision for the key; N processes admit up to N
+	// times that. It holds at most LocalKeys keys; when full, a new key
+	// evicts the least recently used one, which starts from a full bucket
+	// if it comes back. A flooding key is always recently used, so it is
+	// only evicted if more than LocalKeys/16 other keys (of its shard)
+	// arrive between two of its requests; each of those is limited as a
+	// key of its own. A request whose KeyFunc fails gets a 503, since
+	// there is no key to limit locally.
+	FallbackLocal
+)
+
+// String returns the fallback's name.
+func (f Fallback) String() string {
+	switch f {
+	case FallbackOpen:
+		return "open"
+	case FallbackClosed:
+		return "closed"
+	case FallbackLocal:
+		return "local"
+	}
+	return "Fallback(" + strconv.Itoa(int(f)) + ")"
+}
+
+// DefaultLocalKeys is the number of keys the local limiter of
+// FallbackLocal holds when MiddlewareOptions.LocalKeys is 0: 16,384 keys,
+// a few megabytes.
+const DefaultLocalKeys = 16_384
+
+// DefaultLocalHold is how long FallbackLocal decides locally after a Redis
+// failure when MiddlewareOptions.LocalHold is 0.
+const DefaultLocalHold = time.Second
+
 // MiddlewareOptions configures NewMiddleware. The zero value of each field
 // means its default; negative or out-of-range values are errors.
 type MiddlewareOptions struct {
@@ -89,15 +152,25 @@ type MiddlewareOptions struct {
 	// The client cannot shorten it: the check does not end when the
 	// client's connection closes.
 	Timeout time.Duration
-	// FailClosed rejects requests with 503 Service Unavailable when Redis
-	// cannot answer. Default false: such requests pass unlimited, so a
-	// Redis outage does not take the service down with it. A request whose
-	// client is gone (its context is done) is never passed unlimited: it
-	// gets the 503.
+	// FailClosed is Fallback: FallbackClosed, kept for compatibility. It
+	// is an error to set it with a Fallback other than FallbackClosed.
 	FailClosed bool
+	// Fallback says what happens to a request when Redis cannot answer in
+	// time. Default FallbackOpen; see Fallback for the trade-offs.
+	Fallback Fallback
+	// LocalKeys caps the keys the in-process limiter of FallbackLocal
+	// holds, rounded up to a multiple of 16. Default DefaultLocalKeys.
+	// Each key costs about 150 bytes plus the key itself. Must be 0
+	// without FallbackLocal.
+	LocalKeys int
+	// LocalHold is how long FallbackLocal keeps deciding locally, without
+	// asking Redis, after a Redis call failed. Default DefaultLocalHold
+	// (1s). Without it, every request would wait Timeout for a Redis that
+	// an attacker keeps slow. Must be 0 without FallbackLocal.
+	LocalHold time.Duration
 	// UnavailableRetryAfter is sent as Retry-After with the 503 of
-	// FailClosed, rounded up to whole seconds. Default 0: no Retry-After,
-	// since how long Redis stays unreachable is not known.
+	// FallbackClosed, rounded up to whole seconds. Default 0: no
+	// Retry-After, since how long Redis stays unreachable is not known.
 	UnavailableRetryAfter time.Duration
 	// OnError is told about every error: Redis unreachable, timeouts, key
 	// errors. Default: slog.Default() at level Error.
@@ -175,6 +248,14 @@ type middleware struct {
 	limit   string // X-RateLimit-Limit value
 	timeout time.Duration
 	retry   string // Retry-After of the 503, or ""
+
+	// FallbackLocal only.
+	local       *localLimiter
+	localPolicy []localPolicy
+	hold        time.Duration
+	// localUntil is the local time (UnixNano) until which requests are
+	// decided locally without asking Redis.
+	localUntil atomic.Int64
 }
 
 func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
@@ -191,6 +272,19 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 		return nil, fmt.Errorf("%w: IPv6PrefixLen %d is not between 0 and 128", ErrInvalidOptions, opts.IPv6PrefixLen)
 	case opts.ClientIPHeader < XForwardedFor || opts.ClientIPHeader > Forwarded:
 		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, opts.ClientIPHeader)
+	case opts.Fallback < FallbackOpen || opts.Fallback > FallbackLocal:
+		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, opts.Fallback)
+	case opts.FailClosed && opts.Fallback != FallbackOpen && opts.Fallback != FallbackClosed:
+		return nil, fmt.Errorf("%w: FailClosed with Fallback %v", ErrInvalidOptions, opts.Fallback)
+	case opts.LocalKeys < 0:
+		return nil, fmt.Errorf("%w: negative LocalKeys %d", ErrInvalidOptions, opts.LocalKeys)
+	case opts.LocalHold < 0:
+		return nil, fmt.Errorf("%w: negative LocalHold %v", ErrInvalidOptions, opts.LocalHold)
+	case opts.Fallback != FallbackLocal && (opts.LocalKeys != 0 || opts.LocalHold != 0):
+		return nil, fmt.Errorf("%w: LocalKeys and LocalHold need Fallback FallbackLocal", ErrInvalidOptions)
+	}
+	if opts.FailClosed {
+		opts.Fallback = FallbackClosed
 	}
 	trustedProxies := make([]netip.Prefix, len(opts.TrustedProxies))
 	for i, p := range opts.TrustedProxies {
@@ -206,6 +300,18 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 	m := &middleware{l: l, opts: opts, timeout: opts.Timeout}
 	if m.timeout == 0 {
 		m.timeout = DefaultTimeout
+	}
+	if opts.Fallback == FallbackLocal {
+		keys := opts.LocalKeys
+		if keys == 0 {
+			keys = DefaultLocalKeys
+		}
+		m.local = newLocalLimiter(keys)
+		m.localPolicy = []localPolicy{localPolicyOf(l.limit, l.capacity)}
+		m.hold = opts.LocalHold
+		if m.hold == 0 {
+			m.hold = DefaultLocalHold
+		}
 	}
 	if opts.UnavailableRetryAfter > 0 {
 		m.retry = strconv.FormatInt(ceilSeconds(opts.UnavailableRetryAfter), 10)
@@ -250,23 +356,38 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		return
 	}
 	var res Result
+	decided := false
 	if err == nil {
 		// A key the deny cache answers needs no context and no timer: this
 		// is the path a flood from one client takes.
+		now := m.l.now()
 		var ok bool
-		if res, ok = m.l.cachedDenial(key, m.l.now()); !ok {
+		switch res, ok = m.l.cachedDenial(key, now); {
+		case ok:
+		case m.local != nil && now.UnixNano() < m.localUntil.Load():
+			res = m.decideLocally(key, now)
+		default:
 			// Not r.Context(): net/http cancels it when the client
 			// half-closes, and the decision must not be the client's.
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.timeout)
 			res, err = m.l.Allow(ctx, key)
 			cancel()
+			if err != nil && m.local != nil && !errors.Is(err, ErrInvalidKey) {
+				// Redis failed: decide locally, and keep doing so for
+				// a while rather than make every request wait Timeout.
+				m.opts.OnError(r, err)
+				now = m.l.now()
+				m.localUntil.Store(now.Add(m.hold).UnixNano())
+				res, err = m.decideLocally(key, now), nil
+			}
 		}
+		decided = err == nil
 	}
-	if err != nil {
+	if !decided {
 		m.opts.OnError(r, err)
 		// A client that is gone gets no fail-open: it may only have
 		// half-closed, and would read what the handler writes.
-		if m.opts.FailClosed || r.Context().Err() != nil {
+		if m.opts.Fallback != FallbackOpen || r.Context().Err() != nil {
 			if m.retry != "" {
 				w.Header().Set("Retry-After", m.retry)
 			}
@@ -306,6 +427,13 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		return
 	}
 	next.ServeHTTP(w, r)
+}
+
+// decideLocally is the FallbackLocal decision for key at now.
+func (m *middleware) decideLocally(key string, now time.Time) Result {
+	var res [1]Result
+	m.local.allow(key, now, 1, m.localPolicy, res[:])
+	return res[0]
 }
 
 func denied(w http.ResponseWriter, _ *http.Request, _ Result) {

@@ -546,6 +546,13 @@ func TestNewMiddlewareValidation(t *testing.T) {
 		{"unknown header", l, MiddlewareOptions{ClientIPHeader: 3}},
 		{"negative header", l, MiddlewareOptions{ClientIPHeader: -1}},
 		{"zero prefix", l, MiddlewareOptions{TrustedProxies: []netip.Prefix{testProxies[0], {}}}},
+		{"unknown fallback", l, MiddlewareOptions{Fallback: 3}},
+		{"negative fallback", l, MiddlewareOptions{Fallback: -1}},
+		{"fail closed and local", l, MiddlewareOptions{FailClosed: true, Fallback: FallbackLocal}},
+		{"negative local keys", l, MiddlewareOptions{Fallback: FallbackLocal, LocalKeys: -1}},
+		{"negative local hold", l, MiddlewareOptions{Fallback: FallbackLocal, LocalHold: -time.Second}},
+		{"local keys without local", l, MiddlewareOptions{LocalKeys: 10}},
+		{"local hold without local", l, MiddlewareOptions{Fallback: FallbackClosed, LocalHold: time.Second}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -568,6 +575,8 @@ func TestNewMiddlewareValidation(t *testing.T) {
 		{},
 		{IPv4PrefixLen: 32, IPv6PrefixLen: 128, ClientIPHeader: Forwarded, Timeout: time.Second},
 		{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104"), netip.MustParsePrefix("::/0")}},
+		{FailClosed: true, Fallback: FallbackClosed},
+		{Fallback: FallbackLocal, LocalKeys: 1, LocalHold: time.Millisecond},
 	} {
 		if mw, err := NewMiddleware(l, opts); err != nil || mw == nil {
 			t.Errorf("NewMiddleware(%+v) = %v, %v; want middleware, nil", opts, mw != nil, err)

@@ -44,9 +44,11 @@
 // 7239 Forwarded) and only from configured proxies, and answers with the
 // RateLimit-Policy and RateLimit header fields of
 // draft-ietf-httpapi-ratelimit-headers-11 and 429 Too Many Requests with
-// Retry-After. When Redis is unreachable it fails open by default, after a
-// bounded wait that the client cannot cut short, and never for a client
-// that has gone.
+// Retry-After. When Redis cannot answer within a bounded wait that the
+// client cannot cut short, MiddlewareOptions.Fallback decides: open (the
+// default; never for a client that has gone), closed (503), or local: a
+// memory-capped in-process limiter per key, so that whoever can slow Redis
+// cannot switch limiting off (see FallbackLocal for its accuracy).
 //
 // # Keys
 //
