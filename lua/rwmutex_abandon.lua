@@ -1,0 +1,90 @@
+-- rwmutex_abandon: give back what an abandoned attempt of a read-write lock
+-- took, or withdraw a writer-waiting mark whose writer gave up.
+--
+-- As mutex_abandon: the client sends this as soon as it abandons an attempt
+-- (its context ended, or the connection failed with the outcome unknown),
+-- without waiting for the attempt's reply, so it may reach Redis first. The
+-- tombstone written here then makes rwmutex_lock or rwmutex_rlock refuse the
+-- attempt when it arrives; if it arrives later, it releases exactly the
+-- acquisition that attempt made (the write hold tagged with it, or the read
+-- acquisition named by it) and nothing a later attempt took. Tombstones
+-- live for a lease.
+--
+-- Kind "m" only withdraws the writer-waiting mark, if this value set it (a
+-- Lock that gave up while waiting), so readers are not held up for the rest
+-- of the mark.
+--
+-- KEYS[1]  state hash
+-- KEYS[2]  readers sorted set
+-- KEYS[3]  tombstones hash
+-- KEYS[4]  readers' wake-up channel
+-- KEYS[5]  writers' wake-up channel
+-- ARGV[1]  owner id
+-- ARGV[2]  attempt id "nonce.seq"
+-- ARGV[3]  "w" (a Lock), "r" (an RLock) or "m" (withdraw the mark)
+-- ARGV[4]  "s" to publish with SPUBLISH (cluster), else PUBLISH
+-- ARGV[5]  how long a released hash is kept, in milliseconds
+-- ARGV[6]  how long the tombstone is kept (the lease), in milliseconds
+--
+-- Returns  1 if something was released or withdrawn, else 0.
+-- Complexity: O(log R) for R readers, plus the publishes.
+local function num(x) return string.format('%.0f', x) end
+local nonce, seq = string.match(ARGV[2], '^(.*)%.(%d+)$')
+if not nonce then
+  return redis.error_reply('rwmutex_abandon: malformed attempt id')
+end
+local pub = ARGV[4] == 's' and 'SPUBLISH' or 'PUBLISH'
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local h = redis.call('HMGET', KEYS[1], 'o', 'a', 'q', 'qn')
+local q = tonumber(h[3]) or 0
+local function clearMark()
+  if h[4] == nonce then
+    redis.call('HDEL', KEYS[1], 'q', 'qn')
+    q = 0
+    return true
+  end
+  return false
+end
+
+if ARGV[3] == 'm' then
+  local was = q
+  if clearMark() and was > now then
+    redis.call(pub, KEYS[4], '1000000')
+    return 1
+  end
+  return 0
+end
+
+local dead = tonumber(redis.call('HGET', KEYS[3], nonce))
+if not dead or dead < tonumber(seq) then
+  redis.call('HSET', KEYS[3], nonce, seq)
+end
+if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[6]) then
+  redis.call('PEXPIRE', KEYS[3], ARGV[6])
+end
+
+if ARGV[3] == 'w' then
+  if h[1] ~= ARGV[1] or h[2] ~= ARGV[2] then
+    return 0
+  end
+  clearMark()
+  redis.call('HDEL', KEYS[1], 'o', 'n', 'a', 'e')
+  redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ARGV[5]), q - now))
+  redis.call(pub, KEYS[5], '1')
+  if q <= now then
+    redis.call(pub, KEYS[4], '1000000')
+  end
+  return 1
+end
+
+local s = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[2]))
+if not s or s <= now then
+  return 0
+end
+redis.call('ZREM', KEYS[2], ARGV[2])
+if redis.call('ZCOUNT', KEYS[2], '(' .. num(now), '+inf') == 0 then
+  redis.call(pub, KEYS[5], '1')
+end
+return 1

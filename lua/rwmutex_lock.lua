@@ -1,0 +1,115 @@
+-- rwmutex_lock: take, or re-enter, the write side of a read-write lock.
+--
+-- State hash: o = writer's owner id, n = its holds, f = fencing token of the
+-- current (or last) write acquisition, a = the attempt that made it (see
+-- rwmutex_abandon), e = end of the writer's lease (server ms), r = "owner
+-- token" of the last write release (so a retried Unlock can tell its first
+-- try succeeded), q = end of the writer-waiting mark (server ms), qn = nonce
+-- of the RWMutex value that set it. A writer holds while o is set and e is
+-- in the future: expiry is judged from e, not from the key's TTL, which only
+-- collects garbage and may be longer (it also covers the mark and f).
+--
+-- Readers: a sorted set, member = read acquisition id, score = end of its
+-- lease (server ms). A released read acquisition stays for a moment with
+-- score -(release time + keep) so a retried RUnlock can tell; entries with a
+-- score in [-now, now] (expired, or released long enough ago) are garbage,
+-- removed at most 16 per call by this script and rwmutex_rlock.
+--
+-- Starvation: an outermost Lock that is refused (readers or another writer
+-- hold) sets the writer-waiting mark for ARGV[6] ms; while it is in the
+-- future, rwmutex_rlock refuses new read acquisitions (nested ones and the
+-- writer's own go through), so the readers drain and the writer gets in.
+-- The waiting writer refreshes the mark on each attempt; a writer that
+-- vanishes blocks new readers for one mark at most. A grant clears the mark
+-- if this value set it.
+--
+-- Tokens are the server's TIME in microseconds, or one more than the last
+-- token if that is larger (f stays for a while after a release).
+--
+-- The same value's attempts are ordered (ids "nonce.seq"), as in
+-- mutex_lock: an attempt older than the one holding is refused, and one
+-- whose give-back came first (a tombstone, nonce -> seq) refuses itself.
+--
+-- KEYS[1]  state hash
+-- KEYS[2]  readers sorted set
+-- KEYS[3]  tombstones hash: value nonce -> highest abandoned attempt seq
+-- ARGV[1]  owner id
+-- ARGV[2]  lease in milliseconds
+-- ARGV[3]  write holds the owner's client has now (0 for an outermost Lock)
+-- ARGV[4]  attempt id "nonce.seq" of an outermost Lock (ignored if nested)
+-- ARGV[5]  token of the hold a nested Lock joins (ignored if outermost)
+-- ARGV[6]  writer-waiting mark to set if refused, in ms (0: none, TryLock)
+--
+-- Returns  {1, holds, token} when the owner holds the write lock now;
+--          {0, ms until the blocking lease ends, 0} when refused;
+--          {-1, 0, 0} when a nested Lock's acquisition is gone.
+-- Complexity: O(log R) for R readers, plus at most 16 removals.
+local function num(x) return string.format('%.0f', x) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'a', 'e', 'qn')
+local e = tonumber(h[4]) or 0
+local held = h[1] and e > now
+local holds = tonumber(ARGV[3])
+
+if holds > 0 then
+  if held and h[1] == ARGV[1] and h[2] == ARGV[5] then
+    redis.call('HSET', KEYS[1], 'n', holds + 1)
+    return {1, holds + 1, tonumber(h[2])}
+  end
+  return {-1, 0, 0}
+end
+
+local an, as = string.match(ARGV[4], '^(.*)%.(%d+)$')
+if not an then
+  return redis.error_reply('rwmutex_lock: malformed attempt id')
+end
+local dead = redis.call('HGET', KEYS[3], an)
+if dead and tonumber(as) <= tonumber(dead) then
+  return {0, held and e - now or 0, 0}
+end
+
+local mark = tonumber(ARGV[6])
+local function refuse(wait)
+  if mark > 0 then
+    redis.call('HSET', KEYS[1], 'q', num(now + mark), 'qn', an)
+    if redis.call('PTTL', KEYS[1]) < mark then
+      redis.call('PEXPIRE', KEYS[1], mark)
+    end
+  end
+  return {0, math.max(wait, 1), 0}
+end
+
+if held and h[1] ~= ARGV[1] then
+  return refuse(e - now)
+end
+if held and h[3] then
+  local hn, hs = string.match(h[3], '^(.*)%.(%d+)$')
+  if hn == an and tonumber(as) < tonumber(hs) then
+    return {0, e - now, 0}
+  end
+end
+
+local old = redis.call('ZRANGEBYSCORE', KEYS[2], num(-now), num(now), 'LIMIT', 0, 16)
+if #old > 0 then
+  redis.call('ZREM', KEYS[2], unpack(old))
+end
+if redis.call('ZCOUNT', KEYS[2], '(' .. num(now), '+inf') > 0 then
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  return refuse(tonumber(last[2]) - now)
+end
+
+local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = tonumber(h[2])
+if last and last >= token then
+  token = last + 1
+end
+local lease = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', num(token), 'a', ARGV[4], 'e', num(now + lease))
+if h[5] == an then
+  redis.call('HDEL', KEYS[1], 'q', 'qn')
+end
+if redis.call('PTTL', KEYS[1]) < lease then
+  redis.call('PEXPIRE', KEYS[1], lease)
+end
+return {1, 1, token}

@@ -1,0 +1,48 @@
+-- rwmutex_unlock: give back one write hold of a read-write lock; on the
+-- last, release the write lock and wake waiters.
+--
+-- See rwmutex_lock for the keys. Only the owner, for the acquisition named
+-- by its token and while its lease runs, can unlock. The client sends the
+-- holds it has; the lock is left with one fewer, so a retry after a lost
+-- reply does not remove two. On release f (for the next token) and r (for a
+-- retried final Unlock) stay for a moment, the mark for as long as it runs.
+-- The release wakes one waiting writer per subscribed process and, unless a
+-- writer-waiting mark runs (readers would be refused), every waiting reader.
+--
+-- KEYS[1]  state hash
+-- KEYS[2]  readers' wake-up channel
+-- KEYS[3]  writers' wake-up channel
+-- ARGV[1]  owner id
+-- ARGV[2]  write holds the owner's client has (>= 1)
+-- ARGV[3]  token of the acquisition
+-- ARGV[4]  "s" to publish with SPUBLISH (cluster), else PUBLISH
+-- ARGV[5]  how long the released hash is kept, in milliseconds
+--
+-- Returns  holds left (0: released), or -1 when the owner does not hold it.
+-- Complexity: O(1) plus the publishes (O(subscribers)).
+local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'r', 'e', 'q')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+if h[1] == ARGV[1] and h[2] == ARGV[3] and (tonumber(h[4]) or 0) > now then
+  local n = tonumber(ARGV[2]) - 1
+  if n > 0 then
+    redis.call('HSET', KEYS[1], 'n', n)
+    return n
+  end
+  redis.call('HDEL', KEYS[1], 'o', 'n', 'a', 'e')
+  redis.call('HSET', KEYS[1], 'r', ARGV[1] .. ' ' .. ARGV[3])
+  local keep = tonumber(ARGV[5])
+  local q = tonumber(h[5]) or 0
+  redis.call('PEXPIRE', KEYS[1], math.max(keep, q - now))
+  local pub = ARGV[4] == 's' and 'SPUBLISH' or 'PUBLISH'
+  redis.call(pub, KEYS[3], '1')
+  if q <= now then
+    redis.call(pub, KEYS[2], '1000000')
+  end
+  return 0
+end
+if h[3] == ARGV[1] .. ' ' .. ARGV[3] then
+  return 0 -- an earlier try of this Unlock released it; its reply was lost
+end
+return -1

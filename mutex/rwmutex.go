@@ -1,0 +1,771 @@
+package mutex
+
+// The read-write lock. It shares a Locker's watchdog, subscriptions and
+// give-back machinery with Mutex and follows the same rules for owners,
+// leases, loss, fencing tokens and abandoned attempts; this file only
+// describes where it differs.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/rueidis"
+
+	"github.com/sluicekit/sluice/internal/keyspace"
+	"github.com/sluicekit/sluice/internal/lease"
+	"github.com/sluicekit/sluice/internal/notify"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// ErrUpgrade means Lock was called on an RWMutex that holds read holds but
+// not the write lock. Upgrading in place would deadlock as soon as two
+// readers tried it at once; release the read holds first (a writer may take
+// read holds, so the other way round, downgrading, works).
+var ErrUpgrade = errors.New("mutex: write lock requested while holding only read holds")
+
+// maxWriterMark bounds the writer-waiting mark (see RWMutex).
+const maxWriterMark = 2 * time.Second
+
+// readersBudget is the wake-up budget a writer's release publishes to
+// readers: large enough to wake every waiting reader of a process.
+const readersBudget = "1000000"
+
+// rwScripts are the read-write lock's scripts, looked up once per RWMutex.
+type rwScripts struct {
+	lock, rlock, unlock, runlock, renew, abandon, force, info *scriptcache.Script
+}
+
+func (l *Locker) rwScripts() (*rwScripts, error) {
+	s := &rwScripts{}
+	for name, dst := range map[string]**scriptcache.Script{
+		"rwmutex_lock": &s.lock, "rwmutex_rlock": &s.rlock, "rwmutex_unlock": &s.unlock,
+		"rwmutex_runlock": &s.runlock, "rwmutex_renew": &s.renew, "rwmutex_abandon": &s.abandon,
+		"rwmutex_force": &s.force, "rwmutex_info": &s.info,
+	} {
+		var err error
+		if *dst, err = l.sc.Script(name); err != nil {
+			return nil, fmt.Errorf("mutex: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// NewRWMutex returns an RWMutex for the read-write lock called name, with
+// its own owner id. It does not talk to Redis. WithOwner and WithLease work
+// as for NewMutex; the lease applies to the write and the read holds alike.
+//
+// A read-write lock and a Mutex of the same name are different locks (their
+// keys differ): they do not exclude each other.
+func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) {
+	if err := keyspace.CheckName(name); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidName, err)
+	}
+	// The options are written for a Mutex; apply them to a scratch one and
+	// take what they set.
+	scratch := &Mutex{l: l}
+	scratch.setLease(l.opts.Lease)
+	for _, opt := range opts {
+		if err := opt(scratch); err != nil {
+			return nil, err
+		}
+	}
+	s, err := l.rwScripts()
+	if err != nil {
+		return nil, err
+	}
+	p := l.opts.Prefix
+	h, z, tomb := keyspace.Key(p, name, ":rw.h"), keyspace.Key(p, name, ":rw.z"), keyspace.Key(p, name, ":rw.t")
+	rch, wch := keyspace.Key(p, name, ":rw.rd"), keyspace.Key(p, name, ":rw.wr")
+	rw := &RWMutex{
+		l:           l,
+		s:           s,
+		name:        name,
+		owner:       scratch.owner,
+		lease:       scratch.lease,
+		watchdog:    scratch.watchdog,
+		leaseMs:     scratch.leaseMs,
+		keepMs:      scratch.keepMs,
+		mark:        min(scratch.lease, maxWriterMark),
+		lockKeys:    []string{h, z, tomb},
+		unlockKeys:  []string{h, rch, wch},
+		runlockKeys: []string{z, wch},
+		renewKeys:   []string{h, z},
+		abandonKeys: []string{h, z, tomb, rch, wch},
+		forceKeys:   []string{h, z, rch, wch},
+		rch:         rch,
+		wch:         wch,
+	}
+	rw.markMs = strconv.FormatInt(rw.mark.Milliseconds(), 10)
+	if rw.owner == "" {
+		rw.owner = uuid.NewString()
+	}
+	rw.nonce = strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
+	if rw.watchdog {
+		rw.w.renew, rw.r.renew = rw.renewWrite, rw.renewRead
+	}
+	return rw, nil
+}
+
+// RWMutex is one owner of one named read-write lock: any number of readers
+// or one writer at a time.
+//
+// # Holds
+//
+// Lock takes the write lock and RLock a read hold; both nest, and each
+// Unlock or RUnlock undoes one. An RWMutex that holds the write lock may
+// also take read holds (they then go through whatever is waiting) and keep
+// them after its Unlock: that downgrades the lock without letting a writer
+// in between. The opposite, Lock while holding only read holds, returns
+// ErrUpgrade at once instead of deadlocking.
+//
+// As with Mutex, the owner is the value: goroutines that must exclude each
+// other need an RWMutex each, even readers that share (two goroutines
+// calling RLock on one value just nest).
+//
+// # Writers are not starved
+//
+// A Lock that finds the lock taken (by readers or another writer) leaves a
+// writer-waiting mark in Redis that lasts min(lease, 2 s) and renews it on
+// each of its attempts, at least every third of that. While the mark runs,
+// new readers are refused; readers that already hold may still nest, and
+// the writer's own read holds go through, so the readers drain and the
+// writer gets in, clearing the mark. A writer that gives up withdraws its
+// mark; one that crashes holds up new readers for one mark at most. TryLock
+// leaves no mark. Among waiting writers there is no queue: whichever tries
+// first after a release wins, as with Mutex.
+//
+// # Leases
+//
+// The write lock and every read acquisition have a lease of their own,
+// renewed by the Locker's watchdog (or a fixed lease, WithLease), and the
+// server judges each from its own end time: a crashed reader's hold ends
+// with its lease and no longer keeps writers out. Expired readers are
+// removed at most 16 at a time by later acquisitions, so no call's work
+// grows with a crowd of dead readers; until then they are only ignored.
+//
+// # Loss
+//
+// Lost's channel closes at the first loss of any hold this value has (the
+// write lock or its read acquisition) and stays closed until the value
+// holds nothing and acquires again; Err says which hold was lost and why.
+// The rules of Mutex apply to each kind of hold: a loss reported during a
+// final Unlock or RUnlock counts only if the release fails, and the first
+// Unlock or RUnlock after a loss gives back what Redis may still keep.
+//
+// # Fencing tokens
+//
+// Each outermost write acquisition gets a token, strictly greater than
+// those of every earlier write acquisition of the name, with the same
+// caveats as Mutex tokens. Read holds get none.
+//
+// # Waking
+//
+// Waiting writers and waiting readers listen on two channels. A writer's
+// release wakes one waiting writer per process and, unless a writer-waiting
+// mark runs, every waiting reader; the last reader's release wakes one
+// waiting writer per process.
+//
+// # Keys
+//
+// A read-write lock named N uses PREFIX{N}:rw.h (the writer, the last token
+// and the writer-waiting mark), PREFIX{N}:rw.z (read acquisitions by lease
+// end), PREFIX{N}:rw.t (tombstones of abandoned attempts) and the channels
+// PREFIX{N}:rw.rd (readers) and PREFIX{N}:rw.wr (writers), all in one cluster
+// slot. Every key has a TTL no longer than the longest lease or mark it
+// covers; a free lock leaves nothing after min(1 s, lease), or a lease
+// after an abandoned attempt.
+//
+// Its methods are safe for concurrent use.
+type RWMutex struct {
+	l                                                         *Locker
+	s                                                         *rwScripts
+	name                                                      string
+	owner                                                     string
+	lease                                                     time.Duration
+	watchdog                                                  bool
+	leaseMs, keepMs, markMs                                   string
+	mark                                                      time.Duration // writer-waiting mark
+	lockKeys, unlockKeys, runlockKeys, renewKeys, abandonKeys []string
+	forceKeys                                                 []string
+	rch, wch                                                  string // readers' and writers' wake-up channels
+	nonce                                                     string // random; attempt ids are nonce.seq
+
+	op       sync.Mutex // one script call at a time, so hold counts stay in step
+	attempts uint64     // outermost attempts so far, names each; guarded by op
+
+	mu   sync.Mutex // guards the fields below; never held across a call
+	w, r rwSide
+	gen  uint64        // counts outermost acquisitions of either kind
+	lost chan struct{} // made on demand by Lost; closedChan once lost
+	err  error
+}
+
+// rwSide is the state of one kind of hold (write or read) of an RWMutex.
+// Its fields, except renew, are guarded by RWMutex.mu.
+type rwSide struct {
+	renew lease.Renew // nil for a fixed lease; set once
+
+	holds int64
+	id    string // write: the token as sent; read: the acquisition id
+	token int64  // write only
+	gen   uint64 // of the current acquisition
+	lse   *lease.Lease
+	// releasing is the gen whose final release is in flight; a loss
+	// reported meanwhile waits in pending (see Mutex.Unlock).
+	releasing uint64
+	pending   error
+	// orphan is the id of a hold declared lost that the server may still
+	// keep; the next release gives it back.
+	orphan string
+}
+
+func (rw *RWMutex) side(write bool) *rwSide {
+	if write {
+		return &rw.w
+	}
+	return &rw.r
+}
+
+func kind(write bool) string {
+	if write {
+		return "write"
+	}
+	return "read"
+}
+
+// Name returns the lock's name.
+func (rw *RWMutex) Name() string { return rw.name }
+
+// Owner returns this RWMutex's owner id.
+func (rw *RWMutex) Owner() string { return rw.owner }
+
+// Lock acquires the write lock, or one more write hold if this RWMutex
+// already holds it, waiting as long as ctx allows. If ctx ends first it
+// returns an error wrapping ErrNotObtained and ctx.Err(), holds nothing
+// more, and withdraws its writer-waiting mark.
+func (rw *RWMutex) Lock(ctx context.Context) error { return rw.acquire(ctx, true) }
+
+// RLock takes a read hold, or one more if this RWMutex already has one,
+// waiting as long as ctx allows; errors as for Lock.
+func (rw *RWMutex) RLock(ctx context.Context) error { return rw.acquire(ctx, false) }
+
+// TryLock makes one attempt at the write lock: nil if it is now held by
+// this RWMutex, an error wrapping ErrNotObtained if readers or another
+// writer hold it. It leaves no writer-waiting mark.
+func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.try(ctx, true) }
+
+// TryRLock makes one attempt at a read hold: nil if granted, an error
+// wrapping ErrNotObtained if a writer holds the lock or waits for it.
+func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.try(ctx, false) }
+
+func (rw *RWMutex) try(ctx context.Context, write bool) error {
+	ok, _, err := rw.attempt(ctx, write, false)
+	if ok || err != nil {
+		return rw.ctxErr(ctx, err)
+	}
+	return fmt.Errorf("%w: %q (%s) is held", ErrNotObtained, rw.name, kind(write))
+}
+
+func (rw *RWMutex) acquire(ctx context.Context, write bool) (err error) {
+	ok, wait, err := rw.attempt(ctx, write, true)
+	if ok || err != nil {
+		return rw.ctxErr(ctx, err)
+	}
+	if write {
+		// The refusal left a writer-waiting mark; take it back unless this
+		// Lock ends up holding.
+		defer func() {
+			if err != nil {
+				rw.giveBack(rw.nonce+".0", "m")
+			}
+		}()
+	}
+	ch := rw.rch
+	if write {
+		ch = rw.wch
+	}
+	wt, err := rw.l.hub.Subscribe(ch, 1)
+	if err != nil {
+		return ErrClosed
+	}
+	defer func() {
+		if ok {
+			wt.Close()
+		} else {
+			wt.Leave()
+		}
+	}()
+	if err := wt.Ready(ctx, rw.capWait(write, wait)); err != nil {
+		return rw.waitErr(ctx, err)
+	}
+	for {
+		if ok, wait, err = rw.attempt(ctx, write, true); ok {
+			return nil
+		}
+		if err != nil {
+			return rw.ctxErr(ctx, err)
+		}
+		if err := wt.Wait(ctx, rw.capWait(write, wait)); err != nil {
+			return rw.waitErr(ctx, err)
+		}
+		if rw.l.closed.Load() {
+			return ErrClosed
+		}
+	}
+}
+
+// capWait bounds a waiting writer's sleep so that it renews its mark in
+// time.
+func (rw *RWMutex) capWait(write bool, wait time.Duration) time.Duration {
+	if write {
+		return min(wait, rw.mark/3)
+	}
+	return wait
+}
+
+func (rw *RWMutex) waitErr(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, notify.ErrClosed):
+		return ErrClosed
+	case ctx.Err() != nil:
+		return rw.notObtained(err)
+	}
+	return fmt.Errorf("mutex: lock %q: %w", rw.name, err)
+}
+
+func (rw *RWMutex) notObtained(cause error) error {
+	return fmt.Errorf("%w: %q: %w", ErrNotObtained, rw.name, cause)
+}
+
+func (rw *RWMutex) ctxErr(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return rw.notObtained(cerr)
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return rw.notObtained(err)
+	}
+	return err
+}
+
+// attempt runs the lock or rlock script once. It reports whether the hold
+// is now taken and, if not, how long to wait before trying again. mark
+// asks a write attempt to leave a writer-waiting mark if refused.
+func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Duration, error) {
+	if rw.l.closed.Load() {
+		return false, 0, ErrClosed
+	}
+	rw.op.Lock()
+	defer rw.op.Unlock()
+	rw.mu.Lock()
+	sd := rw.side(write)
+	holds, heldGen, id := sd.holds, sd.gen, sd.id
+	writeToken := ""
+	if rw.w.holds > 0 {
+		writeToken = rw.w.id
+	}
+	upgrade := write && holds == 0 && rw.r.holds > 0
+	rw.mu.Unlock()
+	if upgrade {
+		return false, 0, fmt.Errorf("%w: %q", ErrUpgrade, rw.name)
+	}
+
+	sent := time.Now()
+	var script *scriptcache.Script
+	var argv []string
+	attemptID := ""
+	if holds == 0 {
+		rw.attempts++
+		attemptID = rw.nonce + "." + strconv.FormatUint(rw.attempts, 10)
+	}
+	if write {
+		script = rw.s.lock
+		markMs := "0"
+		if mark {
+			markMs = rw.markMs
+		}
+		argv = []string{rw.owner, rw.leaseMs, strconv.FormatInt(holds, 10), attemptID, id, markMs}
+	} else {
+		script = rw.s.rlock
+		ref := attemptID
+		if holds > 0 {
+			ref = id
+		}
+		argv = []string{rw.owner, rw.leaseMs, strconv.FormatInt(holds, 10), ref, writeToken}
+	}
+	kindArg := "r"
+	if write {
+		kindArg = "w"
+	}
+	var r []rueidis.RedisMessage
+	var err error
+	acks := int64(-1) // not asked
+	if rw.l.opts.ReplicaAcks > 0 && holds == 0 {
+		var res rueidis.RedisResult
+		res, acks, err = script.ExecWaitOrLate(ctx, rw.lockKeys, argv, int64(rw.l.opts.ReplicaAcks), rw.l.opts.ReplicaTimeout,
+			func(late rueidis.RedisResult, _ int64, _ error) {
+				if grantedOrUnknown(late) {
+					rw.giveBack(attemptID, kindArg)
+				}
+			})
+		if err == nil {
+			r, err = res.ToArray()
+		}
+	} else {
+		r, err = script.Exec(ctx, rw.lockKeys, argv).ToArray()
+		if _, isReply := rueidis.IsRedisErr(err); err != nil && holds == 0 && !isReply {
+			// The outcome is unknown and nobody would know of a grant:
+			// give it back at once (see Mutex, abandoned attempts).
+			rw.giveBack(attemptID, kindArg)
+		}
+	}
+	if err != nil {
+		return false, 0, fmt.Errorf("mutex: lock %q (%s): %w", rw.name, kind(write), err)
+	}
+	if len(r) != 3 {
+		return false, 0, fmt.Errorf("mutex: lock %q (%s): unexpected reply of %d values", rw.name, kind(write), len(r))
+	}
+	got, _ := r[0].AsInt64()
+	n, _ := r[1].AsInt64()
+	if got < 0 {
+		return false, 0, rw.foundNotHeld(write, heldGen)
+	}
+	if got == 0 {
+		return false, max(time.Duration(n)*time.Millisecond, time.Millisecond), nil
+	}
+	token, _ := r[2].AsInt64()
+	newID := attemptID
+	if write {
+		newID = strconv.FormatInt(token, 10)
+	}
+	if acks >= 0 && acks < int64(rw.l.opts.ReplicaAcks) {
+		rw.releaseGrant(ctx, write, newID)
+		return false, 0, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, rw.name, acks, rw.l.opts.ReplicaAcks)
+	}
+	if holds > 0 {
+		rw.mu.Lock()
+		defer rw.mu.Unlock()
+		if sd.gen != heldGen || sd.holds == 0 {
+			// Declared lost while the call was in flight.
+			return false, 0, rw.err
+		}
+		if write {
+			sd.holds = n
+		} else {
+			sd.holds++
+		}
+		return true, 0, nil
+	}
+
+	// An outermost hold: start watching its lease.
+	rw.mu.Lock()
+	rw.gen++
+	gen := rw.gen
+	if rw.w.holds == 0 && rw.r.holds == 0 {
+		rw.err, rw.lost = nil, nil // a fresh start: nothing else is held
+	}
+	sd.gen, sd.holds, sd.id, sd.token, sd.orphan = gen, 1, newID, token, ""
+	rw.mu.Unlock()
+	lse := rw.l.keeper.Add(sent, rw.lease, sd.renew, func(err error) { rw.lose(write, gen, err) })
+	rw.mu.Lock()
+	if sd.gen == gen && sd.holds > 0 {
+		sd.lse = lse
+		rw.mu.Unlock()
+		return true, 0, nil
+	}
+	lostErr := rw.err
+	rw.mu.Unlock()
+	rw.releaseGrant(ctx, write, newID)
+	if errors.Is(lostErr, lease.ErrClosed) {
+		return false, 0, ErrClosed
+	}
+	return false, 0, fmt.Errorf("%w: %w", ErrNotObtained, lostErr)
+}
+
+// giveBack sends, in the background, the rwmutex_abandon script for an
+// attempt nobody waits for (kind "w" or "r"), or to withdraw this value's
+// writer-waiting mark (kind "m"). Like Locker.giveBack, the Locker's Close
+// waits for it.
+func (rw *RWMutex) giveBack(attempt, kind string) {
+	l := rw.l
+	l.bgMu.Lock()
+	if l.bgClosed {
+		l.bgMu.Unlock()
+		return // the lease (or the mark) will end it
+	}
+	l.bg.Add(1)
+	l.bgMu.Unlock()
+	go func() {
+		defer l.bg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), rw.lease)
+		defer cancel()
+		rw.s.abandon.Exec(ctx, rw.abandonKeys, []string{rw.owner, attempt, kind, l.pubMode, rw.keepMs, rw.leaseMs})
+	}()
+}
+
+// releaseGrant gives back, at once, a grant this RWMutex will not keep.
+// Called with rw.op held.
+func (rw *RWMutex) releaseGrant(ctx context.Context, write bool, id string) {
+	ctx = context.WithoutCancel(ctx)
+	if write {
+		rw.s.unlock.Exec(ctx, rw.unlockKeys, []string{rw.owner, "1", id, rw.l.pubMode, rw.keepMs})
+	} else {
+		rw.s.runlock.Exec(ctx, rw.runlockKeys, []string{id, rw.l.pubMode, rw.keepMs})
+	}
+}
+
+// foundNotHeld records that the server no longer has acquisition gen of
+// the given kind, as a nested Lock or RLock found, and returns the error.
+func (rw *RWMutex) foundNotHeld(write bool, gen uint64) error {
+	rw.mu.Lock()
+	sd := rw.side(write)
+	lse := sd.lse
+	if sd.gen == gen && sd.holds > 0 {
+		sd.lse = nil
+	} else {
+		lse = nil
+	}
+	rw.mu.Unlock()
+	if lse != nil {
+		lse.Stop()
+	}
+	rw.lose(write, gen, errFoundNotHeld)
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.err != nil {
+		return rw.err
+	}
+	return fmt.Errorf("%w: %q (%s): %w", ErrLost, rw.name, kind(write), errFoundNotHeld)
+}
+
+func (rw *RWMutex) renewWrite(ctx context.Context) error {
+	rw.mu.Lock()
+	args := []string{"w", rw.owner, rw.w.id, rw.leaseMs}
+	rw.mu.Unlock()
+	return rw.renew(ctx, args)
+}
+
+func (rw *RWMutex) renewRead(ctx context.Context) error {
+	rw.mu.Lock()
+	args := []string{"r", rw.r.id, "", rw.leaseMs}
+	rw.mu.Unlock()
+	return rw.renew(ctx, args)
+}
+
+func (rw *RWMutex) renew(ctx context.Context, args []string) error {
+	ok, err := rw.s.renew.Exec(ctx, rw.renewKeys, args).AsInt64()
+	if err != nil {
+		return err
+	}
+	if ok == 0 {
+		return fmt.Errorf("%w: deleted, expired or forced", lease.ErrGone)
+	}
+	return nil
+}
+
+// lose records the loss of acquisition gen of the given kind.
+func (rw *RWMutex) lose(write bool, gen uint64, cause error) {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	sd := rw.side(write)
+	if sd.gen != gen || sd.holds == 0 {
+		return
+	}
+	if sd.releasing == gen {
+		if sd.pending == nil {
+			sd.pending = cause
+		}
+		return
+	}
+	rw.loseLocked(write, cause)
+}
+
+// loseLocked declares the current hold of the given kind lost. Called with
+// rw.mu held.
+func (rw *RWMutex) loseLocked(write bool, cause error) {
+	sd := rw.side(write)
+	sd.holds, sd.lse, sd.orphan = 0, nil, sd.id
+	rw.err = fmt.Errorf("%w: %q (%s): %w", ErrLost, rw.name, kind(write), cause)
+	if rw.lost != nil && rw.lost != closedChan {
+		close(rw.lost)
+	}
+	rw.lost = closedChan
+}
+
+// Unlock gives back one write hold; the last one releases the write lock
+// and wakes waiters. Errors as for Mutex.Unlock: ErrNotHeld if this
+// RWMutex does not hold the write lock (wrapping Err after a loss, whose
+// leftovers the first such Unlock gives back), and any other error leaves
+// the hold counted so that calling Unlock again is safe.
+func (rw *RWMutex) Unlock(ctx context.Context) error { return rw.release(ctx, true) }
+
+// RUnlock gives back one read hold; the last one releases the read
+// acquisition, and the last reader's release wakes a waiting writer.
+// Nested read holds are counted here, so only the last RUnlock talks to
+// Redis. Errors as for Unlock.
+func (rw *RWMutex) RUnlock(ctx context.Context) error { return rw.release(ctx, false) }
+
+func (rw *RWMutex) release(ctx context.Context, write bool) error {
+	rw.op.Lock()
+	defer rw.op.Unlock()
+	rw.mu.Lock()
+	sd := rw.side(write)
+	holds, id, lostErr, heldGen, orphan := sd.holds, sd.id, rw.err, sd.gen, sd.orphan
+	switch {
+	case holds == 0:
+		sd.orphan = ""
+	case holds == 1:
+		sd.releasing = heldGen
+	case !write:
+		sd.holds-- // a nested read hold: nothing on the server
+		rw.mu.Unlock()
+		return nil
+	}
+	rw.mu.Unlock()
+	if holds == 0 {
+		if orphan != "" {
+			rw.releaseGrant(ctx, write, orphan)
+		}
+		if lostErr != nil {
+			return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
+		}
+		return fmt.Errorf("%w: %q (%s)", ErrNotHeld, rw.name, kind(write))
+	}
+	var left int64
+	var err error
+	if write {
+		left, err = rw.s.unlock.Exec(ctx, rw.unlockKeys, []string{rw.owner, strconv.FormatInt(holds, 10), id, rw.l.pubMode, rw.keepMs}).AsInt64()
+	} else {
+		left, err = rw.s.runlock.Exec(ctx, rw.runlockKeys, []string{id, rw.l.pubMode, rw.keepMs}).AsInt64()
+	}
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	pending := sd.pending
+	sd.releasing, sd.pending = 0, nil
+	if err != nil {
+		if pending != nil && sd.gen == heldGen && sd.holds > 0 {
+			rw.loseLocked(write, pending)
+		}
+		return fmt.Errorf("mutex: unlock %q (%s): %w", rw.name, kind(write), err)
+	}
+	if sd.gen != heldGen || sd.holds == 0 {
+		return fmt.Errorf("%w: %w", ErrNotHeld, rw.err)
+	}
+	if left < 0 {
+		if sd.lse != nil {
+			sd.lse.Stop()
+		}
+		rw.loseLocked(write, errors.New("found not held at unlock"))
+		sd.orphan = ""
+		return fmt.Errorf("%w: %w", ErrNotHeld, rw.err)
+	}
+	sd.holds = left
+	if left == 0 {
+		if sd.lse != nil {
+			sd.lse.Stop()
+			sd.lse = nil
+		}
+		sd.token = 0
+		if rw.w.holds == 0 && rw.r.holds == 0 {
+			rw.lost = nil // Lost returns closedChan until the next hold
+		}
+	}
+	return nil
+}
+
+// Token returns the fencing token of the current write hold, or 0 if this
+// RWMutex does not hold the write lock.
+func (rw *RWMutex) Token() int64 {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.w.holds == 0 {
+		return 0
+	}
+	return rw.w.token
+}
+
+// Holds returns how many write and read holds this RWMutex has.
+func (rw *RWMutex) Holds() (write, read int64) {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	return rw.w.holds, rw.r.holds
+}
+
+// Lost returns a channel that is closed when a hold of this RWMutex is
+// lost (see RWMutex). If nothing is held it returns a closed channel. A
+// normal Unlock or RUnlock does not close it.
+func (rw *RWMutex) Lost() <-chan struct{} {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.w.holds == 0 && rw.r.holds == 0 {
+		return closedChan
+	}
+	if rw.lost == nil {
+		rw.lost = make(chan struct{})
+	}
+	return rw.lost
+}
+
+// Err returns why a hold was last lost (wrapping ErrLost), or nil. It is
+// reset when the RWMutex acquires again while holding nothing.
+func (rw *RWMutex) Err() error {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	return rw.err
+}
+
+// RWInfo is what Redis says about a read-write lock.
+type RWInfo struct {
+	Writer        string        // owner id of the writer; "" if none
+	WriteHolds    int64         // the writer's hold count
+	Token         int64         // token of the current (or last) write acquisition
+	WriteRemain   time.Duration // remaining write lease; 0 if no writer
+	Readers       int64         // read acquisitions whose lease runs
+	WriterWaiting time.Duration // remaining writer-waiting mark; 0 if none
+}
+
+// Info reads the lock's state from Redis: whoever holds it, not only this
+// RWMutex.
+func (rw *RWMutex) Info(ctx context.Context) (RWInfo, error) {
+	vals, err := rw.s.info.Exec(ctx, rw.renewKeys, nil).ToArray()
+	if err != nil {
+		return RWInfo{}, fmt.Errorf("mutex: info %q: %w", rw.name, err)
+	}
+	if len(vals) != 6 {
+		return RWInfo{}, fmt.Errorf("mutex: info %q: unexpected reply of %d values", rw.name, len(vals))
+	}
+	var in RWInfo
+	in.Writer, _ = vals[0].ToString()
+	in.WriteHolds, _ = vals[1].AsInt64()
+	in.Token, _ = vals[2].AsInt64()
+	remain, _ := vals[3].AsInt64()
+	in.WriteRemain = time.Duration(remain) * time.Millisecond
+	in.Readers, _ = vals[4].AsInt64()
+	mark, _ := vals[5].AsInt64()
+	in.WriterWaiting = time.Duration(mark) * time.Millisecond
+	return in, nil
+}
+
+// ForceUnlock releases the lock whoever holds it, the writer and every
+// reader, and wakes the waiters. It reports whether anything was held. The
+// holders learn of it at their next renewal (or release) and are told
+// through Lost. A writer-waiting mark stays. Its cost grows with the
+// number of readers.
+func (rw *RWMutex) ForceUnlock(ctx context.Context) (bool, error) {
+	vals, err := rw.s.force.Exec(ctx, rw.forceKeys, []string{rw.l.pubMode, rw.keepMs}).AsIntSlice()
+	if err != nil {
+		return false, fmt.Errorf("mutex: force unlock %q: %w", rw.name, err)
+	}
+	if len(vals) != 2 {
+		return false, fmt.Errorf("mutex: force unlock %q: unexpected reply of %d values", rw.name, len(vals))
+	}
+	return vals[0]+vals[1] > 0, nil
+}
