@@ -1,7 +1,7 @@
 -- mutex_lock: take, or re-enter, a reentrant lease lock.
 --
 -- The lock is a hash: o = owner id, n = holds, f = fencing token of the
--- current acquisition, a = the attempt that made it (see mutex_abandon),
+-- current acquisition, a = the attempt that made it (see mutex_release),
 -- r = "owner token" of the last release (kept so that a retried Unlock can
 -- tell its first try succeeded). A hash without o is free.
 --
@@ -25,10 +25,24 @@
 -- by its caller and arrives late; granting it would re-tag the hold so that
 -- its give-back released the newer hold, so it is refused. An attempt
 -- whose caller gave up before the reply is refused too if its give-back
--- (mutex_abandon) got here first and left a tombstone: the give-back is
+-- (mutex_release "a") got here first and left a tombstone: the give-back is
 -- sent at once, without waiting for the attempt's reply, so the two can
 -- reach Redis in either order and neither order leaves a grant nobody
 -- knows of.
+--
+-- A call that repeats the attempt id of the current hold (a hand-off from
+-- mutex_release granted it to this waiting Lock, or a retry of a call whose
+-- reply was lost) is told it holds the lock, with its token, and the lease
+-- starts again from now.
+--
+-- Fair Locks (ARGV[6] = "f") queue: a fair Lock takes a free lock only if no
+-- live waiter is queued before it; otherwise it adds (or refreshes) its
+-- entry, "expiry_ms owner", which dies a lease after its last refresh
+-- unless the waiting Lock refreshes it. mutex_release hands the lock to the
+-- first live entry. Up to 16 dead entries at the head are dropped per call;
+-- if that many were dropped without reaching a live one, the call does not
+-- take the lock (a live waiter may still be queued behind them) and answers
+-- "try again now" (wait 0). Unfair Locks ignore the queue.
 --
 -- Fencing tokens are the server's TIME in microseconds, or one more than the
 -- previous token if that is larger (it is kept briefly after a release), so
@@ -36,19 +50,25 @@
 --
 -- KEYS[1]  lock hash
 -- KEYS[2]  tombstones: Mutex value nonce -> highest abandoned attempt seq
+-- KEYS[3]  queue: sorted set of attempt ids by arrival
+-- KEYS[4]  queue entries: attempt id -> "expiry_ms owner"
 -- ARGV[1]  owner id
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  holds the owner's client has now (0 for an outermost Lock)
 -- ARGV[4]  attempt id "nonce.seq" of an outermost Lock (ignored when nested)
 -- ARGV[5]  token of the hold a nested Lock joins (ignored when outermost)
+-- ARGV[6]  "f" for a fair Lock, "t" for a fair TryLock (respects the queue
+--          but does not join it), else ""
 --
 -- Returns  {1, holds, token} when the owner holds the lock now;
 --          {0, remaining lease in ms (-1: no TTL), 0} when another owner
 --          (or a newer attempt of the same Mutex) does, or the attempt was
 --          abandoned ({0, 0, 0} if the lock is free);
+--          {0, -2, 0} when the lock is free but a fair waiter queued
+--          earlier has the turn;
 --          {-1, 0, 0} when a nested Lock's acquisition is gone.
--- Complexity: O(1).
-local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'a')
+-- Complexity: O(log Q) for Q queued waiters (O(1) unfair).
+local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'a', 'n')
 local holds = tonumber(ARGV[3])
 
 if holds > 0 then
@@ -59,12 +79,40 @@ if holds > 0 then
   return {-1, 0, 0}
 end
 
-if h[1] and h[1] ~= ARGV[1] then
-  return {0, redis.call('PTTL', KEYS[1]), 0}
-end
 local an, as = string.match(ARGV[4], '^(.*)%.(%d+)$')
 if not an then
   return redis.error_reply('mutex_lock: malformed attempt id')
+end
+local dead = redis.call('HGET', KEYS[2], an)
+if dead and tonumber(as) <= tonumber(dead) then
+  return {0, h[1] and redis.call('PTTL', KEYS[1]) or 0, 0}
+end
+if h[1] == ARGV[1] and h[3] == ARGV[4] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, tonumber(h[4]), tonumber(h[2])}
+end
+local fair = ARGV[6] == 'f' or ARGV[6] == 't'
+local now
+if fair then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function enqueue(wait)
+  if ARGV[6] == 'f' then
+    if not redis.call('ZSCORE', KEYS[3], ARGV[4]) then
+      local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+      redis.call('ZADD', KEYS[3], (tonumber(last) or 0) + 1, ARGV[4])
+    end
+    redis.call('HSET', KEYS[4], ARGV[4], string.format('%d', now + tonumber(ARGV[2])) .. ' ' .. ARGV[1])
+    redis.call('PEXPIRE', KEYS[3], ARGV[2])
+    redis.call('PEXPIRE', KEYS[4], ARGV[2])
+  end
+  return {0, wait, 0}
+end
+
+if h[1] and h[1] ~= ARGV[1] then
+  return enqueue(redis.call('PTTL', KEYS[1]))
 end
 if h[1] and h[3] then
   local hn, hs = string.match(h[3], '^(.*)%.(%d+)$')
@@ -72,9 +120,29 @@ if h[1] and h[3] then
     return {0, redis.call('PTTL', KEYS[1]), 0}
   end
 end
-local dead = redis.call('HGET', KEYS[2], an)
-if dead and tonumber(as) <= tonumber(dead) then
-  return {0, h[1] and redis.call('PTTL', KEYS[1]) or 0, 0}
+if fair then
+  -- The lock is free (or ours from an earlier, lost acquisition): take it
+  -- only if no live waiter is queued before this one.
+  local reaped = 0
+  while true do
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if not head or head == ARGV[4] then
+      break
+    end
+    local e = redis.call('HGET', KEYS[4], head)
+    local expiry = e and tonumber(string.match(e, '^(%d+)'))
+    if expiry and expiry > now then
+      return enqueue(-2) -- free, but not this waiter's turn
+    end
+    if reaped == 16 then
+      return {0, 0, 0}
+    end
+    redis.call('ZREM', KEYS[3], head)
+    redis.call('HDEL', KEYS[4], head)
+    reaped = reaped + 1
+  end
+  redis.call('ZREM', KEYS[3], ARGV[4])
+  redis.call('HDEL', KEYS[4], ARGV[4])
 end
 
 local t = redis.call('TIME')

@@ -18,6 +18,17 @@ import (
 
 func lockKey(name string) string { return mutex.DefaultPrefix + "{" + name + "}" }
 
+// lockScriptKeys are the KEYS of mutex_lock and mutex_release for a name.
+type lockScriptKeys struct{ lock, release []string }
+
+func scriptKeys(name string) lockScriptKeys {
+	k := lockKey(name)
+	return lockScriptKeys{
+		lock:    []string{k, k + ":x", k + ":q", k + ":e"},
+		release: []string{k, k + ":w", k + ":q", k + ":e", k + ":x"},
+	}
+}
+
 // keepKeyAfterClientLoss takes m (with a fixed lease of a second: the
 // PEXPIRE must come before it ends, even on a loaded machine) and stretches
 // the key's TTL on the server, then waits until the client declares the hold
@@ -221,10 +232,10 @@ func TestStaleAttemptCannotRetag(t *testing.T) {
 		t.Fatal(err)
 	}
 	lock, _ := sc.Script("mutex_lock")
-	abandon, _ := sc.Script("mutex_abandon")
-	keys := []string{lockKey("retag"), lockKey("retag") + ":w", lockKey("retag") + ":x"}
+	release, _ := sc.Script("mutex_release")
+	keys := scriptKeys("retag")
 	attempt := func(id string) []int64 {
-		vs, err := lock.Exec(ctx, []string{keys[0], keys[2]}, []string{"owner", "30000", "0", id, ""}).AsIntSlice()
+		vs, err := lock.Exec(ctx, keys.lock, []string{"owner", "30000", "0", id, "", ""}).AsIntSlice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,10 +247,10 @@ func TestStaleAttemptCannotRetag(t *testing.T) {
 	if got := attempt("n0nce.1"); got[0] != 0 {
 		t.Fatalf("late attempt 1 = %v, want refused while attempt 2 holds", got)
 	}
-	if n, _ := abandon.Exec(ctx, keys, []string{"owner", "n0nce.1", "p", "1000", "30000"}).AsInt64(); n != 0 {
+	if n, _ := release.Exec(ctx, keys.release, []string{"a", "p", "1000", "owner", "n0nce.1", "30000"}).AsInt64(); n != 0 {
 		t.Fatalf("give-back of attempt 1 released %d holds, want 0", n)
 	}
-	vals, _ := sc.Client().Do(ctx, sc.Client().B().Hmget().Key(keys[0]).Field("o", "a").Build()).AsStrSlice()
+	vals, _ := sc.Client().Do(ctx, sc.Client().B().Hmget().Key(keys.lock[0]).Field("o", "a").Build()).AsStrSlice()
 	if len(vals) != 2 || vals[0] != "owner" || vals[1] != "n0nce.2" {
 		t.Fatalf("hash = %q, want held by attempt 2", vals)
 	}
@@ -263,16 +274,16 @@ func TestGiveBackBeforeAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	lock, _ := sc.Script("mutex_lock")
-	abandon, _ := sc.Script("mutex_abandon")
-	keys := []string{lockKey("tomb"), lockKey("tomb") + ":w", lockKey("tomb") + ":x"}
+	release, _ := sc.Script("mutex_release")
+	keys := scriptKeys("tomb")
 	attempt := func(id string) []int64 {
-		vs, err := lock.Exec(ctx, []string{keys[0], keys[2]}, []string{"owner", "30000", "0", id, ""}).AsIntSlice()
+		vs, err := lock.Exec(ctx, keys.lock, []string{"owner", "30000", "0", id, "", ""}).AsIntSlice()
 		if err != nil {
 			t.Fatal(err)
 		}
 		return vs
 	}
-	if n, err := abandon.Exec(ctx, keys, []string{"owner", "v.5", "p", "1000", "30000"}).AsInt64(); err != nil || n != 0 {
+	if n, err := release.Exec(ctx, keys.release, []string{"a", "p", "1000", "owner", "v.5", "30000"}).AsInt64(); err != nil || n != 0 {
 		t.Fatalf("give-back before its attempt = %d, %v; want 0 (nothing held yet)", n, err)
 	}
 	for _, id := range []string{"v.5", "v.4"} {
@@ -280,10 +291,10 @@ func TestGiveBackBeforeAttempt(t *testing.T) {
 			t.Fatalf("abandoned attempt %s arriving after its give-back = %v, want refused", id, got)
 		}
 	}
-	if ex, _ := srv.Do("EXISTS", keys[0]); ex != "0" {
+	if ex, _ := srv.Do("EXISTS", keys.lock[0]); ex != "0" {
 		t.Fatalf("lock hash exists after refused attempts (%s), want the lock free", ex)
 	}
-	if pttl, _ := srv.Do("PTTL", keys[2]); pttl == "-1" || pttl == "-2" {
+	if pttl, _ := srv.Do("PTTL", keys.lock[1]); pttl == "-1" || pttl == "-2" {
 		t.Fatalf("tombstones PTTL = %s, want them to expire", pttl)
 	}
 	if got := attempt("v.6"); got[0] != 1 {

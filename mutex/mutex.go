@@ -64,6 +64,29 @@
 // pub/sub connection can delay a waiter until the holder's lease ends, never
 // longer.
 //
+// # Fair locks
+//
+// With Options.Fair (or WithFair), waiting Locks queue in Redis in arrival
+// order, and a release hands the lock straight to the first live waiter,
+// with a new fencing token and a message naming it, so the waiter holds the
+// lock when the message arrives, without another round trip and without
+// anyone barging in between. A holder that unlocks and locks again queues
+// behind those already waiting, and a fair TryLock fails while others wait.
+//
+// A queued waiter refreshes its entry (and looks for a grant whose message
+// was lost) every min(lease/3, 1 s) while its Lock waits; an entry not
+// refreshed for a lease is dead and skipped. A hand-off gives the lock a
+// lease that ends when the waiter's entry would have, so a waiter that died
+// at the head of the queue blocks the lock for at most its entry's lease;
+// one whose Lock gives up (ctx ended) leaves the queue at once and gives
+// back a grant that reached it meanwhile. Releases skip at most 16 dead
+// entries each. Leases and loss work as for any hold: the hand-off's lease
+// is counted from before the waiter's last refresh was sent.
+//
+// Unfair Locks ignore the queue, so all processes using a name should use
+// the same mode; an unfair release still hands the lock to a queued fair
+// waiter.
+//
 // # Abandoned attempts
 //
 // When a Lock's context ends while its request is in flight, or the
@@ -80,11 +103,13 @@
 //
 // # Keys
 //
-// A lock named N is the hash PREFIX{N}, its channel PREFIX{N}:w and the
-// tombstones of abandoned attempts PREFIX{N}:x (PREFIX defaults to
-// "sluice:mutex:"); the braces keep all in one cluster slot. A free lock
-// leaves no key, apart from the released hash for min(1 s, lease) and
-// tombstones for a lease after an abandoned attempt.
+// A lock named N is the hash PREFIX{N}, its channel PREFIX{N}:w, the
+// tombstones of abandoned attempts PREFIX{N}:x and, for fair waiters, the
+// queue PREFIX{N}:q and its entries PREFIX{N}:e (PREFIX defaults to
+// "sluice:mutex:"); the braces keep all in one cluster slot. Every key
+// expires: a free lock leaves none, apart from the released hash for
+// min(1 s, lease), and tombstones and queue keys for a lease after their
+// last use.
 //
 // On miniredis (tests, the embedded demo) the rueidis client needs
 // DisableCache and AlwaysRESP2 (pub/sub on its own connection).
@@ -168,6 +193,12 @@ type Options struct {
 	// ReplicaTimeout bounds the wait for ReplicaAcks. Zero means
 	// DefaultReplicaTimeout (100 ms).
 	ReplicaTimeout time.Duration
+	// Fair makes Mutexes wait in a first-come, first-served queue kept in
+	// Redis, and makes a release hand the lock straight to the first
+	// waiter (see "Fair locks" in the package doc). WithFair overrides it
+	// per Mutex. Every process locking a name should agree: an unfair
+	// Lock ignores the queue.
+	Fair bool
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -195,9 +226,9 @@ type Locker struct {
 	opts    Options
 	pubMode string // ARGV for the scripts: "s" (SPUBLISH) or "p"
 
-	lock, unlock, renew, force, abandon *scriptcache.Script
-	client                              rueidis.Client
-	sc                                  *scriptcache.Cache
+	lock, release, renew *scriptcache.Script
+	client               rueidis.Client
+	sc                   *scriptcache.Cache
 
 	hub    *notify.Hub
 	keeper *lease.Keeper
@@ -222,8 +253,7 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 		l.pubMode = "s"
 	}
 	for name, dst := range map[string]**scriptcache.Script{
-		"mutex_lock": &l.lock, "mutex_unlock": &l.unlock, "mutex_renew": &l.renew, "mutex_force": &l.force,
-		"mutex_abandon": &l.abandon,
+		"mutex_lock": &l.lock, "mutex_release": &l.release, "mutex_renew": &l.renew,
 	} {
 		if *dst, err = sc.Script(name); err != nil {
 			return nil, fmt.Errorf("mutex: %w", err)
@@ -269,7 +299,7 @@ func (l *Locker) giveBack(m *Mutex, attempt string) {
 		defer l.bg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), m.lease)
 		defer cancel()
-		l.abandon.Exec(ctx, m.keys, []string{m.owner, attempt, l.pubMode, m.keepMs, m.leaseMs})
+		l.release.Exec(ctx, m.releaseKeys, []string{"a", l.pubMode, m.keepMs, m.owner, attempt, m.leaseMs})
 	}()
 }
 
@@ -301,6 +331,15 @@ func WithLease(d time.Duration) MutexOption {
 	}
 }
 
+// WithFair makes this Mutex wait in the lock's queue (true) or compete
+// for it on every release (false), whatever Options.Fair says.
+func WithFair(fair bool) MutexOption {
+	return func(m *Mutex) error {
+		m.fair = fair
+		return nil
+	}
+}
+
 // NewMutex returns a Mutex for the lock called name, with its own owner id.
 // It does not talk to Redis.
 func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
@@ -310,9 +349,12 @@ func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
 	m := &Mutex{
 		l:    l,
 		name: name,
-		keys: []string{keyspace.Key(l.opts.Prefix, name, ""), keyspace.Key(l.opts.Prefix, name, ":w"), keyspace.Key(l.opts.Prefix, name, ":x")},
+		keys: []string{keyspace.Key(l.opts.Prefix, name, ""), keyspace.Key(l.opts.Prefix, name, ":w"), keyspace.Key(l.opts.Prefix, name, ":x"),
+			keyspace.Key(l.opts.Prefix, name, ":q"), keyspace.Key(l.opts.Prefix, name, ":e")},
+		fair: l.opts.Fair,
 	}
-	m.lockKeys = []string{m.keys[0], m.keys[2]}
+	m.lockKeys = []string{m.keys[0], m.keys[2], m.keys[3], m.keys[4]}
+	m.releaseKeys = []string{m.keys[0], m.keys[1], m.keys[3], m.keys[4], m.keys[2]}
 	m.setLease(l.opts.Lease)
 	for _, opt := range opts {
 		if err := opt(m); err != nil {
@@ -334,18 +376,22 @@ func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
 type Mutex struct {
 	l        *Locker
 	name     string
-	keys     []string // lock hash, wake-up channel, tombstones of abandoned attempts
-	lockKeys []string // lock hash, tombstones
-	owner    string
-	lease    time.Duration
-	watchdog bool
-	leaseMs  string // lease in ms, as sent
-	keepMs   string // how long a released hash is kept, in ms
+	keys     []string // lock hash, wake-up channel, tombstones of abandoned attempts, queue, queue entries
+	lockKeys []string // KEYS of mutex_lock
+	fair     bool
+	recheck  time.Duration // how often a fair waiter refreshes its entry
+
+	releaseKeys []string // KEYS of mutex_release
+	owner       string
+	lease       time.Duration
+	watchdog    bool
+	leaseMs     string // lease in ms, as sent
+	keepMs      string // how long a released hash is kept, in ms
 
 	renewFn lease.Renew // m.renewLease, or nil for a fixed lease; made once
 
 	op       sync.Mutex // one script call at a time, so hold counts stay in step
-	argv     [5]string  // script arguments; guarded by op, reused to save allocations
+	argv     [6]string  // script arguments; guarded by op, reused to save allocations
 	attempts uint64     // outermost attempts so far, names each; guarded by op
 	nonce    string     // "random." prefix of this value's attempt ids
 	idBuf    []byte     // builds attempt ids; guarded by op
@@ -379,6 +425,7 @@ func (m *Mutex) setLease(d time.Duration) {
 	m.lease, m.watchdog = c.Effective()
 	m.leaseMs = strconv.FormatInt(m.lease.Milliseconds(), 10)
 	m.keepMs = strconv.FormatInt(min(time.Second, m.lease).Milliseconds(), 10)
+	m.recheck = min(m.lease/3, time.Second)
 }
 
 // closedChan is returned by Lost when nothing is held.
@@ -394,38 +441,102 @@ func (m *Mutex) Owner() string { return m.owner }
 // it, waiting as long as ctx allows. If ctx ends first it returns an error
 // wrapping ErrNotObtained and ctx.Err(), and holds nothing more.
 func (m *Mutex) Lock(ctx context.Context) error {
-	ok, wait, err := m.attempt(ctx)
-	if ok || err != nil {
+	var id string
+	res, err := m.attempt(ctx, &id, false)
+	if res.ok || err != nil {
 		return m.ctxErr(ctx, err)
 	}
-	w, err := m.l.hub.Subscribe(m.keys[1], 1)
+	queued := res.queued
+	w, err := m.l.hub.SubscribeID(m.keys[1], 1, id)
 	if err != nil {
+		m.leaveQueue(queued, id)
 		return ErrClosed
 	}
+	ok := false
 	defer func() {
 		if ok {
 			w.Close()
 		} else {
 			w.Leave() // pass on a wake-up this Lock could not use
+			m.leaveQueue(queued, id)
 		}
 	}()
-	if err := w.Ready(ctx, wait); err != nil {
+	if err := w.Ready(ctx, m.waitFor(res.wait)); err != nil {
 		return m.waitErr(ctx, err)
 	}
 	for {
-		if ok, wait, err = m.attempt(ctx); ok {
+		if res, err = m.attempt(ctx, &id, false); res.ok {
+			ok = true
+			if res.nested {
+				// Another goroutine of this Mutex took the lock
+				// meanwhile; this Lock nested in it.
+				m.leaveQueue(queued, id)
+			}
 			return nil
 		}
 		if err != nil {
 			return m.ctxErr(ctx, err)
 		}
-		if err := w.Wait(ctx, wait); err != nil {
+		queued = queued || res.queued
+		if err := w.Wait(ctx, m.waitFor(res.wait)); err != nil {
 			return m.waitErr(ctx, err)
+		}
+		if grant, got := w.Granted(); got && m.l.opts.ReplicaAcks == 0 {
+			// The release handed the lock to this waiter directly. (With
+			// ReplicaAcks the next attempt confirms it through WAIT.)
+			if ok, err = m.takeGrant(ctx, id, grant, res.sent); ok || err != nil {
+				return err
+			}
 		}
 		if m.l.closed.Load() {
 			return ErrClosed
 		}
 	}
+}
+
+// waitFor is how long a waiting Lock sleeps before trying again, given the
+// holder's remaining lease: a fair waiter also refreshes its queue entry
+// and looks for a grant whose message was lost every recheck.
+func (m *Mutex) waitFor(wait time.Duration) time.Duration {
+	if m.fair && (wait <= 0 || wait > m.recheck) {
+		return m.recheck
+	}
+	return wait
+}
+
+// leaveQueue takes a fair Lock that gives up out of the queue, and gives
+// back the lock if a release handed it over meanwhile.
+func (m *Mutex) leaveQueue(queued bool, id string) {
+	if queued {
+		m.l.giveBack(m, id)
+	}
+}
+
+// takeGrant starts the hold that a release handed to the waiting Lock id.
+// sent is when the waiter's last attempt, which found it still queued, was
+// sent: the grant came after that attempt reached Redis, and its lease ends
+// when that attempt's queue entry would have, so the lease is counted from
+// then.
+func (m *Mutex) takeGrant(ctx context.Context, id, grant string, sent time.Time) (bool, error) {
+	token, err := strconv.ParseInt(grant, 10, 64)
+	if err != nil {
+		return false, nil // not ours to parse: try again the slow way
+	}
+	m.op.Lock()
+	defer m.op.Unlock()
+	m.mu.Lock()
+	holds := m.holds
+	m.mu.Unlock()
+	if holds > 0 {
+		// Another goroutine of this Mutex holds it already; give the
+		// grant back and nest on the next attempt.
+		m.l.giveBack(m, id)
+		return false, nil
+	}
+	if err := m.startHold(ctx, sent, token, 1); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // waitErr is Lock's error when waiting for a release failed: the Locker
@@ -464,20 +575,33 @@ func (m *Mutex) ctxErr(ctx context.Context, err error) error {
 }
 
 // TryLock makes one attempt: it returns nil if the lock is now held by this
-// Mutex, or an error wrapping ErrNotObtained if another owner holds it.
+// Mutex, or an error wrapping ErrNotObtained if another owner holds it (or,
+// for a fair Mutex, if the lock is free but others wait in its queue).
 func (m *Mutex) TryLock(ctx context.Context) error {
-	ok, _, err := m.attempt(ctx)
-	if ok || err != nil {
+	var id string
+	res, err := m.attempt(ctx, &id, true)
+	if res.ok || err != nil {
 		return m.ctxErr(ctx, err)
 	}
 	return fmt.Errorf("%w: %q is held", ErrNotObtained, m.name)
 }
 
-// attempt runs the lock script once. It reports whether the lock is now
-// held and, if not, how long the current holder's lease has left.
-func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
+// attemptResult is what one run of the lock script found.
+type attemptResult struct {
+	ok     bool          // held now
+	nested bool          // ... as one more hold of an outer one
+	queued bool          // not held; a fair Lock is in the queue
+	wait   time.Duration // not held: the holder's remaining lease, or 0
+	sent   time.Time     // when the request was sent
+}
+
+// attempt runs the lock script once. An outermost attempt uses the Lock
+// call's attempt id, *id, made here on the first attempt. A fair try
+// respects the queue without joining it.
+func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResult, error) {
+	var res attemptResult
 	if m.l.closed.Load() {
-		return false, 0, ErrClosed
+		return res, ErrClosed
 	}
 	m.op.Lock()
 	defer m.op.Unlock()
@@ -485,12 +609,21 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	holds, heldGen, tokenArg := m.holds, m.gen, m.tokenArg
 	m.mu.Unlock()
 
-	sent := time.Now()
-	m.argv = [5]string{m.owner, m.leaseMs, strconv.FormatInt(holds, 10), "", ""}
+	res.sent = time.Now()
+	m.argv = [6]string{m.owner, m.leaseMs, strconv.FormatInt(holds, 10), "", "", ""}
 	if holds == 0 {
-		m.attempts++
-		m.idBuf = strconv.AppendUint(append(m.idBuf[:0], m.nonce...), m.attempts, 10)
-		m.argv[3] = string(m.idBuf)
+		if *id == "" {
+			m.attempts++
+			m.idBuf = strconv.AppendUint(append(m.idBuf[:0], m.nonce...), m.attempts, 10)
+			*id = string(m.idBuf)
+		}
+		m.argv[3] = *id
+		if m.fair {
+			m.argv[5] = "f"
+			if try {
+				m.argv[5] = "t"
+			}
+		}
 	} else {
 		m.argv[4] = tokenArg
 	}
@@ -498,33 +631,34 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	var err error
 	acks := int64(-1) // not asked
 	if m.l.opts.ReplicaAcks > 0 && holds == 0 {
-		var res rueidis.RedisResult
+		var rr rueidis.RedisResult
 		attempt := m.argv[3]
-		res, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.lockKeys, m.argv[:], int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
+		rr, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.lockKeys, m.argv[:], int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
 			func(late rueidis.RedisResult, _ int64, _ error) {
 				// Whatever the replicas said, nobody waits for this grant.
-				if grantedOrUnknown(late) {
+				if grantedOrUnknown(late) || m.fair {
 					m.l.giveBack(m, attempt)
 				}
 			})
 		if err == nil {
-			r, err = res.ToArray()
+			r, err = rr.ToArray()
 		}
 	} else {
 		r, err = m.l.lock.Exec(ctx, m.lockKeys, m.argv[:]).ToArray()
 		if _, isReply := rueidis.IsRedisErr(err); err != nil && holds == 0 && !isReply {
 			// ctx ended before the reply, or the connection failed: the
 			// attempt may run, or have run, and nobody would know of its
-			// grant. The give-back goes at once; its tombstone makes it
-			// work in whichever order the two reach Redis.
+			// grant (or its queue entry). The give-back goes at once; its
+			// tombstone makes it work in whichever order the two reach
+			// Redis.
 			m.l.giveBack(m, m.argv[3])
 		}
 	}
 	if err != nil {
-		return false, 0, fmt.Errorf("mutex: lock %q: %w", m.name, err)
+		return res, fmt.Errorf("mutex: lock %q: %w", m.name, err)
 	}
 	if len(r) != 3 {
-		return false, 0, fmt.Errorf("mutex: lock %q: unexpected reply of %d values", m.name, len(r))
+		return res, fmt.Errorf("mutex: lock %q: unexpected reply of %d values", m.name, len(r))
 	}
 	got, _ := r[0].AsInt64()
 	n, _ := r[1].AsInt64()
@@ -532,21 +666,26 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 		// A nested Lock whose outer hold is gone (expired, deleted, taken
 		// over): the outer section no longer excludes anyone. Report the
 		// loss; never start a new hold the caller would take for the old.
-		return false, 0, m.foundNotHeld(heldGen)
+		return res, m.foundNotHeld(heldGen)
 	}
 	if got == 0 {
-		wait := time.Duration(n) * time.Millisecond
-		if n < 0 {
-			wait = m.lease // no TTL: someone set the key by hand
+		switch {
+		case n == -2: // free, but a fair waiter before this one has the turn
+			res.wait = 0
+		case n < 0:
+			res.wait = m.lease // no TTL: someone set the key by hand
+		default:
+			res.wait = max(time.Duration(n)*time.Millisecond, time.Millisecond)
 		}
-		return false, max(wait, time.Millisecond), nil
+		res.queued = m.fair && !try
+		return res, nil
 	}
 	token, _ := r[2].AsInt64()
 	if acks >= 0 && acks < int64(m.l.opts.ReplicaAcks) {
 		// Too few replicas have it: a failover now could hand it to
 		// someone else, so give it back.
 		m.releaseGrant(ctx, token)
-		return false, 0, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, m.name, acks, m.l.opts.ReplicaAcks)
+		return res, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, m.name, acks, m.l.opts.ReplicaAcks)
 	}
 	if holds > 0 {
 		m.mu.Lock()
@@ -555,13 +694,22 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 			// Declared lost while the call was in flight. The server
 			// counted one more hold of that acquisition; the Unlock that
 			// gives back the orphan releases it whatever its count.
-			return false, 0, m.err
+			return res, m.err
 		}
 		m.holds = n
-		return true, 0, nil
+		res.ok, res.nested = true, true
+		return res, nil
 	}
+	if err := m.startHold(ctx, res.sent, token, n); err != nil {
+		return res, err
+	}
+	res.ok = true
+	return res, nil
+}
 
-	// An outermost hold: start watching its lease.
+// startHold records an outermost hold with the given token and starts
+// watching its lease, counted from sent. Called with m.op held.
+func (m *Mutex) startHold(ctx context.Context, sent time.Time, token, n int64) error {
 	m.mu.Lock()
 	m.gen++
 	gen := m.gen
@@ -573,7 +721,7 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	if m.gen == gen && m.holds > 0 {
 		m.lse = lse
 		m.mu.Unlock()
-		return true, 0, nil
+		return nil
 	}
 	// Lost before it could be tracked: the Locker was closed during the
 	// call (nobody would renew it) or its lease has already run out.
@@ -581,9 +729,9 @@ func (m *Mutex) attempt(ctx context.Context) (bool, time.Duration, error) {
 	m.mu.Unlock()
 	m.releaseGrant(ctx, token)
 	if errors.Is(lostErr, lease.ErrClosed) {
-		return false, 0, ErrClosed
+		return ErrClosed
 	}
-	return false, 0, fmt.Errorf("%w: %w", ErrNotObtained, lostErr)
+	return fmt.Errorf("%w: %w", ErrNotObtained, lostErr)
 }
 
 // foundNotHeld records that the server no longer has acquisition gen,
@@ -613,8 +761,8 @@ func (m *Mutex) foundNotHeld(gen uint64) error {
 // Mutex will not keep (too few replicas, a stale nested hold, a closed
 // Locker). It runs even if ctx has ended. Called with m.op held.
 func (m *Mutex) releaseGrant(ctx context.Context, token int64) {
-	m.argv = [5]string{m.owner, "1", strconv.FormatInt(token, 10), m.l.pubMode, m.keepMs}
-	m.l.unlock.Exec(context.WithoutCancel(ctx), m.keys[:2], m.argv[:])
+	m.argv = [6]string{"u", m.l.pubMode, m.keepMs, m.owner, "1", strconv.FormatInt(token, 10)}
+	m.l.release.Exec(context.WithoutCancel(ctx), m.releaseKeys, m.argv[:])
 }
 
 // grantedOrUnknown reports whether the reply to a lock attempt shows that
@@ -710,16 +858,16 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	m.mu.Unlock()
 	if holds == 0 {
 		if orphan != "" {
-			m.argv = [5]string{m.owner, "1", orphan, m.l.pubMode, m.keepMs}
-			m.l.unlock.Exec(ctx, m.keys[:2], m.argv[:])
+			m.argv = [6]string{"u", m.l.pubMode, m.keepMs, m.owner, "1", orphan}
+			m.l.release.Exec(ctx, m.releaseKeys, m.argv[:])
 		}
 		if lostErr != nil {
 			return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
 		}
 		return fmt.Errorf("%w: %q", ErrNotHeld, m.name)
 	}
-	m.argv = [5]string{m.owner, strconv.FormatInt(holds, 10), tokenArg, m.l.pubMode, m.keepMs}
-	left, err := m.l.unlock.Exec(ctx, m.keys[:2], m.argv[:]).AsInt64()
+	m.argv = [6]string{"u", m.l.pubMode, m.keepMs, m.owner, strconv.FormatInt(holds, 10), tokenArg}
+	left, err := m.l.release.Exec(ctx, m.releaseKeys, m.argv[:]).AsInt64()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	pending := m.pending
@@ -806,6 +954,7 @@ type Info struct {
 	Holds  int64         // that owner's hold count
 	Token  int64         // fencing token of the current (or last) acquisition
 	Remain time.Duration // remaining lease; 0 if not held
+	Queued int64         // fair waiters in the queue (live or not yet found dead)
 }
 
 // Info reads the lock's state from Redis: whoever holds it, not only this
@@ -814,7 +963,8 @@ func (m *Mutex) Info(ctx context.Context) (Info, error) {
 	c := m.l.client
 	res := c.DoMulti(ctx,
 		c.B().Hmget().Key(m.keys[0]).Field("o", "n", "f").Build(),
-		c.B().Pttl().Key(m.keys[0]).Build())
+		c.B().Pttl().Key(m.keys[0]).Build(),
+		c.B().Zcard().Key(m.keys[3]).Build())
 	vals, err := res[0].ToArray()
 	if err != nil {
 		return Info{}, fmt.Errorf("mutex: info %q: %w", m.name, err)
@@ -828,6 +978,7 @@ func (m *Mutex) Info(ctx context.Context) (Info, error) {
 	in.Held = in.Owner != ""
 	in.Holds, _ = vals[1].AsInt64()
 	in.Token, _ = vals[2].AsInt64()
+	in.Queued, _ = res[2].AsInt64()
 	if in.Held && pttl > 0 {
 		in.Remain = time.Duration(pttl) * time.Millisecond
 	}
@@ -838,7 +989,7 @@ func (m *Mutex) Info(ctx context.Context) (Info, error) {
 // reports whether the lock was held. The holder learns of it at its next
 // renewal (or Unlock) and is told through Lost.
 func (m *Mutex) ForceUnlock(ctx context.Context) (bool, error) {
-	n, err := m.l.force.Exec(ctx, m.keys[:2], []string{m.l.pubMode, m.keepMs}).AsInt64()
+	n, err := m.l.release.Exec(ctx, m.releaseKeys, []string{"f", m.l.pubMode, m.keepMs, "", "", ""}).AsInt64()
 	if err != nil {
 		return false, fmt.Errorf("mutex: force unlock %q: %w", m.name, err)
 	}

@@ -511,6 +511,8 @@ func TestHelperProcess(t *testing.T) {
 		exclusionWorker(t, client, args)
 	case "holder":
 		pausedHolder(t, client)
+	case "fairwaiter":
+		fairWaiter(t, client, args)
 	}
 }
 

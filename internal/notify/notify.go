@@ -18,6 +18,11 @@
 // (PassOn). This is not a fair queue: a heavy waiter can be overtaken by
 // lighter ones that fit first.
 //
+// A message "g ID PAYLOAD" is a grant: the releasing script handed the
+// resource to the queued waiter ID directly (a fair lock). It goes to the
+// local waiter registered with that id (SubscribeID), if any, with PAYLOAD,
+// and to nobody else.
+//
 // Wake-ups are hints, never the only way forward: messages can be lost when
 // the pub/sub connection drops, so waiters also wait no longer than the
 // resource's remaining lease. After a subscription is re-established every
@@ -39,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -85,6 +91,7 @@ type channel struct {
 	failed  chan struct{} // closed when Redis refused the subscription
 	err     error         // why, wrapping ErrSubscribe
 	linger  *time.Timer
+	byID    map[string]*Waiter // waiters registered with an id
 }
 
 // New returns a hub that subscribes through client; sharded selects
@@ -102,12 +109,21 @@ type Waiter struct {
 	weight int64
 	c      chan struct{} // holds at most one wake-up
 	woken  atomic.Bool   // the last Wait returned because of a wake-up
+	id     string        // grants addressed to it; "" for none
+	grant  string        // payload of a grant received; guarded by Hub.mu
+	got    bool          // a grant was received; guarded by Hub.mu
 }
 
 // Subscribe registers a waiter of the given weight on channel, subscribing
 // the process to it if no other local waiter has. It does not wait for the
 // subscription: see Ready. The waiter must be closed.
 func (h *Hub) Subscribe(channelName string, weight int64) (*Waiter, error) {
+	return h.SubscribeID(channelName, weight, "")
+}
+
+// SubscribeID is Subscribe for a waiter that can also receive grants
+// addressed to id (see Granted). Ids must be unique per channel.
+func (h *Hub) SubscribeID(channelName string, weight int64, id string) (*Waiter, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -126,9 +142,23 @@ func (h *Hub) Subscribe(channelName string, weight int64) (*Waiter, error) {
 		ch.linger.Stop()
 		ch.linger = nil
 	}
-	w := &Waiter{h: h, ch: ch, weight: max(weight, 1), c: make(chan struct{}, 1)}
+	w := &Waiter{h: h, ch: ch, weight: max(weight, 1), c: make(chan struct{}, 1), id: id}
 	w.elem = ch.waiters.PushBack(w)
+	if id != "" {
+		if ch.byID == nil {
+			ch.byID = make(map[string]*Waiter)
+		}
+		ch.byID[id] = w
+	}
 	return w, nil
+}
+
+// Granted returns the payload of a grant addressed to the waiter, if one
+// arrived.
+func (w *Waiter) Granted() (string, bool) {
+	w.h.mu.Lock()
+	defer w.h.mu.Unlock()
+	return w.grant, w.got
 }
 
 // Ready waits until the channel's subscription is confirmed by Redis, so no
@@ -252,6 +282,9 @@ func (w *Waiter) Close() {
 	ch := w.ch
 	ch.waiters.Remove(w.elem)
 	w.elem = nil
+	if w.id != "" && ch.byID[w.id] == w {
+		delete(ch.byID, w.id)
+	}
 	select {
 	case <-w.c:
 		h.wakeLocked(ch, w.weight)
@@ -339,6 +372,19 @@ func (h *Hub) wakeAllLocked(ch *channel) {
 
 // deliver handles one published message: its payload is the budget.
 func (h *Hub) deliver(ch *channel, payload string) {
+	if rest, ok := strings.CutPrefix(payload, "g "); ok {
+		id, grant, _ := strings.Cut(rest, " ")
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if w := ch.byID[id]; w != nil {
+			w.grant, w.got = grant, true
+			select {
+			case w.c <- struct{}{}:
+			default:
+			}
+		}
+		return
+	}
 	budget, err := strconv.ParseInt(payload, 10, 64)
 	if err != nil || budget < 1 {
 		budget = 1
