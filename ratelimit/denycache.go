@@ -21,6 +21,12 @@ import (
 // older generation, so a denial Redis decided before a Reset's DEL is never
 // cached after the Reset dropped the key's entry.
 //
+// Entries are keyed by the user key and the id of the limit that denied it
+// (empty for a Limiter's own Limit, Policies.id for a policy set), so that
+// a denial under one limit never answers for another: two plans with
+// different limits on the same key keep separate entries. All entries of
+// one user key live in one shard.
+//
 // The map is split into shards, each under its own RWMutex, so lookups of
 // different keys do not contend and a lookup of one hot key takes only a
 // read lock. It needs no goroutine: expired entries go when they are looked
@@ -37,21 +43,35 @@ const denyShards = 32
 
 type denyShard struct {
 	mu  sync.RWMutex
-	m   map[string]*denyEntry // guarded by mu
-	gen atomic.Uint64         // removals so far; written under mu
-	_   [32]byte              // keep shards on separate cache lines
+	m   map[denyKey]*denyEntry // guarded by mu
+	gen atomic.Uint64          // removals so far; written under mu
+	_   [32]byte               // keep shards on separate cache lines
+}
+
+type denyKey struct {
+	id  string // "" for a Limiter's own Limit, else Policies.id
+	key string
 }
 
 // denyEntry is immutable once stored.
 type denyEntry struct {
 	until   time.Time // every cost >= 1 is denied before this
 	resetAt time.Time // the key is back to a full limit (lower bound)
+	// policies holds, for a policy set, each policy's state as Redis
+	// last reported it; nil for a single limit.
+	policies []denyPolicy
+}
+
+type denyPolicy struct {
+	until     time.Time // this policy denies before this; zero if it had room
+	resetAt   time.Time
+	remaining int // as last reported, for a policy that had room
 }
 
 func newDenyCache(size int) *denyCache {
 	c := &denyCache{seed: maphash.MakeSeed(), max: int64(size)}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string]*denyEntry)
+		c.shards[i].m = make(map[denyKey]*denyEntry)
 	}
 	return c
 }
@@ -62,20 +82,8 @@ func (c *denyCache) shard(key string) *denyShard {
 
 // lookup returns the local denial for key at now, if there is one.
 func (c *denyCache) lookup(key string, now time.Time, limit int) (Result, bool) {
-	s := c.shard(key)
-	s.mu.RLock()
-	e := s.m[key]
-	s.mu.RUnlock()
+	e := c.entry("", key, now)
 	if e == nil {
-		return Result{}, false
-	}
-	if !now.Before(e.until) {
-		s.mu.Lock()
-		if s.m[key] == e {
-			delete(s.m, key)
-			c.count.Add(-1)
-		}
-		s.mu.Unlock()
 		return Result{}, false
 	}
 	retry := e.until.Sub(now)
@@ -88,6 +96,29 @@ func (c *denyCache) lookup(key string, now time.Time, limit int) (Result, bool) 
 	}, true
 }
 
+// entry returns the live entry of (id, key) at now, or nil, dropping an
+// expired one.
+func (c *denyCache) entry(id, key string, now time.Time) *denyEntry {
+	s := c.shard(key)
+	k := denyKey{id, key}
+	s.mu.RLock()
+	e := s.m[k]
+	s.mu.RUnlock()
+	if e == nil {
+		return nil
+	}
+	if !now.Before(e.until) {
+		s.mu.Lock()
+		if s.m[k] == e {
+			delete(s.m, k)
+			c.count.Add(-1)
+		}
+		s.mu.Unlock()
+		return nil
+	}
+	return e
+}
+
 // generation returns the removal generation of key's shard, to be read
 // before the request whose denial may be added is sent.
 func (c *denyCache) generation(key string) uint64 {
@@ -98,30 +129,36 @@ func (c *denyCache) generation(key string) uint64 {
 // request was sent) for res.RetryAfter, unless a key of its shard was
 // removed since gen was read: that denial may predate a Reset.
 func (c *denyCache) add(key string, start time.Time, res Result, gen uint64) {
-	e := &denyEntry{until: start.Add(res.RetryAfter), resetAt: start.Add(res.ResetAfter)}
+	c.put("", key, start, &denyEntry{until: start.Add(res.RetryAfter), resetAt: start.Add(res.ResetAfter)}, gen)
+}
+
+func (c *denyCache) put(id, key string, start time.Time, e *denyEntry, gen uint64) {
+	k := denyKey{id, key}
 	s := c.shard(key)
 	s.mu.Lock()
 	if s.gen.Load() != gen {
 		s.mu.Unlock()
 		return
 	}
-	_, had := s.m[key]
-	s.m[key] = e
+	_, had := s.m[k]
+	s.m[k] = e
 	s.mu.Unlock()
 	if !had && c.count.Add(1) > c.max {
 		c.shrink(start)
 	}
 }
 
-// remove forgets key, and keeps denials of requests sent before it out of
-// the cache.
-func (c *denyCache) remove(key string) {
+// remove forgets key under the limits ids names ("" for the Limiter's
+// own), and keeps denials of requests sent before it out of the cache.
+func (c *denyCache) remove(key string, ids ...string) {
 	s := c.shard(key)
 	s.mu.Lock()
 	s.gen.Add(1)
-	if _, ok := s.m[key]; ok {
-		delete(s.m, key)
-		c.count.Add(-1)
+	for _, id := range ids {
+		if _, ok := s.m[denyKey{id, key}]; ok {
+			delete(s.m, denyKey{id, key})
+			c.count.Add(-1)
+		}
 	}
 	s.mu.Unlock()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -176,9 +177,26 @@ type MiddlewareOptions struct {
 	// errors. Default: slog.Default() at level Error.
 	OnError func(r *http.Request, err error)
 	// OnDenied writes the response to a denied request. The rate-limit
-	// headers, including Retry-After, are already set. Default: status 429
-	// with a one-line text body.
+	// headers, including Retry-After, are already set. With several
+	// policies, res is the Result of the policy that needs the longest
+	// wait. Default: status 429 with a one-line text body, or the problem
+	// details of ProblemDetails.
 	OnDenied func(w http.ResponseWriter, r *http.Request, res Result)
+	// ProblemDetails makes the default denial an RFC 9457 problem
+	// details body (application/problem+json) of the draft's
+	// quota-exceeded type, naming the policies without room in
+	// "violated-policies". Default false: a one-line text body. It is an
+	// error to set it with OnDenied.
+	ProblemDetails bool
+	// PolicyFunc returns the policies a request is checked against, for
+	// limits that depend on the request (a tenant's plan, an endpoint's
+	// cost class): one Policies per plan, built once with NewPolicies, or
+	// built per request. The request is counted in all of them only when
+	// all have room, and every one is reported in the header fields, as
+	// named policies. A nil set means the Limiter's own Limit; an error is
+	// handled like a Redis error (OnError, then Fallback). Default nil:
+	// the Limiter's own Limit for every request.
+	PolicyFunc func(r *http.Request) (*Policies, error)
 	// PolicyName names the policy in the RateLimit-Policy and RateLimit
 	// fields. Default "default". It is sent as a structured-field string,
 	// so it must be printable ASCII; other bytes are dropped.
@@ -243,9 +261,8 @@ func Middleware(l *Limiter, opts MiddlewareOptions) func(http.Handler) http.Hand
 type middleware struct {
 	l       *Limiter
 	opts    MiddlewareOptions
-	policy  string // RateLimit-Policy value
-	name    string // quoted policy name
-	limit   string // X-RateLimit-Limit value
+	policy  string   // RateLimit-Policy value of the Limiter's own Limit
+	names   []string // its quoted policy name
 	timeout time.Duration
 	retry   string // Retry-After of the 503, or ""
 
@@ -278,6 +295,8 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 		return nil, fmt.Errorf("%w: FailClosed with Fallback %v", ErrInvalidOptions, opts.Fallback)
 	case opts.LocalKeys < 0:
 		return nil, fmt.Errorf("%w: negative LocalKeys %d", ErrInvalidOptions, opts.LocalKeys)
+	case opts.ProblemDetails && opts.OnDenied != nil:
+		return nil, fmt.Errorf("%w: ProblemDetails with OnDenied", ErrInvalidOptions)
 	case opts.LocalHold < 0:
 		return nil, fmt.Errorf("%w: negative LocalHold %v", ErrInvalidOptions, opts.LocalHold)
 	case opts.Fallback != FallbackLocal && (opts.LocalKeys != 0 || opts.LocalHold != 0):
@@ -331,16 +350,12 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 			slog.Default().ErrorContext(r.Context(), "ratelimit: request not checked", "method", r.Method, "path", r.URL.Path, "err", err)
 		}
 	}
-	if m.opts.OnDenied == nil {
-		m.opts.OnDenied = denied
-	}
 	name := sfString(opts.PolicyName)
 	if opts.PolicyName == "" {
 		name = `"default"`
 	}
-	m.name = name
+	m.names = []string{name}
 	capacity := strconv.Itoa(l.capacity)
-	m.limit = capacity
 	// The quota is what may be sent at once; the window is how long it
 	// takes to earn it back: the Period for windows (Burst == Rate), Burst
 	// emission intervals for GCRA.
@@ -355,32 +370,14 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		next.ServeHTTP(w, r)
 		return
 	}
-	var res Result
+	var ps *Policies
+	if err == nil && m.opts.PolicyFunc != nil {
+		ps, err = m.opts.PolicyFunc(r)
+	}
+	var d Decision
 	decided := false
 	if err == nil {
-		// A key the deny cache answers needs no context and no timer: this
-		// is the path a flood from one client takes.
-		now := m.l.now()
-		var ok bool
-		switch res, ok = m.l.cachedDenial(key, now); {
-		case ok:
-		case m.local != nil && now.UnixNano() < m.localUntil.Load():
-			res = m.decideLocally(key, now)
-		default:
-			// Not r.Context(): net/http cancels it when the client
-			// half-closes, and the decision must not be the client's.
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.timeout)
-			res, err = m.l.Allow(ctx, key)
-			cancel()
-			if err != nil && m.local != nil && !errors.Is(err, ErrInvalidKey) {
-				// Redis failed: decide locally, and keep doing so for
-				// a while rather than make every request wait Timeout.
-				m.opts.OnError(r, err)
-				now = m.l.now()
-				m.localUntil.Store(now.Add(m.hold).UnixNano())
-				res, err = m.decideLocally(key, now), nil
-			}
-		}
+		d, err = m.decide(r, key, ps)
 		decided = err == nil
 	}
 	if !decided {
@@ -398,20 +395,45 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		return
 	}
 	h := w.Header()
-	retry := max(ceilSeconds(res.RetryAfter), 1)
-	if !m.opts.DisableHeaders {
-		// t is when quota is available again: for a denial that is
-		// RetryAfter (GCRA and sliding-window ResetAfter, the time until
-		// the key is back to full, is later), the same time Retry-After
-		// names.
-		reset := ceilSeconds(res.ResetAfter)
-		if !res.Allowed {
-			reset = retry
+	// The policy that decides: the one that needs the longest wait on a
+	// denial, else the one with the least left.
+	top := 0
+	for i, res := range d.Results {
+		if t := d.Results[top]; !d.Allowed && res.RetryAfter > t.RetryAfter || d.Allowed && res.Remaining < t.Remaining {
+			top = i
 		}
-		h.Set("RateLimit-Policy", m.policy)
-		h.Set("RateLimit", m.name+";r="+strconv.Itoa(res.Remaining)+";t="+strconv.FormatInt(reset, 10))
+	}
+	retry := max(ceilSeconds(d.RetryAfter), 1)
+	if !m.opts.DisableHeaders {
+		policy, names := m.policy, m.names
+		if ps != nil {
+			policy, names = ps.header, ps.quoted
+		}
+		var b strings.Builder
+		for i, res := range d.Results {
+			// t is when quota is available again: for a policy without
+			// room that is its RetryAfter (GCRA and sliding-window
+			// ResetAfter, the time until the key is back to full, is
+			// later), so that the decisive policy's t and Retry-After
+			// name the same time.
+			reset := ceilSeconds(res.ResetAfter)
+			if !res.Allowed {
+				reset = max(ceilSeconds(res.RetryAfter), 1)
+			}
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(names[i])
+			b.WriteString(";r=")
+			b.WriteString(strconv.Itoa(res.Remaining))
+			b.WriteString(";t=")
+			b.WriteString(strconv.FormatInt(reset, 10))
+		}
+		h.Set("RateLimit-Policy", policy)
+		h.Set("RateLimit", b.String())
 		if m.opts.XRateLimitHeaders {
-			h.Set("X-RateLimit-Limit", m.limit)
+			res := d.Results[top]
+			h.Set("X-RateLimit-Limit", strconv.Itoa(res.Limit))
 			h.Set("X-RateLimit-Remaining", strconv.Itoa(res.Remaining))
 			at := time.Now().Add(res.ResetAfter)
 			secs := at.Unix()
@@ -421,23 +443,109 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			h.Set("X-RateLimit-Reset", strconv.FormatInt(secs, 10))
 		}
 	}
-	if !res.Allowed {
+	if !d.Allowed {
 		h.Set("Retry-After", strconv.FormatInt(retry, 10))
-		m.opts.OnDenied(w, r, res)
+		switch {
+		case m.opts.OnDenied != nil:
+			res := d.Results[top]
+			res.RetryAfter = d.RetryAfter
+			m.opts.OnDenied(w, r, res)
+		case m.opts.ProblemDetails:
+			m.problem(w, ps, d)
+		default:
+			http.Error(w, "too many requests", http.StatusTooManyRequests)
+		}
 		return
 	}
 	next.ServeHTTP(w, r)
 }
 
-// decideLocally is the FallbackLocal decision for key at now.
-func (m *middleware) decideLocally(key string, now time.Time) Result {
-	var res [1]Result
-	m.local.allow(key, now, 1, m.localPolicy, res[:])
-	return res[0]
+// decide asks the deny cache, the local limiter while it holds, or Redis
+// about one request for key under ps (nil: the Limiter's own Limit).
+func (m *middleware) decide(r *http.Request, key string, ps *Policies) (Decision, error) {
+	// A key the deny cache answers needs no context and no timer: this is
+	// the path a flood from one client takes.
+	now := m.l.now()
+	if ps == nil {
+		if res, ok := m.l.cachedDenial(key, now); ok {
+			return Decision{RetryAfter: res.RetryAfter, Results: []Result{res}}, nil
+		}
+	} else if d, ok := m.l.cachedDecision(key, ps, now); ok {
+		return d, nil
+	}
+	if m.local != nil && now.UnixNano() < m.localUntil.Load() {
+		return m.decideLocally(key, ps, now), nil
+	}
+	// Not r.Context(): net/http cancels it when the client half-closes,
+	// and the decision must not be the client's.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.timeout)
+	var d Decision
+	var err error
+	if ps == nil {
+		var res Result
+		res, err = m.l.Allow(ctx, key)
+		d = Decision{Allowed: res.Allowed, RetryAfter: res.RetryAfter, Results: []Result{res}}
+	} else {
+		d, err = m.l.AllowPolicies(ctx, key, 1, ps)
+	}
+	cancel()
+	if err != nil && m.local != nil && !errors.Is(err, ErrInvalidKey) {
+		// Redis failed: decide locally, and keep doing so for a while
+		// rather than make every request wait Timeout.
+		m.opts.OnError(r, err)
+		now = m.l.now()
+		m.localUntil.Store(now.Add(m.hold).UnixNano())
+		return m.decideLocally(key, ps, now), nil
+	}
+	return d, err
 }
 
-func denied(w http.ResponseWriter, _ *http.Request, _ Result) {
-	http.Error(w, "too many requests", http.StatusTooManyRequests)
+// decideLocally is the FallbackLocal decision for key under ps at now.
+func (m *middleware) decideLocally(key string, ps *Policies, now time.Time) Decision {
+	if ps == nil {
+		var res [1]Result
+		m.local.allow("0:"+key, now, 1, m.localPolicy, res[:])
+		return Decision{Allowed: res[0].Allowed, RetryAfter: res[0].RetryAfter, Results: res[:]}
+	}
+	// Prefixed with the length of the set's id, so that no (set, key)
+	// pair writes another's entry, nor one of the Limiter's own ("0:").
+	d := Decision{Results: make([]Result, len(ps.local))}
+	d.Allowed = m.local.allow(strconv.Itoa(len(ps.id))+":"+ps.id+key, now, 1, ps.local, d.Results)
+	for _, res := range d.Results {
+		if !res.Allowed {
+			d.RetryAfter = max(d.RetryAfter, res.RetryAfter)
+		}
+	}
+	return d
+}
+
+// problemType is the draft's problem type for a request over its quota.
+const problemType = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+// problem writes the RFC 9457 problem details of a denial: the draft's
+// quota-exceeded type, with the policies that had no room.
+func (m *middleware) problem(w http.ResponseWriter, ps *Policies, d Decision) {
+	names := m.names
+	if ps != nil {
+		names = ps.quoted
+	}
+	var b strings.Builder
+	b.WriteString(`{"type":"` + problemType + `","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"violated-policies":[`)
+	sep := ""
+	for i, res := range d.Results {
+		if !res.Allowed {
+			// The quoted names are valid JSON strings too: printable
+			// ASCII with '"' and '\' escaped.
+			b.WriteString(sep + names[i])
+			sep = ","
+		}
+	}
+	b.WriteString("]}\n")
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusTooManyRequests)
+	io.WriteString(w, b.String())
 }
 
 // sfString quotes s as a structured-field string (RFC 8941): printable

@@ -553,6 +553,7 @@ func TestNewMiddlewareValidation(t *testing.T) {
 		{"negative local hold", l, MiddlewareOptions{Fallback: FallbackLocal, LocalHold: -time.Second}},
 		{"local keys without local", l, MiddlewareOptions{LocalKeys: 10}},
 		{"local hold without local", l, MiddlewareOptions{Fallback: FallbackClosed, LocalHold: time.Second}},
+		{"problem details and OnDenied", l, MiddlewareOptions{ProblemDetails: true, OnDenied: func(http.ResponseWriter, *http.Request, Result) {}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

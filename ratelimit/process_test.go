@@ -21,11 +21,13 @@ const (
 	jobsEnv   = "SLUICE_RATELIMIT_JOBS"   // comma-separated ALGO:PREFIX
 	skewEnv   = "SLUICE_RATELIMIT_SKEW"   // added to the helper's clock
 	perProc   = 250                       // requests per job per process
+	multiJob  = -1                        // job "algorithm" of AllowPolicies
 )
 
 // TestMultiProcessExact has 4 OS processes send 1,000 requests for one key
-// against a limit of 100 per hour, for every algorithm on a single server
-// and on a cluster, and checks that exactly 100 pass. Each process runs
+// against a limit of 100 per hour, for every algorithm and for a
+// three-policy decision, on a single server and on a cluster, and checks
+// that exactly 100 pass. Each process runs
 // with its clock skewed by a different amount (up to 90 minutes), which
 // must not matter: decisions are made on the server's clock.
 func TestMultiProcessExact(t *testing.T) {
@@ -39,6 +41,9 @@ func TestMultiProcessExact(t *testing.T) {
 			for _, algo := range algorithms {
 				jobs = append(jobs, fmt.Sprintf("%d:%s%s:", int(algo), testPrefix(t), algo))
 			}
+			// And one multi-policy decision (multiJob) whose tightest
+			// policy allows 100 per hour.
+			jobs = append(jobs, fmt.Sprintf("%d:%smulti:", multiJob, testPrefix(t)))
 			const procs = 4
 			type proc struct {
 				cmd   *exec.Cmd
@@ -92,9 +97,9 @@ func TestMultiProcessExact(t *testing.T) {
 					t.Fatalf("process %d reported %d jobs; want %d", i, got, len(jobs))
 				}
 			}
-			for i, algo := range algorithms {
+			for i, job := range jobs {
 				if allowed[i] != 100 {
-					t.Errorf("%v: %d of %d requests allowed; want exactly 100", algo, allowed[i], procs*perProc)
+					t.Errorf("job %s: %d of %d requests allowed; want exactly 100", job, allowed[i], procs*perProc)
 				}
 			}
 		})
@@ -122,13 +127,26 @@ func TestHelperProcess(t *testing.T) {
 	}
 	sc := newCache(t, strings.Split(os.Getenv(addrsEnv), ",")...)
 	var limiters []*Limiter
+	var multi []bool
 	for _, job := range strings.Split(os.Getenv(jobsEnv), ",") {
 		algo, prefix, _ := strings.Cut(job, ":")
 		a, _ := strconv.Atoi(algo)
-		l := newLimiter(t, sc, Options{Algorithm: Algorithm(a), Limit: PerHour(100), Prefix: prefix})
+		opts := Options{Algorithm: Algorithm(a), Limit: PerHour(100), Prefix: prefix}
+		if a == multiJob {
+			opts.Algorithm = GCRA
+		}
+		l := newLimiter(t, sc, opts)
 		l.now = func() time.Time { return time.Now().Add(skew) }
 		limiters = append(limiters, l)
+		multi = append(multi, a == multiJob)
 	}
+	ps := newPolicies(t,
+		Policy{Name: "burst", Limit: Limit{Rate: 1000, Period: time.Hour, Burst: 150}},
+		// The binding one: a fixed window starts with its first request,
+		// so no window boundary can fall inside the test.
+		Policy{Name: "hour", Algorithm: FixedWindow, Limit: PerHour(100)},
+		Policy{Name: "day", Algorithm: SlidingWindow, Limit: Limit{Rate: 120, Period: 24 * time.Hour}},
+	)
 	fmt.Println("ready")
 	// Start when the parent closes stdin.
 	bufio.NewReader(os.Stdin).ReadString('\n')
@@ -139,12 +157,23 @@ func TestHelperProcess(t *testing.T) {
 		for range 8 {
 			wg.Go(func() {
 				for next.Add(1) <= perProc {
-					res, err := l.Allow(context.Background(), "k")
-					if err != nil {
-						t.Error(err)
-						return
+					var ok bool
+					if multi[i] {
+						d, err := l.AllowPolicies(context.Background(), "k", 1, ps)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						ok = d.Allowed
+					} else {
+						res, err := l.Allow(context.Background(), "k")
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						ok = res.Allowed
 					}
-					if res.Allowed {
+					if ok {
 						allowed.Add(1)
 					}
 				}

@@ -27,6 +27,18 @@
 // Denied requests do not count against the limit. AllowN weighs a request;
 // Reset forgets a key.
 //
+// # Several limits per decision, and limits per call
+//
+// AllowPolicies checks a key against a set of named policies (Policies,
+// say 10 per second and 1000 per hour, each with its own algorithm) in
+// one script call: the request is counted in every policy only when every
+// policy has room, so a request refused by the hourly limit costs nothing
+// in the per-second one. Each policy's state comes back in a Decision.
+// The set comes with each call, so plans and tenants need one Policies
+// each (built once, or per call), not a Limiter each; one Limiter's deny
+// cache serves them all, keyed by the set's limits so that a denial under
+// one plan never answers for another.
+//
 // # Deny cache
 //
 // When Redis denies a key until time T, nothing another process does can
@@ -43,8 +55,9 @@
 // reads one configured header (X-Forwarded-For by default, X-Real-IP or RFC
 // 7239 Forwarded) and only from configured proxies, and answers with the
 // RateLimit-Policy and RateLimit header fields of
-// draft-ietf-httpapi-ratelimit-headers-11 and 429 Too Many Requests with
-// Retry-After. When Redis cannot answer within a bounded wait that the
+// draft-ietf-httpapi-ratelimit-headers-11 (every policy of a set, by name,
+// with MiddlewareOptions.PolicyFunc) and 429 Too Many Requests with
+// Retry-After, optionally with the draft's quota-exceeded problem details. When Redis cannot answer within a bounded wait that the
 // client cannot cut short, MiddlewareOptions.Fallback decides: open (the
 // default; never for a client that has gone), closed (503), or local: a
 // memory-capped in-process limiter per key, so that whoever can slow Redis
@@ -203,6 +216,7 @@ type Options struct {
 // and holds no goroutine, so it needs no Close.
 type Limiter struct {
 	script   *scriptcache.Script
+	multi    *scriptcache.Script // ratelimit_multi
 	sc       *scriptcache.Cache
 	algo     Algorithm
 	limit    Limit
@@ -256,14 +270,9 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 	if sc == nil {
 		return nil, ErrNilCache
 	}
-	lim := opts.Limit
-	switch {
-	case lim.Rate < 1 || lim.Rate > maxRate:
-		return nil, fmt.Errorf("%w: rate %d is not between 1 and %d", ErrInvalidLimit, lim.Rate, maxRate)
-	case lim.Period < minPeriod || lim.Period > maxPeriod:
-		return nil, fmt.Errorf("%w: period %v is not between %v and %v", ErrInvalidLimit, lim.Period, minPeriod, maxPeriod)
-	case lim.Burst < 0 || lim.Burst > maxRate:
-		return nil, fmt.Errorf("%w: burst %d is not between 0 and %d", ErrInvalidLimit, lim.Burst, maxRate)
+	c, err := compile(opts.Algorithm, opts.Limit)
+	if err != nil {
+		return nil, err
 	}
 	prefix := opts.Prefix
 	if prefix == "" {
@@ -276,44 +285,20 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 		return nil, fmt.Errorf("%w: negative DenyCacheSize %d", ErrInvalidOptions, opts.DenyCacheSize)
 	}
 	l := &Limiter{
-		sc:     sc,
-		algo:   opts.Algorithm,
-		limit:  lim,
-		prefix: prefix,
-		now:    time.Now,
+		sc:       sc,
+		algo:     opts.Algorithm,
+		limit:    opts.Limit,
+		prefix:   prefix,
+		now:      time.Now,
+		capacity: c.capacity,
+		arg0:     c.arg0,
+		arg1:     c.arg1,
+		suffix:   c.suffix,
+		unit:     c.unit,
 	}
-	var name string
-	switch opts.Algorithm {
-	case FixedWindow, SlidingWindow:
-		if lim.Burst != 0 && lim.Burst != lim.Rate {
-			return nil, fmt.Errorf("%w: burst %d is only meaningful for GCRA", ErrInvalidLimit, lim.Burst)
-		}
-		l.capacity = lim.Rate
-		l.arg0 = strconv.Itoa(lim.Rate)
-		l.arg1 = strconv.FormatInt(lim.Period.Milliseconds(), 10)
-		if opts.Algorithm == FixedWindow {
-			name, l.suffix, l.unit = "ratelimit_fixed", ":f", time.Millisecond
-		} else {
-			name, l.suffix, l.unit = "ratelimit_sliding", ":s", time.Microsecond
-		}
-	case GCRA:
-		burst := lim.Burst
-		if burst == 0 {
-			burst = lim.Rate
-		}
-		l.capacity = burst
-		interval := float64(lim.Period.Microseconds()) / float64(lim.Rate)
-		if interval*float64(burst) > float64(maxPeriod.Microseconds()) {
-			return nil, fmt.Errorf("%w: burst %d at %v takes longer than %v to refill", ErrInvalidLimit, burst, lim, maxPeriod)
-		}
-		// 'f', not 'g': intervals of a second or more would go out in
-		// exponent form ("1e+07"), which Redis's Lua reads but some
-		// embedded Lua interpreters (miniredis's) do not.
-		l.arg0 = strconv.FormatFloat(interval, 'f', -1, 64)
-		l.arg1 = strconv.Itoa(burst)
-		name, l.suffix, l.unit = "ratelimit_gcra", ":g", time.Microsecond
-	default:
-		return nil, fmt.Errorf("%w: %d", ErrInvalidAlgorithm, int(opts.Algorithm))
+	name := c.script
+	if l.multi, err = sc.Script("ratelimit_multi"); err != nil {
+		return nil, fmt.Errorf("ratelimit: %w", err)
 	}
 	s, err := sc.Script(name)
 	if err != nil {
@@ -329,6 +314,62 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 		l.deny = newDenyCache(size)
 	}
 	return l, nil
+}
+
+// compiled is a Limit prepared for one algorithm's scripts.
+type compiled struct {
+	capacity   int    // most cost one call can be allowed: Rate or Burst
+	arg0, arg1 string // the script's first two arguments
+	script     string // single-limit script
+	code       string // algorithm code of ratelimit_multi
+	suffix     string // key suffix, so algorithms never share a key
+	unit       time.Duration
+}
+
+// compile checks lim for algo and prepares the script arguments.
+func compile(algo Algorithm, lim Limit) (compiled, error) {
+	var c compiled
+	switch {
+	case lim.Rate < 1 || lim.Rate > maxRate:
+		return c, fmt.Errorf("%w: rate %d is not between 1 and %d", ErrInvalidLimit, lim.Rate, maxRate)
+	case lim.Period < minPeriod || lim.Period > maxPeriod:
+		return c, fmt.Errorf("%w: period %v is not between %v and %v", ErrInvalidLimit, lim.Period, minPeriod, maxPeriod)
+	case lim.Burst < 0 || lim.Burst > maxRate:
+		return c, fmt.Errorf("%w: burst %d is not between 0 and %d", ErrInvalidLimit, lim.Burst, maxRate)
+	}
+	switch algo {
+	case FixedWindow, SlidingWindow:
+		if lim.Burst != 0 && lim.Burst != lim.Rate {
+			return c, fmt.Errorf("%w: burst %d is only meaningful for GCRA", ErrInvalidLimit, lim.Burst)
+		}
+		c.capacity = lim.Rate
+		c.arg0 = strconv.Itoa(lim.Rate)
+		c.arg1 = strconv.FormatInt(lim.Period.Milliseconds(), 10)
+		if algo == FixedWindow {
+			c.script, c.code, c.suffix, c.unit = "ratelimit_fixed", "f", ":f", time.Millisecond
+		} else {
+			c.script, c.code, c.suffix, c.unit = "ratelimit_sliding", "s", ":s", time.Microsecond
+		}
+	case GCRA:
+		burst := lim.Burst
+		if burst == 0 {
+			burst = lim.Rate
+		}
+		c.capacity = burst
+		interval := float64(lim.Period.Microseconds()) / float64(lim.Rate)
+		if interval*float64(burst) > float64(maxPeriod.Microseconds()) {
+			return c, fmt.Errorf("%w: burst %d at %v takes longer than %v to refill", ErrInvalidLimit, burst, lim, maxPeriod)
+		}
+		// 'f', not 'g': intervals of a second or more would go out in
+		// exponent form ("1e+07"), which Redis's Lua reads but some
+		// embedded Lua interpreters (miniredis's) do not.
+		c.arg0 = strconv.FormatFloat(interval, 'f', -1, 64)
+		c.arg1 = strconv.Itoa(burst)
+		c.script, c.code, c.suffix, c.unit = "ratelimit_gcra", "g", ":g", time.Microsecond
+	default:
+		return c, fmt.Errorf("%w: %d", ErrInvalidAlgorithm, int(algo))
+	}
+	return c, nil
 }
 
 // Limit returns the limiter's Limit, with Burst as configured.
@@ -432,23 +473,38 @@ func (l *Limiter) denialCoversAll(res Result, n int) bool {
 	return n == 1 || (l.algo == FixedWindow && res.Remaining == 0)
 }
 
-// Reset forgets key: its next request starts from a full limit. Other
-// processes' deny caches do not hear of it and may keep denying the key
-// until the time Redis last gave them.
+// Reset forgets key: its next request starts from a full limit. With sets,
+// it also forgets the key's counters of every policy of each set, and its
+// local denials under them. Other processes' deny caches do not hear of
+// it and may keep denying the key until the time Redis last gave them.
 //
 // In this process, a denial of key that Redis decided before the DEL but
 // whose reply arrives after it is not cached: the local entry is dropped
 // after the DEL, and a generation counter keeps calls that started before
 // that from caching their denials afterwards. The local entry is
-// dropped even when the DEL fails, since it may have run.
-func (l *Limiter) Reset(ctx context.Context, key string) error {
+// dropped even when the DEL fails, since it may have run. A set that
+// shares policy names with one of sets shares their counters (see
+// Policy.Name) but not their local denials: pass it too.
+func (l *Limiter) Reset(ctx context.Context, key string, sets ...*Policies) error {
 	if err := keyspace.CheckName(key); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
+	keys := []string{keyspace.Key(l.prefix, key, l.suffix)}
+	ids := []string{""}
+	for _, ps := range sets {
+		if ps == nil {
+			return fmt.Errorf("%w: nil *Policies", ErrInvalidOptions)
+		}
+		for _, suffix := range ps.suffixes {
+			keys = append(keys, keyspace.Key(l.prefix, key, suffix))
+		}
+		ids = append(ids, ps.id)
+	}
 	c := l.sc.Client()
-	err := c.Do(ctx, c.B().Del().Key(keyspace.Key(l.prefix, key, l.suffix)).Build()).Error()
+	// One slot: every key carries key's hash tag.
+	err := c.Do(ctx, c.B().Del().Key(keys...).Build()).Error()
 	if l.deny != nil {
-		l.deny.remove(key)
+		l.deny.remove(key, ids...)
 	}
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset: %w", err)

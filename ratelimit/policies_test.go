@@ -1,0 +1,321 @@
+package ratelimit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicekit/sluice/internal/redistest"
+)
+
+func newPolicies(t testing.TB, ps ...Policy) *Policies {
+	t.Helper()
+	p, err := NewPolicies(ps...)
+	if err != nil {
+		t.Fatalf("NewPolicies: %v", err)
+	}
+	return p
+}
+
+func allowPolicies(t *testing.T, l *Limiter, key string, n int, ps *Policies) Decision {
+	t.Helper()
+	d, err := l.AllowPolicies(context.Background(), key, n, ps)
+	if err != nil {
+		t.Fatalf("AllowPolicies(%q, %d): %v", key, n, err)
+	}
+	return d
+}
+
+func TestNewPoliciesValidation(t *testing.T) {
+	ok := Policy{Name: "a", Limit: PerSecond(1)}
+	tests := []struct {
+		name string
+		ps   []Policy
+		want error
+	}{
+		{"none", nil, ErrInvalidOptions},
+		{"too many", []Policy{ok, {Name: "b", Limit: PerSecond(1)}, {Name: "c", Limit: PerSecond(1)}, {Name: "d", Limit: PerSecond(1)}, {Name: "e", Limit: PerSecond(1)}, {Name: "f", Limit: PerSecond(1)}, {Name: "g", Limit: PerSecond(1)}, {Name: "h", Limit: PerSecond(1)}, {Name: "i", Limit: PerSecond(1)}}, ErrInvalidOptions},
+		{"no name", []Policy{{Limit: PerSecond(1)}}, ErrInvalidOptions},
+		{"name with a quote", []Policy{{Name: `a"b`, Limit: PerSecond(1)}}, ErrInvalidOptions},
+		{"name with a brace", []Policy{{Name: "a}", Limit: PerSecond(1)}}, ErrInvalidOptions},
+		{"name with a colon", []Policy{{Name: "a:b", Limit: PerSecond(1)}}, ErrInvalidOptions},
+		{"long name", []Policy{{Name: strings.Repeat("n", 65), Limit: PerSecond(1)}}, ErrInvalidOptions},
+		{"repeated name", []Policy{ok, {Name: "a", Algorithm: FixedWindow, Limit: PerHour(5)}}, ErrInvalidOptions},
+		{"zero limit", []Policy{{Name: "a"}}, ErrInvalidLimit},
+		{"negative burst", []Policy{{Name: "a", Limit: Limit{Rate: 1, Period: time.Second, Burst: -1}}}, ErrInvalidLimit},
+		{"burst on a window", []Policy{{Name: "a", Algorithm: SlidingWindow, Limit: Limit{Rate: 1, Period: time.Second, Burst: 2}}}, ErrInvalidLimit},
+		{"unknown algorithm", []Policy{{Name: "a", Algorithm: 7, Limit: PerSecond(1)}}, ErrInvalidAlgorithm},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := NewPolicies(tt.ps...)
+			if !errors.Is(err, tt.want) || p != nil {
+				t.Fatalf("NewPolicies = %v, %v; want nil, %v", p, err, tt.want)
+			}
+			if !strings.HasPrefix(err.Error(), "ratelimit: ") {
+				t.Errorf("error %q lacks the package prefix", err)
+			}
+		})
+	}
+	sc := newCache(t, redistest.Single(t).Addr())
+	l := newLimiter(t, sc, Options{Limit: PerSecond(1)})
+	ps := newPolicies(t, Policy{Name: "a", Limit: PerHour(3)}, Policy{Name: "b", Algorithm: FixedWindow, Limit: PerHour(5)})
+	ctx := context.Background()
+	for _, c := range []struct {
+		key  string
+		n    int
+		ps   *Policies
+		want error
+	}{
+		{"", 1, ps, ErrInvalidKey},
+		{"k", -1, ps, ErrInvalidCost},
+		{"k", 4, ps, ErrCostTooHigh}, // above the smallest capacity
+		{"k", 1, nil, ErrInvalidOptions},
+	} {
+		if _, err := l.AllowPolicies(ctx, c.key, c.n, c.ps); !errors.Is(err, c.want) {
+			t.Errorf("AllowPolicies(%q, %d) error %v; want %v", c.key, c.n, err, c.want)
+		}
+	}
+	if err := l.Reset(ctx, "k", nil); !errors.Is(err, ErrInvalidOptions) {
+		t.Errorf("Reset with a nil set: %v; want ErrInvalidOptions", err)
+	}
+}
+
+// TestAllowPolicies checks one decision over a fixed window, a sliding
+// window and a GCRA bucket on one key, on a single server and a cluster:
+// a request is counted only when all have room, the one without room sets
+// RetryAfter, and Reset with the set starts over.
+func TestAllowPolicies(t *testing.T) {
+	for _, tg := range targets {
+		t.Run(tg.name, func(t *testing.T) {
+			sc := newCache(t, tg.addrs(t)...)
+			l := newLimiter(t, sc, Options{Limit: PerSecond(1)})
+			ps := newPolicies(t,
+				Policy{Name: "minute", Algorithm: FixedWindow, Limit: PerMinute(3)},
+				Policy{Name: "hour", Algorithm: SlidingWindow, Limit: PerHour(5)},
+				Policy{Name: "bucket", Limit: PerHour(4)},
+			)
+			for i := range 3 {
+				d := allowPolicies(t, l, "k", 1, ps)
+				if !d.Allowed || d.RetryAfter != 0 || len(d.Results) != 3 {
+					t.Fatalf("call %d: %+v; want allowed", i+1, d)
+				}
+				for j, want := range []int{2 - i, 4 - i, 3 - i} {
+					if r := d.Results[j]; !r.Allowed || r.Remaining != want || r.Limit != ps.capacity[j] {
+						t.Fatalf("call %d, policy %d: %+v; want room and %d remaining", i+1, j, r, want)
+					}
+				}
+			}
+			for i := range 2 { // the second from the deny cache
+				d := allowPolicies(t, l, "k", 1, ps)
+				if d.Allowed || d.Results[0].Allowed || !d.Results[1].Allowed || !d.Results[2].Allowed {
+					t.Fatalf("denial %d: %+v; want denied by the minute policy only", i+1, d)
+				}
+				if d.RetryAfter <= 0 || d.RetryAfter > time.Minute || d.RetryAfter != d.Results[0].RetryAfter {
+					t.Fatalf("denial %d: RetryAfter %v, minute policy's %v; want equal, in (0, 1m]", i+1, d.RetryAfter, d.Results[0].RetryAfter)
+				}
+				// Not counted in the policies that had room.
+				if d.Results[1].Remaining != 2 || d.Results[2].Remaining != 1 {
+					t.Fatalf("denial %d: %+v; want 2 and 1 remaining in the others", i+1, d.Results)
+				}
+			}
+			// A peek is never refused and counts nothing.
+			if d := allowPolicies(t, l, "k", 0, ps); !d.Allowed || d.Results[1].Remaining != 2 || d.Results[2].Remaining != 1 {
+				t.Fatalf("peek: %+v; want allowed with 2 and 1 remaining", d)
+			}
+			if err := l.Reset(context.Background(), "k", ps); err != nil {
+				t.Fatal(err)
+			}
+			if d := allowPolicies(t, l, "k", 2, ps); !d.Allowed || d.Results[0].Remaining != 1 || d.Results[1].Remaining != 3 || d.Results[2].Remaining != 2 {
+				t.Fatalf("after Reset, cost 2: %+v; want allowed with 1, 3, 2 remaining", d)
+			}
+		})
+	}
+}
+
+// TestAllowPoliciesConcurrentExact sends 320 concurrent requests against
+// limits of 30, 50 and 40 per hour: exactly 30 pass, and the others are
+// charged those 30 and nothing for the denials.
+func TestAllowPoliciesConcurrentExact(t *testing.T) {
+	for _, tg := range targets {
+		t.Run(tg.name, func(t *testing.T) {
+			sc := newCache(t, tg.addrs(t)...)
+			l := newLimiter(t, sc, Options{Limit: PerSecond(1), DisableDenyCache: true})
+			ps := newPolicies(t,
+				Policy{Name: "a", Algorithm: SlidingWindow, Limit: PerHour(50)},
+				Policy{Name: "b", Algorithm: FixedWindow, Limit: PerHour(30)},
+				Policy{Name: "c", Limit: PerHour(40)},
+			)
+			var allowed atomic.Int64
+			var wg sync.WaitGroup
+			for range 32 {
+				wg.Go(func() {
+					for range 10 {
+						d, err := l.AllowPolicies(context.Background(), "k", 1, ps)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if d.Allowed {
+							allowed.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if n := allowed.Load(); n != 30 {
+				t.Fatalf("allowed %d of 320; want exactly 30", n)
+			}
+			d := allowPolicies(t, l, "k", 0, ps)
+			if d.Results[0].Remaining != 20 || d.Results[1].Remaining != 0 || d.Results[2].Remaining != 10 {
+				t.Fatalf("after the burst: %+v; want 20, 0, 10 remaining", d.Results)
+			}
+		})
+	}
+}
+
+// TestPerCallLimitsShareDenyCache runs two plans whose "hour" policies
+// share a counter (same name) with different limits through one Limiter:
+// a denial under the free plan is answered locally for that plan only.
+func TestPerCallLimitsShareDenyCache(t *testing.T) {
+	srv := redistest.NewServer(t)
+	sc := newCache(t, srv.Addr())
+	l := newLimiter(t, sc, Options{Limit: PerSecond(1)})
+	free := newPolicies(t, Policy{Name: "hour", Algorithm: FixedWindow, Limit: PerHour(2)})
+	pro := newPolicies(t, Policy{Name: "hour", Algorithm: FixedWindow, Limit: PerHour(5)})
+	for range 2 {
+		if d := allowPolicies(t, l, "tenant", 1, free); !d.Allowed {
+			t.Fatalf("free plan: %+v; want allowed", d)
+		}
+	}
+	if d := allowPolicies(t, l, "tenant", 1, free); d.Allowed {
+		t.Fatalf("free plan, call 3: %+v; want denied", d)
+	}
+	resetStats(t, srv)
+	for range 100 {
+		if d := allowPolicies(t, l, "tenant", 1, free); d.Allowed || d.Results[0].Limit != 2 {
+			t.Fatalf("free plan flood: %+v; want denied with limit 2", d)
+		}
+	}
+	if n := evalshaCalls(t, srv); n != 0 {
+		t.Errorf("free plan flood cost %d scripts; want 0 (deny cache)", n)
+	}
+	// The same key under the pro plan: not the free plan's denial.
+	d := allowPolicies(t, l, "tenant", 1, pro)
+	if !d.Allowed || d.Results[0].Limit != 5 || d.Results[0].Remaining != 2 {
+		t.Fatalf("pro plan: %+v; want allowed with limit 5, 2 remaining (shared counter at 3)", d)
+	}
+	// And the Limiter's own limit is a third, independent entry.
+	if res := allow(t, l, "tenant", 1); !res.Allowed {
+		t.Fatalf("own limit: %+v; want allowed", res)
+	}
+	if err := l.Reset(context.Background(), "tenant", free); err != nil {
+		t.Fatal(err)
+	}
+	if d := allowPolicies(t, l, "tenant", 1, free); !d.Allowed || d.Results[0].Remaining != 1 {
+		t.Fatalf("free plan after Reset: %+v; want allowed with 1 remaining", d)
+	}
+}
+
+// TestMiddlewarePolicies checks the header fields, the 429 and the problem
+// details of a two-policy decision on a stopped miniredis clock, so every
+// value is exact; and that PolicyFunc picks the set per request.
+func TestMiddlewarePolicies(t *testing.T) {
+	l, _ := newFrozenLimiter(t, Options{Limit: PerSecond(1)}, window10s)
+	std := newPolicies(t,
+		Policy{Name: "second", Limit: PerSecond(2)},
+		Policy{Name: "hour", Algorithm: FixedWindow, Limit: PerHour(100)},
+	)
+	pro := newPolicies(t, Policy{Name: "pro-second", Limit: PerSecond(10)})
+	h := Middleware(l, MiddlewareOptions{
+		ProblemDetails: true,
+		OnError:        func(_ *http.Request, err error) { t.Errorf("OnError: %v", err) },
+		PolicyFunc: func(r *http.Request) (*Policies, error) {
+			switch r.Header.Get("X-Plan") {
+			case "pro":
+				return pro, nil
+			case "own":
+				return nil, nil
+			}
+			return std, nil
+		},
+	})(okHandler)
+	const policy = `"second";q=2;w=1, "hour";q=100;w=3600`
+	for i, want := range []string{
+		`"second";r=1;t=1, "hour";r=99;t=3600`,
+		`"second";r=0;t=1, "hour";r=98;t=3600`,
+	} {
+		w := serve(h, request("192.0.2.1:1"))
+		if w.Code != http.StatusOK || w.Header().Get("RateLimit-Policy") != policy || w.Header().Get("RateLimit") != want {
+			t.Fatalf("request %d: %d, RateLimit-Policy %q, RateLimit %q; want 200, %q, %q", i+1, w.Code,
+				w.Header().Get("RateLimit-Policy"), w.Header().Get("RateLimit"), policy, want)
+		}
+	}
+	for i := range 2 { // the second from the deny cache
+		w := serve(h, request("192.0.2.1:1"))
+		if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "1" {
+			t.Fatalf("denial %d: %d, Retry-After %q; want 429, 1", i+1, w.Code, w.Header().Get("Retry-After"))
+		}
+		if rl := w.Header().Get("RateLimit"); rl != `"second";r=0;t=1, "hour";r=98;t=3600` {
+			t.Errorf("denial %d: RateLimit %q", i+1, rl)
+		}
+		if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
+			t.Errorf("denial %d: Content-Type %q; want application/problem+json", i+1, ct)
+		}
+		var body struct {
+			Type     string   `json:"type"`
+			Status   int      `json:"status"`
+			Violated []string `json:"violated-policies"`
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+			t.Fatalf("denial %d: body %q: %v", i+1, w.Body, err)
+		}
+		if body.Type != "https://iana.org/assignments/http-problem-types#quota-exceeded" || body.Status != 429 ||
+			len(body.Violated) != 1 || body.Violated[0] != "second" {
+			t.Errorf("denial %d: problem %+v; want quota-exceeded, 429, violated [second]", i+1, body)
+		}
+	}
+	// Another plan, same client: its own limits, not std's denial.
+	w := serve(h, request("192.0.2.1:1", "X-Plan", "pro"))
+	if w.Code != http.StatusOK || w.Header().Get("RateLimit") != `"pro-second";r=9;t=1` {
+		t.Errorf("pro plan: %d, RateLimit %q; want 200, \"pro-second\";r=9;t=1", w.Code, w.Header().Get("RateLimit"))
+	}
+	w = serve(h, request("192.0.2.1:1", "X-Plan", "own"))
+	if w.Code != http.StatusOK || w.Header().Get("RateLimit") != `"default";r=0;t=1` {
+		t.Errorf("nil set: %d, RateLimit %q; want the Limiter's own limit", w.Code, w.Header().Get("RateLimit"))
+	}
+}
+
+// TestFallbackLocalPolicies checks that the local limiter enforces every
+// policy of a set while Redis is slow.
+func TestFallbackLocalPolicies(t *testing.T) {
+	l, p := slowLimiter(t, Options{Limit: PerSecond(1)})
+	ps := newPolicies(t,
+		Policy{Name: "hour", Algorithm: FixedWindow, Limit: PerHour(3)},
+		Policy{Name: "day", Algorithm: SlidingWindow, Limit: Limit{Rate: 100, Period: 24 * time.Hour}},
+	)
+	var errs errRecorder
+	h := Middleware(l, MiddlewareOptions{
+		Fallback: FallbackLocal, Timeout: 20 * time.Millisecond, LocalHold: time.Hour, OnError: errs.record,
+		PolicyFunc: func(*http.Request) (*Policies, error) { return ps, nil },
+	})(okHandler)
+	p.SetLatency(200*time.Millisecond, 0)
+	served := 0
+	for range 10 {
+		w := serve(h, request("192.0.2.9:1"))
+		if w.Code == http.StatusOK {
+			served++
+		} else if w.Code != http.StatusTooManyRequests || !strings.HasPrefix(w.Header().Get("RateLimit"), `"hour";r=0;`) {
+			t.Fatalf("status %d, RateLimit %q; want 429 from the hour policy", w.Code, w.Header().Get("RateLimit"))
+		}
+	}
+	if served != 3 || len(errs.list()) != 1 {
+		t.Errorf("served %d of 10 with Redis slow, %d errors; want 3 and 1", served, len(errs.list()))
+	}
+}
