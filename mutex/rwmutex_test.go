@@ -268,7 +268,7 @@ func TestRWTokensIncrease(t *testing.T) {
 	}
 }
 
-// TestRWLoss deletes, flushes or forces under held write and read holds:
+// TestRWLoss deletes, flushes, restarts or forces under held write and read holds:
 // the holders are told, and their releases report ErrNotHeld.
 func TestRWLoss(t *testing.T) {
 	ctx := context.Background()
@@ -281,6 +281,11 @@ func TestRWLoss(t *testing.T) {
 			srv.Do("DEL", rwKey("loss-w", "h"), rwKey("loss-r", "z"))
 		}},
 		{"flushall", func(t *testing.T, srv *redistest.Server, _ *mutex.RWMutex) { srv.Do("FLUSHALL") }},
+		{"restart", func(t *testing.T, srv *redistest.Server, _ *mutex.RWMutex) {
+			if err := srv.Restart(); err != nil {
+				t.Fatal(err)
+			}
+		}},
 		{"force", func(t *testing.T, srv *redistest.Server, other *mutex.RWMutex) {
 			if ok, err := other.ForceUnlock(ctx); !ok || err != nil {
 				t.Fatalf("ForceUnlock = %v, %v", ok, err)
