@@ -116,3 +116,22 @@ func ExampleMultiMutex() {
 	// tokens: 2
 	// alice after the transfer: <nil>
 }
+
+// RDo takes a read hold for the length of a function; its context ends if
+// the hold is lost, so the work can stop.
+func ExampleRWMutex_RDo() {
+	locks, done := exampleLocker()
+	defer done()
+	ctx := context.Background()
+
+	rw, _ := locks.NewRWMutex("config")
+	err := rw.RDo(ctx, func(ctx context.Context) error {
+		// ... read the configuration, passing ctx to every call ...
+		fmt.Println("reading")
+		return ctx.Err()
+	})
+	fmt.Println("err:", err)
+	// Output:
+	// reading
+	// err: <nil>
+}

@@ -285,3 +285,36 @@ func TestMultiBadInput(t *testing.T) {
 		t.Errorf("NewMultiMutex(%d names) = %v, want nil", mutex.MaxMultiNames, err)
 	}
 }
+
+// TestMultiDo: Do runs fn with every name held; a member lost while fn
+// runs ends fn's context and Do reports the loss.
+func TestMultiDo(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{WatchdogLease: 600 * time.Millisecond})
+	mm := newMulti(t, l, []string{"md-a", "md-b"})
+	err := mm.Do(ctx, func(ctx context.Context) error {
+		if err := newMutex(t, l, "md-b").TryLock(ctx); !errors.Is(err, mutex.ErrNotObtained) {
+			t.Errorf("member inside Do = %v, want ErrNotObtained", err)
+		}
+		return nil
+	})
+	if err != nil || mm.Holds() != 0 {
+		t.Fatalf("Do = %v, Holds %d; want nil, 0", err, mm.Holds())
+	}
+	err = mm.Do(ctx, func(hctx context.Context) error {
+		srv.Do("DEL", lockKey("md-a"))
+		select {
+		case <-hctx.Done():
+		case <-time.After(signal):
+			t.Error("the set's context did not end at a member's loss")
+		}
+		return nil
+	})
+	if !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("Do with a member lost = %v, want ErrLost", err)
+	}
+	if info, _ := newMutex(t, l, "md-b").Info(ctx); info.Held {
+		t.Fatalf("the other member left held: %+v", info)
+	}
+}

@@ -204,6 +204,8 @@ type RWMutex struct {
 	gen  uint64        // counts outermost acquisitions of either kind
 	lost chan struct{} // made on demand by Lost; closedChan once lost
 	err  error
+	// scoped cancels the contexts Context made while something is held.
+	scoped []context.CancelCauseFunc
 }
 
 // rwSide is the state of one kind of hold (write or read) of an RWMutex.
@@ -598,6 +600,7 @@ func (rw *RWMutex) loseLocked(write bool, cause error) {
 		close(rw.lost)
 	}
 	rw.lost = closedChan
+	rw.endScopedLocked(rw.err)
 }
 
 // Unlock gives back one write hold; the last one releases the write lock
@@ -676,6 +679,9 @@ func (rw *RWMutex) release(ctx context.Context, write bool) error {
 		sd.token = 0
 		if rw.w.holds == 0 && rw.r.holds == 0 {
 			rw.lost = nil // Lost returns closedChan until the next hold
+			if len(rw.scoped) > 0 {
+				rw.endScopedLocked(fmt.Errorf("%w: %q: released", ErrNotHeld, rw.name))
+			}
 		}
 	}
 	return nil

@@ -563,3 +563,69 @@ func TestRWBadInput(t *testing.T) {
 		t.Errorf("RLock on a closed Locker = %v, want ErrClosed", err)
 	}
 }
+
+// TestRWDoAndContext: Do and RDo run fn under the hold and release it; the
+// context of a hold ends when it is lost, with the loss as its cause.
+func TestRWDoAndContext(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{WatchdogLease: 600 * time.Millisecond})
+	rw, other := newRW(t, l, "rw-do"), newRW(t, l, "rw-do")
+	errFn := errors.New("fn failed")
+	err := rw.Do(ctx, func(ctx context.Context) error {
+		if err := other.TryRLock(ctx); !errors.Is(err, mutex.ErrNotObtained) {
+			t.Errorf("reader inside Do = %v, want ErrNotObtained", err)
+		}
+		return errFn
+	})
+	if !errors.Is(err, errFn) {
+		t.Fatalf("Do = %v, want fn's error", err)
+	}
+	err = rw.RDo(ctx, func(ctx context.Context) error {
+		if err := other.TryLock(ctx); !errors.Is(err, mutex.ErrNotObtained) {
+			t.Errorf("writer inside RDo = %v, want ErrNotObtained", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("RDo = %v", err)
+	}
+	if w, r := rw.Holds(); w+r != 0 {
+		t.Fatalf("Holds() = %d, %d after Do and RDo; want none", w, r)
+	}
+	// A loss while fn runs: fn's context ends and Do reports it.
+	err = rw.RDo(ctx, func(hctx context.Context) error {
+		if ok, err := other.ForceUnlock(ctx); !ok || err != nil {
+			t.Errorf("ForceUnlock = %v, %v", ok, err)
+		}
+		select {
+		case <-hctx.Done():
+		case <-time.After(signal):
+			t.Error("the hold's context did not end at the loss")
+		}
+		if !errors.Is(context.Cause(hctx), mutex.ErrLost) {
+			t.Errorf("Cause = %v, want ErrLost", context.Cause(hctx))
+		}
+		return nil
+	})
+	if !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("RDo whose hold was lost = %v, want ErrLost", err)
+	}
+	// Released: the context ends with ErrNotHeld.
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel := rw.Context(ctx)
+	defer cancel()
+	if err := rw.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-hctx.Done():
+	default:
+		t.Fatal("the context outlived the hold")
+	}
+	if !errors.Is(context.Cause(hctx), mutex.ErrNotHeld) {
+		t.Fatalf("Cause after Unlock = %v, want ErrNotHeld", context.Cause(hctx))
+	}
+}
