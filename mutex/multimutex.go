@@ -210,13 +210,17 @@ func (mm *MultiMutex) Unlock(ctx context.Context) error {
 }
 
 // stopWatchIfFree ends the loss watcher once no member holds anything.
+// It checks under mm.mu, as Lost collects the members' channels, so a Lost
+// racing with the Unlock either sees the members released or leaves a
+// watcher that this call ends.
 func (mm *MultiMutex) stopWatchIfFree() {
+	mm.mu.Lock()
 	for _, m := range mm.ms {
 		if m.Holds() > 0 {
+			mm.mu.Unlock()
 			return
 		}
 	}
-	mm.mu.Lock()
 	w := mm.watch
 	mm.watch = nil
 	mm.mu.Unlock()
@@ -231,6 +235,8 @@ func (mm *MultiMutex) stopWatchIfFree() {
 // for the members' Lost channels; it ends at the loss, at the Unlock that
 // frees the set, or when the Locker is closed.
 func (mm *MultiMutex) Lost() <-chan struct{} {
+	mm.mu.Lock()
+	defer mm.mu.Unlock()
 	in := make([]<-chan struct{}, len(mm.ms))
 	for i, m := range mm.ms {
 		in[i] = m.Lost()
@@ -240,8 +246,6 @@ func (mm *MultiMutex) Lost() <-chan struct{} {
 		default:
 		}
 	}
-	mm.mu.Lock()
-	defer mm.mu.Unlock()
 	if w := mm.watch; w != nil {
 		if slices.Equal(w.in, in) {
 			return w.out
