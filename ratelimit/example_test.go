@@ -2,6 +2,7 @@ package ratelimit_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -102,4 +103,58 @@ func ExampleLimiter_AllowN() {
 	// Output:
 	// true 1 200ms
 	// false 1 100ms
+}
+
+// Two limits on one key, decided together: a request is counted in both
+// only when both have room.
+func ExampleLimiter_AllowPolicies() {
+	sc, done := newScriptCache()
+	defer done()
+
+	limiter, err := ratelimit.New(sc, ratelimit.Options{Limit: ratelimit.PerSecond(10)})
+	if err != nil {
+		panic(err)
+	}
+	// One set per plan, built once and passed with each call.
+	free, err := ratelimit.NewPolicies(
+		ratelimit.Policy{Name: "burst", Limit: ratelimit.PerSecond(2)},
+		ratelimit.Policy{Name: "daily", Algorithm: ratelimit.FixedWindow, Limit: ratelimit.Limit{Rate: 1000, Period: 24 * time.Hour}},
+	)
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for range 3 {
+		d, err := limiter.AllowPolicies(ctx, "tenant-42", 1, free)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("allowed=%v burst=%d daily=%d retry=%v\n", d.Allowed, d.Results[0].Remaining, d.Results[1].Remaining, d.RetryAfter)
+	}
+	// Output:
+	// allowed=true burst=1 daily=999 retry=0s
+	// allowed=true burst=0 daily=998 retry=0s
+	// allowed=false burst=0 daily=998 retry=500ms
+}
+
+// Wait blocks until the request is allowed, sleeping the time the server
+// says, or gives up at once when the context's deadline comes first.
+func ExampleLimiter_Wait() {
+	sc, done := newScriptCache()
+	defer done()
+
+	limiter, err := ratelimit.New(sc, ratelimit.Options{Limit: ratelimit.PerMinute(1)})
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := limiter.Wait(ctx, "job", 1)
+	fmt.Println(res.Allowed, err)
+	// The next one needs a minute: more than the deadline allows.
+	res, err = limiter.Wait(ctx, "job", 1)
+	fmt.Println(res.Allowed, res.RetryAfter, errors.Is(err, ratelimit.ErrNotAllowed))
+	// Output:
+	// true <nil>
+	// false 1m0s true
 }

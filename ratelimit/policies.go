@@ -203,6 +203,9 @@ func (l *Limiter) AllowPolicies(ctx context.Context, key string, n int, ps *Poli
 			d.RetryAfter = max(d.RetryAfter, r.RetryAfter)
 		}
 	}
+	if l.afterReply != nil {
+		l.afterReply(key, Result{Allowed: d.Allowed, RetryAfter: d.RetryAfter})
+	}
 	// A denial of cost 1 holds for every cost until its RetryAfter (the
 	// policy that needs longest still has no room for 1); one of a larger
 	// cost only if every policy without room is a full fixed window.
