@@ -629,3 +629,42 @@ func TestRWDoAndContext(t *testing.T) {
 		t.Fatalf("Cause after Unlock = %v, want ErrNotHeld", context.Cause(hctx))
 	}
 }
+
+// TestRWNestedFindsHoldGone: the holds vanish (a restart without
+// persistence) before the watchdog notices; a nested Lock or RLock must
+// report the loss, not count a hold that no longer excludes anyone.
+func TestRWNestedFindsHoldGone(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{})
+	w, r := newRW(t, l, "gone-w"), newRW(t, l, "gone-r")
+	if err := w.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Lock(ctx); !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("nested Lock after the hold vanished = %v, want ErrLost", err)
+	}
+	if err := r.RLock(ctx); !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("nested RLock after the hold vanished = %v, want ErrLost", err)
+	}
+	for _, rw := range []*mutex.RWMutex{w, r} {
+		select {
+		case <-rw.Lost():
+		default:
+			t.Fatalf("%s: Lost not closed", rw.Name())
+		}
+		if wh, rh := rw.Holds(); wh+rh != 0 {
+			t.Fatalf("%s: Holds() = %d, %d; want none", rw.Name(), wh, rh)
+		}
+	}
+	if err := r.RLock(ctx); err != nil {
+		t.Fatalf("next RLock = %v, want a new hold", err)
+	}
+	r.RUnlock(ctx)
+}
