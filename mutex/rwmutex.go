@@ -138,7 +138,15 @@ func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) 
 // writer gets in, clearing the mark. A writer that gives up withdraws its
 // mark; one that crashes holds up new readers for one mark at most. TryLock
 // leaves no mark. Among waiting writers there is no queue: whichever tries
-// first after a release wins, as with Mutex.
+// first after a release wins, as with Mutex. The policy prefers writers:
+// while writers keep arriving, new readers wait. A waiting writer makes one
+// attempt per third of the mark even if nothing wakes it, to renew its mark
+// and to notice readers whose leases ran out.
+//
+// Because of the mark, a goroutine that holds a read hold through one
+// RWMutex and asks for another read hold of the same name through a second
+// RWMutex can deadlock against a waiting writer (the writer waits for the
+// first hold, the second waits for the writer); nest on one value instead.
 //
 // # Leases
 //
