@@ -4,13 +4,21 @@
 -- counted in every policy only if every policy has room for it, so a
 -- request denied by one policy (say 1000 per hour) costs nothing in the
 -- others (10 per second). The algorithms are those of ratelimit_gcra,
--- ratelimit_fixed and ratelimit_sliding, with the same stored state, each
--- policy on its own key. A denied request does not count anywhere.
--- The caller puts every key in one cluster slot (one hash tag).
+-- ratelimit_fixed and ratelimit_sliding. A denied request does not count
+-- anywhere.
 --
--- KEYS[i]  state key of policy i (1 <= i <= 8)
+-- The state of all policies lives in one string value, three numbers per
+-- policy (encoded as said below), written with one SET whose TTL is the
+-- longest any policy needs: one read and one write whatever the number of
+-- policies, which keeps a multi-policy decision close to a single one. Per policy: GCRA keeps its TAT (microseconds since 2024-01-01); a
+-- fixed window its count and its end (milliseconds since 2024-01-01); a
+-- sliding window the index of its current window, its count and the
+-- previous window's count. The key belongs to one list of policies with
+-- their limits: the caller derives it from them.
+--
+-- KEYS[1]  state key
 -- ARGV[1]  cost: how many requests this call is (integer >= 0; 0 only peeks)
--- ARGV[3i-1], ARGV[3i], ARGV[3i+1]  policy i:
+-- ARGV[3i-1], ARGV[3i], ARGV[3i+1]  policy i (1 <= i <= 8):
 --          'g', emission interval in microseconds (number > 0, may be
 --               fractional), burst (integer >= 1)
 --          'f' or 's' (fixed or sliding window), limit per window
@@ -21,119 +29,141 @@
 --          now), microseconds until a request of this cost would fit in
 --          this policy (0 if it has room), microseconds until the policy
 --          is back to its full limit}
--- Complexity: O(number of policies); touches one key per policy.
+-- Complexity: O(number of policies); touches one key.
+local floor, ceil, max = math.floor, math.ceil, math.max
+-- rawget: embedded test servers have no cmsgpack, and raise an error on
+-- reading a global that does not exist.
+local msgpack = rawget(_G, 'cmsgpack')
 local cost = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
+local now = (sec - 1704067200) * 1000000 + usec -- GCRA, fixed window
+local abs = sec * 1000000 + usec -- sliding windows align on the Unix epoch
+local now_ms = floor(now / 1000)
 
--- Each check returns room (bool), the reply values, and a commit function
--- that writes the new state (called only if every policy has room).
-local function gcra(key, interval, burst)
-  local now = (sec - 1704067200) * 1000000 + usec
-  local tolerance = burst * interval
-  local tat = tonumber(redis.call('GET', key) or now)
-  local ahead = math.max(tat - now, 0)
-  local after = ahead + cost * interval
-  if after > tolerance then
-    local remaining = math.max(math.floor((tolerance - ahead) / interval + 1e-9), 0)
-    return false, {remaining, math.ceil(after - tolerance), math.ceil(ahead)}
-  end
-  local function commit()
-    if cost > 0 then
-      redis.call('SET', key, string.format('%.17g', now + after),
-        'PX', string.format('%d', math.max(math.ceil(after / 1000), 1)))
-    end
-  end
-  local remaining = math.max(math.floor((tolerance - after) / interval + 1e-9), 0)
-  local now_remaining = math.max(math.floor((tolerance - ahead) / interval + 1e-9), 0)
-  return true, {remaining, 0, math.ceil(after)}, {now_remaining, 0, math.ceil(ahead)}, commit
+-- The numbers are MessagePack where the server has cmsgpack (every Redis
+-- since 2.6): decoded and encoded in C, which keeps this script cheap.
+-- Embedded test servers without it get text, the numbers in '%.17g'
+-- separated by spaces. One server never writes both.
+local state
+local v = redis.call('GET', KEYS[1])
+if not v then
+  state = {}
+elseif msgpack then
+  state = {msgpack.unpack(v)}
+else
+  state = {}
+  for x in string.gmatch(v, '%S+') do state[#state + 1] = tonumber(x) end
 end
 
-local function fixed(key, limit, window)
-  local count = tonumber(redis.call('GET', key) or '0')
-  local ttl = redis.call('PTTL', key)
-  if count + cost > limit then
-    if ttl < 0 and count > 0 then
-      redis.call('PEXPIRE', key, window)
-      ttl = window
-    end
-    return false, {math.max(limit - count, 0), math.max(ttl, 0) * 1000, math.max(ttl, 0) * 1000}
-  end
-  local reset = ttl
-  if ttl < 0 then reset = window end
-  local function commit()
-    if cost > 0 then
-      redis.call('INCRBY', key, cost)
-      if ttl < 0 then redis.call('PEXPIRE', key, window) end
-    end
-  end
-  if cost == 0 then reset = math.max(ttl, 0) end
-  return true, {limit - count - cost, 0, reset * 1000}, {limit - count, 0, math.max(ttl, 0) * 1000}, commit
-end
-
-local function sliding(key, limit, window_ms)
-  local window = window_ms * 1000
-  local now = sec * 1000000 + usec
-  local idx = math.floor(now / window)
-  local elapsed = now - idx * window
-  local h = redis.call('HMGET', key, 'w', 'c', 'p')
-  local w = tonumber(h[1])
-  local cur, prev = 0, 0
-  if w == idx then
-    cur, prev = tonumber(h[2]) or 0, tonumber(h[3]) or 0
-  elseif w == idx - 1 then
-    prev = tonumber(h[2]) or 0
-  end
-  local estimate = prev * (window - elapsed) / window + cur
-  local function reset_after(c, p)
-    if c > 0 then return 2 * window - elapsed elseif p > 0 then return window - elapsed end
-    return 0
-  end
-  if estimate + cost > limit then
-    local retry
-    if cur + cost <= limit then
-      retry = window - (limit - cur - cost) * window / prev - elapsed
-    else
-      retry = window - elapsed + math.max(window - (limit - cost) * window / cur, 0)
-    end
-    return false, {math.max(math.floor(limit - estimate), 0), math.max(math.ceil(retry), 1),
-      math.ceil(reset_after(cur, prev))}
-  end
-  local function commit()
-    if cost > 0 then
-      redis.call('HSET', key, 'w', string.format('%d', idx), 'c', cur + cost, 'p', prev)
-      redis.call('PEXPIRE', key, string.format('%d', math.ceil((2 * window - elapsed) / 1000)))
-    end
-  end
-  local after = cur
-  if cost > 0 then after = cur + cost end
-  return true, {math.max(math.floor(limit - estimate - cost), 0), 0, math.ceil(reset_after(after, prev))},
-    {math.max(math.floor(limit - estimate), 0), 0, math.ceil(reset_after(cur, prev))}, commit
-end
-
-local checks = {g = gcra, f = fixed, s = sliding}
+local n = (#ARGV - 1) / 3
 local all = true
-local rooms, ifallowed, ifdenied, commits = {}, {}, {}, {}
-for i = 1, #KEYS do
-  local check = checks[ARGV[3 * i - 1]]
-  local room, vals, now_vals, commit = check(KEYS[i], tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1]))
-  rooms[i], ifallowed[i], ifdenied[i], commits[i] = room, vals, now_vals or vals, commit
+local reply = {0}
+local kept = {} -- per policy: remaining and reset if the request is not counted
+local new = {} -- the state to write if every policy has room
+local ttl = 1 -- milliseconds the written state must live
+for i = 1, n do
+  local kind, a, b = ARGV[3 * i - 1], tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
+  local j = 3 * i - 2
+  local s1, s2, s3 = state[j], state[j + 1], state[j + 2]
+  -- room; remaining and reset if allowed; retry if not; remaining and
+  -- reset if the request is not counted.
+  local room, rem, reset, retry, rem0, reset0
+  if kind == 'g' then
+    local interval, burst = a, b
+    local tolerance = burst * interval
+    local ahead = max((s1 or now) - now, 0)
+    local after = ahead + cost * interval
+    rem0 = max(floor((tolerance - ahead) / interval + 1e-9), 0)
+    reset0 = ceil(ahead)
+    room = after <= tolerance
+    if room then
+      rem = max(floor((tolerance - after) / interval + 1e-9), 0)
+      reset = ceil(after)
+      new[j], new[j + 1], new[j + 2] = now + after, 0, 0
+      ttl = max(ttl, ceil(after / 1000))
+    else
+      retry = ceil(after - tolerance)
+    end
+  elseif kind == 'f' then
+    local limit, window = a, b
+    local count, window_end = s1 or 0, s2 or 0
+    if window_end <= now_ms then count, window_end = 0, now_ms + window end
+    local left = (window_end - now_ms) * 1000
+    rem0 = max(limit - count, 0)
+    reset0 = 0
+    if count > 0 then reset0 = left end
+    room = count + cost <= limit
+    if room then
+      rem = limit - count - cost
+      reset = reset0
+      if count + cost > 0 then reset = left end
+      new[j], new[j + 1], new[j + 2] = count + cost, window_end, 0
+      ttl = max(ttl, window_end - now_ms)
+    else
+      retry = left
+    end
+  else -- 's'
+    local limit, window = a, b * 1000
+    local idx = floor(abs / window)
+    local elapsed = abs - idx * window
+    local cur, prev = 0, 0
+    if s1 == idx then
+      cur, prev = s2 or 0, s3 or 0
+    elseif s1 == idx - 1 then
+      prev = s2 or 0
+    end
+    local estimate = prev * (window - elapsed) / window + cur
+    local function reset_after(c)
+      if c > 0 then return 2 * window - elapsed elseif prev > 0 then return window - elapsed end
+      return 0
+    end
+    rem0 = max(floor(limit - estimate), 0)
+    reset0 = ceil(reset_after(cur))
+    room = estimate + cost <= limit
+    if room then
+      rem = max(floor(limit - estimate - cost), 0)
+      reset = ceil(reset_after(cur + cost))
+      new[j], new[j + 1], new[j + 2] = idx, cur + cost, prev
+      ttl = max(ttl, ceil((2 * window - elapsed) / 1000))
+    elseif cur + cost <= limit then
+      -- The previous window's share has to shrink to limit - cur - cost.
+      retry = max(ceil(window - (limit - cur - cost) * window / prev - elapsed), 1)
+    else
+      -- Wait for the next window, where this one's count has to shrink
+      -- to limit - cost.
+      retry = max(ceil(window - elapsed + max(window - (limit - cost) * window / cur, 0)), 1)
+    end
+  end
   all = all and room
+  if room then
+    reply[4 * i - 2], reply[4 * i - 1], reply[4 * i], reply[4 * i + 1] = 1, rem, 0, reset
+  else
+    reply[4 * i - 2], reply[4 * i - 1], reply[4 * i], reply[4 * i + 1] = 0, rem0, retry, reset0
+  end
+  kept[2 * i - 1], kept[2 * i] = rem0, reset0
 end
 
-local reply = {0}
 if all then
   reply[1] = 1
-  for i = 1, #KEYS do commits[i]() end
-end
-for i = 1, #KEYS do
-  local v = ifdenied[i]
-  if all then v = ifallowed[i] end
-  local room = 0
-  if rooms[i] then room = 1 end
-  reply[#reply + 1] = room
-  reply[#reply + 1] = v[1]
-  reply[#reply + 1] = v[2]
-  reply[#reply + 1] = v[3]
+  if cost > 0 then
+    -- %d: some Redis versions would write a round Lua number in exponent
+    -- form ("1e+08"), which PX rejects.
+    local value
+    if msgpack then
+      value = msgpack.pack(unpack(new))
+    else
+      for k = 1, #new do new[k] = string.format('%.17g', new[k]) end
+      value = table.concat(new, ' ')
+    end
+    redis.call('SET', KEYS[1], value, 'PX', string.format('%d', ttl))
+  end
+else
+  -- Not counted: the policies with room report what they have now.
+  for i = 1, n do
+    if reply[4 * i - 2] == 1 then
+      reply[4 * i - 1], reply[4 * i + 1] = kept[2 * i - 1], kept[2 * i]
+    end
+  end
 end
 return reply

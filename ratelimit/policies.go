@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"time"
@@ -17,13 +18,8 @@ const MaxPolicies = 8
 // "1000 per hour".
 type Policy struct {
 	// Name names the policy in the RateLimit-Policy and RateLimit header
-	// fields and in its Redis key. Required: 1 to 64 letters, digits,
+	// fields and in problem details. Required: 1 to 64 letters, digits,
 	// '-', '_' or '.', unique within its Policies.
-	//
-	// Policies of the same Name and Algorithm share their counter for a
-	// key, whatever their Limit and whichever Policies they are in: a
-	// tenant who moves from one plan's "hour" policy to another's keeps
-	// what it used. Give policies that must count apart different names.
 	Name string
 	// Algorithm selects the counting method. Default GCRA.
 	Algorithm Algorithm
@@ -37,10 +33,15 @@ type Policy struct {
 // tenant limit with NewPolicies and pass it with each call; Limiters need
 // not be created per limit. A Policies is immutable and safe for
 // concurrent use.
+//
+// The state of all policies of a set for one key is one Redis value, read
+// and written once per call, under a key derived from the set's policies
+// and limits: sets that differ in any policy, limit or order count apart,
+// so a tenant moved to another plan starts afresh in it.
 type Policies struct {
 	list     []Policy
 	id       string   // deny cache id: the canonical text of the set
-	suffixes []string // key suffix per policy
+	suffix   string   // key suffix of the set's state
 	args1    []string // script arguments for cost 1
 	capacity []int    // per policy
 	minCap   int      // the largest cost any call can be allowed
@@ -73,7 +74,6 @@ func NewPolicies(ps ...Policy) (*Policies, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w (policy %q)", err, pol.Name)
 		}
-		p.suffixes = append(p.suffixes, c.suffix+":"+pol.Name)
 		p.args1 = append(p.args1, c.code, c.arg0, c.arg1)
 		p.capacity = append(p.capacity, c.capacity)
 		p.minCap = min(p.minCap, c.capacity)
@@ -92,6 +92,11 @@ func NewPolicies(ps ...Policy) (*Policies, error) {
 		fmt.Fprintf(&id, "%s;%s;%s;%s,", pol.Name, c.code, c.arg0, c.arg1)
 	}
 	p.id = id.String()
+	// The state key names the whole set with its limits, so sets with
+	// different policies or limits never read each other's state.
+	h := fnv.New64a()
+	h.Write([]byte(p.id))
+	p.suffix = ":m:" + strconv.FormatUint(h.Sum64(), 36)
 	return p, nil
 }
 
@@ -167,10 +172,7 @@ func (l *Limiter) AllowPolicies(ctx context.Context, key string, n int, ps *Poli
 		}
 		gen = l.deny.generation(key)
 	}
-	keys := make([]string, len(ps.suffixes))
-	for i, suffix := range ps.suffixes {
-		keys[i] = keyspace.Key(l.prefix, key, suffix)
-	}
+	keys := []string{keyspace.Key(l.prefix, key, ps.suffix)}
 	args := ps.args1
 	if n != 1 {
 		args = append([]string{strconv.Itoa(n)}, ps.args1[1:]...)
@@ -179,7 +181,7 @@ func (l *Limiter) AllowPolicies(ctx context.Context, key string, n int, ps *Poli
 	if err != nil {
 		return Decision{}, fmt.Errorf("ratelimit: %w", err)
 	}
-	if len(reply) != 1+4*len(keys) {
+	if len(reply) != 1+4*len(ps.capacity) {
 		return Decision{}, fmt.Errorf("%w: %d values", ErrUnexpectedReply, len(reply))
 	}
 	v := make([]int64, len(reply))
@@ -188,7 +190,7 @@ func (l *Limiter) AllowPolicies(ctx context.Context, key string, n int, ps *Poli
 			return Decision{}, fmt.Errorf("%w: %w", ErrUnexpectedReply, err)
 		}
 	}
-	d := Decision{Allowed: v[0] == 1, Results: make([]Result, len(keys))}
+	d := Decision{Allowed: v[0] == 1, Results: make([]Result, len(ps.capacity))}
 	for i := range d.Results {
 		w := v[1+4*i:]
 		r := Result{

@@ -180,9 +180,9 @@ func TestAllowPoliciesConcurrentExact(t *testing.T) {
 	}
 }
 
-// TestPerCallLimitsShareDenyCache runs two plans whose "hour" policies
-// share a counter (same name) with different limits through one Limiter:
-// a denial under the free plan is answered locally for that plan only.
+// TestPerCallLimitsShareDenyCache runs two plans with an "hour" policy of
+// different limits through one Limiter: a denial under the free plan is
+// answered locally for that plan only, and the plans count apart.
 func TestPerCallLimitsShareDenyCache(t *testing.T) {
 	srv := redistest.NewServer(t)
 	sc := newCache(t, srv.Addr())
@@ -208,8 +208,8 @@ func TestPerCallLimitsShareDenyCache(t *testing.T) {
 	}
 	// The same key under the pro plan: not the free plan's denial.
 	d := allowPolicies(t, l, "tenant", 1, pro)
-	if !d.Allowed || d.Results[0].Limit != 5 || d.Results[0].Remaining != 2 {
-		t.Fatalf("pro plan: %+v; want allowed with limit 5, 2 remaining (shared counter at 3)", d)
+	if !d.Allowed || d.Results[0].Limit != 5 || d.Results[0].Remaining != 4 {
+		t.Fatalf("pro plan: %+v; want allowed with limit 5, 4 remaining", d)
 	}
 	// And the Limiter's own limit is a third, independent entry.
 	if res := allow(t, l, "tenant", 1); !res.Allowed {

@@ -474,17 +474,15 @@ func (l *Limiter) denialCoversAll(res Result, n int) bool {
 }
 
 // Reset forgets key: its next request starts from a full limit. With sets,
-// it also forgets the key's counters of every policy of each set, and its
-// local denials under them. Other processes' deny caches do not hear of
+// it also forgets the key's state under each set, and its local denials
+// under them. Other processes' deny caches do not hear of
 // it and may keep denying the key until the time Redis last gave them.
 //
 // In this process, a denial of key that Redis decided before the DEL but
 // whose reply arrives after it is not cached: the local entry is dropped
 // after the DEL, and a generation counter keeps calls that started before
 // that from caching their denials afterwards. The local entry is
-// dropped even when the DEL fails, since it may have run. A set that
-// shares policy names with one of sets shares their counters (see
-// Policy.Name) but not their local denials: pass it too.
+// dropped even when the DEL fails, since it may have run.
 func (l *Limiter) Reset(ctx context.Context, key string, sets ...*Policies) error {
 	if err := keyspace.CheckName(key); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
@@ -495,9 +493,7 @@ func (l *Limiter) Reset(ctx context.Context, key string, sets ...*Policies) erro
 		if ps == nil {
 			return fmt.Errorf("%w: nil *Policies", ErrInvalidOptions)
 		}
-		for _, suffix := range ps.suffixes {
-			keys = append(keys, keyspace.Key(l.prefix, key, suffix))
-		}
+		keys = append(keys, keyspace.Key(l.prefix, key, ps.suffix))
 		ids = append(ids, ps.id)
 	}
 	c := l.sc.Client()
