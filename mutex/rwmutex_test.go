@@ -668,3 +668,20 @@ func TestRWNestedFindsHoldGone(t *testing.T) {
 	}
 	r.RUnlock(ctx)
 }
+
+// TestRWReplicaAcksWithoutReplica: with ReplicaAcks and no replica to
+// confirm, write and read acquisitions are refused and given back.
+func TestRWReplicaAcksWithoutReplica(t *testing.T) {
+	ctx := context.Background()
+	l := newLocker(t, redistest.Client(t, redistest.Single(t).Addr()), mutex.Options{ReplicaAcks: 1, ReplicaTimeout: 20 * time.Millisecond})
+	rw := newRW(t, l, "rw-noreplica")
+	for _, acquire := range []func(context.Context) error{rw.TryLock, rw.TryRLock, rw.Lock, rw.RLock} {
+		if err := acquire(ctx); !errors.Is(err, mutex.ErrNotReplicated) {
+			t.Fatalf("acquisition = %v, want ErrNotReplicated", err)
+		}
+	}
+	info, err := rw.Info(ctx)
+	if w, r := rw.Holds(); err != nil || info.Writer != "" || info.Readers != 0 || w+r != 0 {
+		t.Fatalf("after refused acquisitions: Info %+v, %v, Holds %d, %d; want free", info, err, w, r)
+	}
+}
