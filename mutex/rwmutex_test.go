@@ -685,3 +685,102 @@ func TestRWReplicaAcksWithoutReplica(t *testing.T) {
 		t.Fatalf("after refused acquisitions: Info %+v, %v, Holds %d, %d; want free", info, err, w, r)
 	}
 }
+
+// TestRWOrphanGivenBack: the client declares its holds lost (a fixed lease
+// of a second ran out) while the server, stretched by hand, still keeps
+// them. The first release after the loss reports ErrNotHeld and gives back
+// what the server kept; a new write acquisition gets a greater token.
+func TestRWOrphanGivenBack(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{})
+	w := newRW(t, l, "rw-orphan-w", mutex.WithLease(time.Second))
+	r := newRW(t, l, "rw-orphan-r", mutex.WithLease(time.Second))
+	if err := w.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old := w.Token()
+	if err := r.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Stretch both holds on the server far past the client's lease.
+	far := strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)
+	if _, err := srv.Do("HSET", rwKey("rw-orphan-w", "h"), "e", far); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Do("PEXPIRE", rwKey("rw-orphan-w", "h"), "60000"); err != nil {
+		t.Fatal(err)
+	}
+	members, err := srv.Do("ZRANGE", rwKey("rw-orphan-r", "z"), "0", "-1")
+	if err != nil || members == "" || strings.Contains(members, "\n") {
+		t.Fatalf("readers = %q, %v; want one", members, err)
+	}
+	if _, err := srv.Do("ZADD", rwKey("rw-orphan-r", "z"), far, members); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Do("PEXPIRE", rwKey("rw-orphan-r", "z"), "60000"); err != nil {
+		t.Fatal(err)
+	}
+	for _, rw := range []*mutex.RWMutex{w, r} {
+		select {
+		case <-rw.Lost():
+		case <-time.After(signal):
+			t.Fatalf("%s: the fixed lease did not end on the client", rw.Name())
+		}
+	}
+	if err := w.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) || !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("Unlock after loss = %v, want ErrNotHeld wrapping ErrLost", err)
+	}
+	if err := r.RUnlock(ctx); !errors.Is(err, mutex.ErrNotHeld) || !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("RUnlock after loss = %v, want ErrNotHeld wrapping ErrLost", err)
+	}
+	if info, _ := w.Info(ctx); info.Writer != "" {
+		t.Fatalf("Info = %+v, want the orphaned write hold released", info)
+	}
+	if info, _ := r.Info(ctx); info.Readers != 0 {
+		t.Fatalf("Info = %+v, want the orphaned read hold released", info)
+	}
+	if err := w.TryLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if w.Token() <= old {
+		t.Fatalf("token after the loss = %d, want greater than the lost hold's %d", w.Token(), old)
+	}
+	w.Unlock(ctx)
+	other := newRW(t, l, "rw-orphan-r")
+	if err := other.TryLock(ctx); err != nil {
+		t.Fatalf("writer where the orphaned reader was = %v", err)
+	}
+	other.Unlock(ctx)
+}
+
+// TestRWCloseDuringLock: the Locker is closed while an outermost Lock is in
+// flight; Lock must report ErrClosed and give the grant back.
+func TestRWCloseDuringLock(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	client := redistest.Client(t, srv.Addr())
+	l := newLocker(t, client, mutex.Options{})
+	rw := newRW(t, l, "rw-close-during")
+	if err := rw.TryLock(ctx); err != nil { // open the connection first
+		t.Fatal(err)
+	}
+	rw.Unlock(ctx)
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- rw.Lock(ctx) }()
+	time.Sleep(50 * time.Millisecond) // the Lock is in flight: the scenario
+	l.Close()
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; !errors.Is(err, mutex.ErrClosed) {
+		t.Fatalf("Lock during Close = %v, want ErrClosed", err)
+	}
+	other := newRW(t, newLocker(t, client, mutex.Options{}), "rw-close-during")
+	if info, err := other.Info(ctx); err != nil || info.Writer != "" {
+		t.Fatalf("Info = %+v, %v; want the grant given back", info, err)
+	}
+}
