@@ -59,6 +59,9 @@ func (l *Locker) rwScripts() (*rwScripts, error) {
 // NewRWMutex returns an RWMutex for the read-write lock called name, with
 // its own owner id. It does not talk to Redis. WithOwner and WithLease work
 // as for NewMutex; the lease applies to the write and the read holds alike.
+// Fair mode (Options.Fair, WithFair) does not apply: an RWMutex has its own
+// policy, described on the type. With Options.ReplicaAcks set, write and
+// read acquisitions alike wait for the replicas.
 //
 // A read-write lock and a Mutex of the same name are different locks (their
 // keys differ): they do not exclude each other.
