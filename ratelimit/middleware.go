@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -283,12 +282,6 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 		return nil, fmt.Errorf("%w: negative Timeout %v", ErrInvalidOptions, opts.Timeout)
 	case opts.UnavailableRetryAfter < 0:
 		return nil, fmt.Errorf("%w: negative UnavailableRetryAfter %v", ErrInvalidOptions, opts.UnavailableRetryAfter)
-	case opts.IPv4PrefixLen < 0 || opts.IPv4PrefixLen > 32:
-		return nil, fmt.Errorf("%w: IPv4PrefixLen %d is not between 0 and 32", ErrInvalidOptions, opts.IPv4PrefixLen)
-	case opts.IPv6PrefixLen < 0 || opts.IPv6PrefixLen > 128:
-		return nil, fmt.Errorf("%w: IPv6PrefixLen %d is not between 0 and 128", ErrInvalidOptions, opts.IPv6PrefixLen)
-	case opts.ClientIPHeader < XForwardedFor || opts.ClientIPHeader > Forwarded:
-		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, opts.ClientIPHeader)
 	case opts.Fallback < FallbackOpen || opts.Fallback > FallbackLocal:
 		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, opts.Fallback)
 	case opts.FailClosed && opts.Fallback != FallbackOpen && opts.Fallback != FallbackClosed:
@@ -305,17 +298,11 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 	if opts.FailClosed {
 		opts.Fallback = FallbackClosed
 	}
-	trustedProxies := make([]netip.Prefix, len(opts.TrustedProxies))
-	for i, p := range opts.TrustedProxies {
-		if !p.IsValid() {
-			return nil, fmt.Errorf("%w: invalid trusted proxy prefix %d", ErrInvalidOptions, i)
-		}
-		if m := p.Masked(); m.Addr().Is4In6() && m.Bits() < 96 {
-			// Part IPv4-mapped, part not: no IPv4 prefix says the same.
-			return nil, fmt.Errorf("%w: trusted proxy prefix %v mixes IPv4-mapped and IPv6 addresses", ErrInvalidOptions, p)
-		}
-		trustedProxies[i] = unmapPrefix(p)
+	keyFunc, err := requestKeyFunc(opts.KeyFunc, opts.TrustedProxies, opts.ClientIPHeader, opts.IPv4PrefixLen, opts.IPv6PrefixLen)
+	if err != nil {
+		return nil, err
 	}
+	opts.KeyFunc = keyFunc
 	m := &middleware{l: l, opts: opts, timeout: opts.Timeout}
 	if m.timeout == 0 {
 		m.timeout = DefaultTimeout
@@ -335,16 +322,6 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 	if opts.UnavailableRetryAfter > 0 {
 		m.retry = strconv.FormatInt(ceilSeconds(opts.UnavailableRetryAfter), 10)
 	}
-	if m.opts.KeyFunc == nil {
-		header, v4, v6 := opts.ClientIPHeader, opts.IPv4PrefixLen, opts.IPv6PrefixLen
-		m.opts.KeyFunc = func(r *http.Request) (string, error) {
-			ip, err := ClientIP(r, trustedProxies, header)
-			if err != nil {
-				return "", err
-			}
-			return IPKey(ip, v4, v6), nil
-		}
-	}
 	if m.opts.OnError == nil {
 		m.opts.OnError = func(r *http.Request, err error) {
 			slog.Default().ErrorContext(r.Context(), "ratelimit: request not checked", "method", r.Method, "path", r.URL.Path, "err", err)
@@ -362,6 +339,41 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 	window := time.Duration(float64(l.limit.Period) * float64(l.capacity) / float64(l.limit.Rate))
 	m.policy = name + ";q=" + capacity + ";w=" + strconv.FormatInt(max(ceilSeconds(window), 1), 10)
 	return m, nil
+}
+
+// requestKeyFunc checks the key options shared by the middlewares and
+// returns kf, or when it is nil the default: the client IP of ClientIP
+// with trusted and header, grouped by IPKey with v4 and v6.
+func requestKeyFunc(kf func(*http.Request) (string, error), trustedProxies []netip.Prefix, header ClientIPHeader, v4, v6 int) (func(*http.Request) (string, error), error) {
+	switch {
+	case v4 < 0 || v4 > 32:
+		return nil, fmt.Errorf("%w: IPv4PrefixLen %d is not between 0 and 32", ErrInvalidOptions, v4)
+	case v6 < 0 || v6 > 128:
+		return nil, fmt.Errorf("%w: IPv6PrefixLen %d is not between 0 and 128", ErrInvalidOptions, v6)
+	case header < XForwardedFor || header > Forwarded:
+		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, header)
+	}
+	trusted := make([]netip.Prefix, len(trustedProxies))
+	for i, p := range trustedProxies {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("%w: invalid trusted proxy prefix %d", ErrInvalidOptions, i)
+		}
+		if m := p.Masked(); m.Addr().Is4In6() && m.Bits() < 96 {
+			// Part IPv4-mapped, part not: no IPv4 prefix says the same.
+			return nil, fmt.Errorf("%w: trusted proxy prefix %v mixes IPv4-mapped and IPv6 addresses", ErrInvalidOptions, p)
+		}
+		trusted[i] = unmapPrefix(p)
+	}
+	if kf != nil {
+		return kf, nil
+	}
+	return func(r *http.Request) (string, error) {
+		ip, err := ClientIP(r, trusted, header)
+		if err != nil {
+			return "", err
+		}
+		return IPKey(ip, v4, v6), nil
+	}, nil
 }
 
 func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
@@ -529,23 +541,15 @@ func (m *middleware) problem(w http.ResponseWriter, ps *Policies, d Decision) {
 	if ps != nil {
 		names = ps.quoted
 	}
-	var b strings.Builder
-	b.WriteString(`{"type":"` + problemType + `","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"violated-policies":[`)
-	sep := ""
+	// The quoted names are valid JSON strings too: printable ASCII with
+	// '"' and '\\' escaped.
+	violated := make([]string, 0, len(d.Results))
 	for i, res := range d.Results {
 		if !res.Allowed {
-			// The quoted names are valid JSON strings too: printable
-			// ASCII with '"' and '\' escaped.
-			b.WriteString(sep + names[i])
-			sep = ","
+			violated = append(violated, names[i])
 		}
 	}
-	b.WriteString("]}\n")
-	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(http.StatusTooManyRequests)
-	io.WriteString(w, b.String())
+	writeProblem(w, violated)
 }
 
 // sfString quotes s as a structured-field string (RFC 8941): printable

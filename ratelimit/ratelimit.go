@@ -63,6 +63,11 @@
 // memory-capped in-process limiter per key, so that whoever can slow Redis
 // cannot switch limiting off (see FallbackLocal for its accuracy).
 //
+// NewConcurrencyMiddleware limits requests in flight instead: at most N
+// per key at once, each holding a permit of a package semaphore Manager
+// until its handler returns, with the draft's concurrent-requests quota
+// unit in the header fields.
+//
 // # Keys
 //
 // A key is stored as Prefix + "{" + key + "}" + a suffix naming the

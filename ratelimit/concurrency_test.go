@@ -1,0 +1,172 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/semaphore"
+)
+
+func newManager(t *testing.T) *semaphore.Manager {
+	t.Helper()
+	sc := newCache(t, redistest.Single(t).Addr())
+	mgr, err := semaphore.NewManager(sc, semaphore.Options{Prefix: testPrefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mgr.Close)
+	return mgr
+}
+
+// blockingHandler holds every request until release is closed, and says on
+// entered when one is in.
+type blockingHandler struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *blockingHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.entered <- struct{}{}
+	select {
+	case <-h.release:
+	case <-r.Context().Done(): // the client went away
+	}
+}
+
+// TestConcurrencyMiddleware lets 2 requests of a client in at once: the
+// third gets 429 with the concurrent-requests headers while the others
+// run, another client is not affected, and once one returns the next
+// request of the first client is let in.
+func TestConcurrencyMiddleware(t *testing.T) {
+	mgr := newManager(t)
+	var errs errRecorder
+	mw, err := NewConcurrencyMiddleware(mgr, ConcurrencyOptions{Limit: 2, OnError: errs.record, ProblemDetails: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bh := &blockingHandler{entered: make(chan struct{}), release: make(chan struct{})}
+	h := mw(bh)
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	for i := range 2 {
+		wg.Go(func() { codes[i] = serve(h, request("192.0.2.10:1")).Code })
+		<-bh.entered
+	}
+	w := serve(h, request("192.0.2.10:1"))
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "1" ||
+		w.Header().Get("RateLimit-Policy") != `"concurrency";q=2;qu="concurrent-requests"` ||
+		w.Header().Get("RateLimit") != `"concurrency";r=0` ||
+		!strings.Contains(w.Body.String(), `"violated-policies":["concurrency"]`) {
+		t.Errorf("third request in flight: %d %v %q; want 429 with the concurrency headers and problem", w.Code, w.Header(), w.Body)
+	}
+	// Another client has its own limit.
+	done := make(chan int)
+	go func() { done <- serve(h, request("192.0.2.11:1")).Code }()
+	<-bh.entered
+	close(bh.release)
+	if code := <-done; code != http.StatusOK {
+		t.Errorf("other client: %d; want 200", code)
+	}
+	wg.Wait()
+	for i, c := range codes {
+		if c != http.StatusOK {
+			t.Errorf("request %d: %d; want 200", i+1, c)
+		}
+	}
+	// Both permits are back: two more fit at once again.
+	bh.release = make(chan struct{})
+	for range 2 {
+		wg.Go(func() { serve(h, request("192.0.2.10:1")) })
+		<-bh.entered
+	}
+	close(bh.release)
+	wg.Wait()
+	if got := errs.list(); len(got) != 0 {
+		t.Errorf("errors %v; want none", got)
+	}
+}
+
+// TestConcurrencyClientGone checks that a request whose client goes away
+// gives its permit back: the handler returns on the cancelled context.
+func TestConcurrencyClientGone(t *testing.T) {
+	mgr := newManager(t)
+	h := concurrencyMiddleware(t, mgr, 1)
+	bh := &blockingHandler{entered: make(chan struct{}), release: make(chan struct{})}
+	hh := h(bh)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int)
+	go func() { done <- serve(hh, request("192.0.2.12:1").WithContext(ctx)).Code }()
+	<-bh.entered
+	if w := serve(hh, request("192.0.2.12:1")); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("second request while the first runs: %d; want 429", w.Code)
+	}
+	cancel()
+	<-done
+	go func() { done <- serve(hh, request("192.0.2.12:1")).Code }()
+	<-bh.entered
+	close(bh.release)
+	if code := <-done; code != http.StatusOK {
+		t.Errorf("request after the client went away: %d; want 200 (permit given back)", code)
+	}
+}
+
+// concurrencyMiddleware is NewConcurrencyMiddleware with limit, failing t on an error.
+func concurrencyMiddleware(t *testing.T, mgr *semaphore.Manager, limit int) func(http.Handler) http.Handler {
+	t.Helper()
+	mw, err := NewConcurrencyMiddleware(mgr, ConcurrencyOptions{Limit: limit, OnError: func(_ *http.Request, err error) { t.Errorf("OnError: %v", err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
+
+// TestConcurrencyRedisDown checks the fallbacks: open serves, closed and a
+// client that is gone get 503.
+func TestConcurrencyRedisDown(t *testing.T) {
+	srv := redistest.NewServer(t)
+	sc := newCache(t, srv.Addr())
+	mgr, err := semaphore.NewManager(sc, semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mgr.Close()
+	srv.Kill()
+	var errs errRecorder
+	open, _ := NewConcurrencyMiddleware(mgr, ConcurrencyOptions{Limit: 1, OnError: errs.record})
+	closed, _ := NewConcurrencyMiddleware(mgr, ConcurrencyOptions{Limit: 1, OnError: errs.record, Fallback: FallbackClosed})
+	if w := serve(open(okHandler), request("192.0.2.13:1")); w.Code != http.StatusOK {
+		t.Errorf("open: %d; want 200", w.Code)
+	}
+	if w := serve(closed(okHandler), request("192.0.2.13:1")); w.Code != http.StatusServiceUnavailable {
+		t.Errorf("closed: %d; want 503", w.Code)
+	}
+	if n := len(errs.list()); n != 2 {
+		t.Errorf("%d errors; want 2", n)
+	}
+}
+
+func TestNewConcurrencyMiddlewareValidation(t *testing.T) {
+	mgr := newManager(t)
+	for _, tt := range []struct {
+		name string
+		mgr  *semaphore.Manager
+		opts ConcurrencyOptions
+	}{
+		{"nil manager", nil, ConcurrencyOptions{Limit: 1}},
+		{"no limit", mgr, ConcurrencyOptions{}},
+		{"negative limit", mgr, ConcurrencyOptions{Limit: -1}},
+		{"negative timeout", mgr, ConcurrencyOptions{Limit: 1, Timeout: -1}},
+		{"negative retry-after", mgr, ConcurrencyOptions{Limit: 1, RetryAfter: -1}},
+		{"local fallback", mgr, ConcurrencyOptions{Limit: 1, Fallback: FallbackLocal}},
+		{"bad ipv6 prefix", mgr, ConcurrencyOptions{Limit: 1, IPv6PrefixLen: 129}},
+	} {
+		if mw, err := NewConcurrencyMiddleware(tt.mgr, tt.opts); !errors.Is(err, ErrInvalidOptions) || mw != nil {
+			t.Errorf("%s: %v; want ErrInvalidOptions", tt.name, err)
+		}
+	}
+}
