@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -256,4 +258,86 @@ func mutatedScripts(t *testing.T, name, cut string) fs.FS {
 		files[e.Name()] = &fstest.MapFile{Data: b}
 	}
 	return files
+}
+
+// TestMultiLinearizable: goroutines with Lockers of their own lock
+// overlapping sets, listed in different orders, and single names through
+// plain Mutexes. Each name's history (its acquisitions and releases, with
+// the tokens, timed by the calls that made them) must be that of one lock
+// with increasing tokens: sets and single locks exclude each other.
+func TestMultiLinearizable(t *testing.T) {
+	const workers, rounds, ring = 6, 12, 4
+	for _, tg := range realTargets {
+		t.Run(tg.name, func(t *testing.T) {
+			addrs := tg.addrs(t)
+			p := "multi-lin:" + t.Name() + ":"
+			base := time.Now()
+			stamp := func() int64 { return int64(time.Since(base)) }
+			var mu sync.Mutex
+			hists := map[string][]porcupine.Operation{}
+			var wg sync.WaitGroup
+			for w := range workers {
+				l := newLocker(t, redistest.Client(t, addrs...), mutex.Options{})
+				// lock, unlock and tokens of this worker's set (one name
+				// for every third worker, through a plain Mutex).
+				var lock, unlock func(context.Context) error
+				var names func() []string
+				var tokens func() []int64
+				if w%3 == 2 {
+					m := newMutex(t, l, p+strconv.Itoa(w%ring))
+					lock, unlock = m.Lock, m.Unlock
+					names = func() []string { return []string{m.Name()} }
+					tokens = func() []int64 { return []int64{m.Token()} }
+				} else {
+					set := []string{p + strconv.Itoa(w%ring), p + strconv.Itoa((w+1)%ring), p + strconv.Itoa((w+2)%ring)}
+					if w%2 == 1 {
+						slices.Reverse(set)
+					}
+					mm := newMulti(t, l, set)
+					lock, unlock, names, tokens = mm.Lock, mm.Unlock, mm.Names, mm.Tokens
+				}
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 4*signal)
+					defer cancel()
+					mine := map[string][]porcupine.Operation{}
+					record := func(op string, call int64, toks []int64) {
+						ret := stamp()
+						for i, name := range names() {
+							mine[name] = append(mine[name], porcupine.Operation{ClientId: w, Input: rwOp{op, toks[i]}, Call: call, Return: ret})
+						}
+					}
+					for range rounds {
+						call := stamp()
+						if err := lock(ctx); err != nil {
+							t.Errorf("worker %d: lock: %v", w, err)
+							break
+						}
+						toks := tokens()
+						record(rwAcquire, call, toks)
+						time.Sleep(time.Millisecond) // working: the scenario
+						call = stamp()
+						if err := unlock(ctx); err != nil {
+							t.Errorf("worker %d: unlock: %v", w, err)
+							break
+						}
+						record(rwRelease, call, toks)
+					}
+					mu.Lock()
+					for name, ops := range mine {
+						hists[name] = append(hists[name], ops...)
+					}
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			if len(hists) != ring {
+				t.Fatalf("histories of %d names, want %d", len(hists), ring)
+			}
+			for name, hist := range hists {
+				if res := porcupine.CheckOperationsTimeout(rwModel, hist, time.Minute); res != porcupine.Ok {
+					t.Errorf("%s: history of %d operations is %s", name, len(hist), res)
+				}
+			}
+		})
+	}
 }
