@@ -486,27 +486,50 @@ func TestRWAbandonedAttemptGivenBack(t *testing.T) {
 	}
 }
 
-// TestRWWaitingWriterGivesUp: a Lock that gives up withdraws its
-// writer-waiting mark, so readers are not held up by a writer that left.
+// TestRWWaitingWriterGivesUp: a waiting Lock leaves a writer-waiting mark
+// that refuses new readers (a reader that holds may still nest); when the
+// Lock gives up it withdraws the mark, so readers are not held up by a
+// writer that left.
 func TestRWWaitingWriterGivesUp(t *testing.T) {
 	ctx := context.Background()
-	l := newLocker(t, redistest.Client(t, redistest.Single(t).Addr()), mutex.Options{})
-	r, w, r2 := newRW(t, l, "rw-giveup"), newRW(t, l, "rw-giveup"), newRW(t, l, "rw-giveup")
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	l, wl := newLocker(t, client, mutex.Options{}), newLocker(t, client, mutex.Options{})
+	r, w, r2 := newRW(t, l, "rw-giveup"), newRW(t, wl, "rw-giveup"), newRW(t, l, "rw-giveup")
 	if err := r.RLock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	err := w.Lock(short)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() { got <- w.Lock(wctx) }()
+	if !redistest.WaitFor(ctx, signal, func() bool { info, _ := r.Info(ctx); return info.WriterWaiting > 0 }) {
+		t.Fatal("a waiting writer left no mark")
+	}
+	if err := r2.TryRLock(ctx); !errors.Is(err, mutex.ErrNotObtained) {
+		t.Fatalf("new reader while a writer waits = %v, want ErrNotObtained", err)
+	}
+	if err := r.RLock(ctx); err != nil {
+		t.Fatalf("nested RLock of a holding reader while a writer waits = %v, want nil", err)
+	}
 	cancel()
-	if !errors.Is(err, mutex.ErrNotObtained) {
+	if err := <-got; !errors.Is(err, mutex.ErrNotObtained) {
 		t.Fatalf("writer Lock under a reader = %v, want ErrNotObtained", err)
 	}
-	// The mark lasts 2 s; its withdrawal is sent in the background.
-	if !redistest.WaitFor(ctx, signal, func() bool { return r2.TryRLock(ctx) == nil }) {
-		t.Fatal("new readers still refused after the waiting writer gave up")
+	// The withdrawal is sent in the background; Close waits for it. The
+	// mark would otherwise last 2 s.
+	wl.Close()
+	if info, _ := r.Info(ctx); info.WriterWaiting != 0 {
+		t.Fatalf("Info = %+v after the writer gave up, want its mark withdrawn", info)
+	}
+	if err := r2.TryRLock(ctx); err != nil {
+		t.Fatalf("new reader after the waiting writer gave up = %v", err)
 	}
 	r2.RUnlock(ctx)
 	r.RUnlock(ctx)
+	r.RUnlock(ctx)
+	if info, _ := r.Info(ctx); info.Readers != 0 || info.WriterWaiting != 0 {
+		t.Fatalf("Info = %+v, want no readers and no mark", info)
+	}
 }
 
 // TestRWNoKeysLeft: after a busy mix of reads, writes and cancelled
