@@ -3,6 +3,7 @@ module github.com/sluicekit/sluice/grpc
 go 1.26.0
 
 require (
+	github.com/redis/rueidis v1.0.79
 	github.com/sluicekit/sluice v0.0.0-00010101000000-000000000000
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261026165753-2ffab32bce7e
 	google.golang.org/grpc v1.85.0
@@ -11,7 +12,6 @@ require (
 
 require (
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/redis/rueidis v1.0.79 // indirect
 	go.uber.org/goleak v1.3.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
