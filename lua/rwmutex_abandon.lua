@@ -14,6 +14,8 @@
 -- Lock that gave up while waiting), so readers are not held up for the rest
 -- of the mark.
 --
+-- Wake-up payloads as in rwmutex_unlock.
+--
 -- KEYS[1]  state hash
 -- KEYS[2]  readers sorted set
 -- KEYS[3]  tombstones hash

@@ -2,6 +2,8 @@
 -- readers alike (an operator's tool), and wake the waiters. The last token
 -- is kept, briefly, as after any release; a writer-waiting mark stays.
 --
+-- Wake-up payloads as in rwmutex_unlock.
+--
 -- KEYS[1]  state hash
 -- KEYS[2]  readers sorted set
 -- KEYS[3]  readers' wake-up channel

@@ -8,6 +8,8 @@
 -- retried final Unlock) stay for a moment, the mark for as long as it runs.
 -- The release wakes one waiting writer per subscribed process and, unless a
 -- writer-waiting mark runs (readers would be refused), every waiting reader.
+-- A message's payload is a wake-up budget (see package notify): 1 wakes one
+-- waiter per process, 1000000 all of them.
 --
 -- KEYS[1]  state hash
 -- KEYS[2]  readers' wake-up channel

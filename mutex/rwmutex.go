@@ -32,10 +32,6 @@ var ErrUpgrade = errors.New("mutex: write lock requested while holding only read
 // maxWriterMark bounds the writer-waiting mark (see RWMutex).
 const maxWriterMark = 2 * time.Second
 
-// readersBudget is the wake-up budget a writer's release publishes to
-// readers: large enough to wake every waiting reader of a process.
-const readersBudget = "1000000"
-
 // rwScripts are the read-write lock's scripts, looked up once per RWMutex.
 type rwScripts struct {
 	lock, rlock, unlock, runlock, renew, abandon, force, info *scriptcache.Script
