@@ -53,7 +53,7 @@ func TestCancelStorm(t *testing.T) {
 		limiters = append(limiters, l)
 	}
 
-	var next, done, cancelled atomic.Int64
+	var next, done, cancelled, lost atomic.Int64
 	var wg sync.WaitGroup
 	for range 64 {
 		wg.Go(func() {
@@ -71,6 +71,10 @@ func TestCancelStorm(t *testing.T) {
 					done.Add(1)
 				case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 					cancelled.Add(1)
+				case lostBeforeRelease(err):
+					// On a loaded machine a hold can outlive its lease
+					// between Lock and Unlock: a right answer, if it says so.
+					lost.Add(1)
 				default:
 					t.Errorf("operation %d: %v", i, err)
 					return
@@ -81,7 +85,7 @@ func TestCancelStorm(t *testing.T) {
 	wg.Wait()
 	locks.Close()
 	sems.Close()
-	t.Logf("%d operations: %d completed, %d cancelled", ops, done.Load(), cancelled.Load())
+	t.Logf("%d operations: %d completed, %d cancelled, %d lost before their release", ops, done.Load(), cancelled.Load(), lost.Load())
 	if done.Load() == 0 || cancelled.Load() == 0 {
 		t.Errorf("the storm should both complete and cancel operations")
 	}
@@ -94,6 +98,13 @@ func TestCancelStorm(t *testing.T) {
 		keys, _ := srv.Do("KEYS", "*")
 		t.Errorf("keys left after the leases ran out:\n%s", keys)
 	}
+}
+
+// lostBeforeRelease reports whether err is an Unlock or Release that found
+// the hold gone because it was lost (expired) first.
+func lostBeforeRelease(err error) bool {
+	return errors.Is(err, mutex.ErrNotHeld) && errors.Is(err, mutex.ErrLost) ||
+		errors.Is(err, semaphore.ErrNotHeld) && errors.Is(err, semaphore.ErrLost)
 }
 
 // operation runs one randomly chosen primitive call. Unlock and Release
