@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicekit/sluice/internal/faultproxy"
 	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/mutex"
 )
@@ -805,5 +806,45 @@ func TestRWCloseDuringLock(t *testing.T) {
 	other := newRW(t, newLocker(t, client, mutex.Options{}), "rw-close-during")
 	if info, err := other.Info(ctx); err != nil || info.Writer != "" {
 		t.Fatalf("Info = %+v, %v; want the grant given back", info, err)
+	}
+}
+
+// TestRWHoldLostDuringNestedLock: a nested Lock is in flight (held up by
+// the network) when the client declares the write hold lost; it must
+// report the loss, not revive the hold, and nothing may stay held.
+func TestRWHoldLostDuringNestedLock(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	proxy, err := faultproxy.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	l := newLocker(t, redistest.Client(t, proxy.Addr()), mutex.Options{})
+	rw := newRW(t, l, "rw-nested-lost", mutex.WithLease(300*time.Millisecond))
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost := rw.Lost()
+	proxy.Blackhole(true)
+	got := make(chan error, 1)
+	go func() { got <- rw.Lock(ctx) }()
+	select {
+	case <-lost:
+	case <-time.After(signal):
+		t.Fatal("the fixed lease did not end on the client")
+	}
+	proxy.Blackhole(false)
+	if err := <-got; !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("nested Lock whose hold was lost during the call = %v, want ErrLost", err)
+	}
+	if w, r := rw.Holds(); w+r != 0 || rw.Token() != 0 {
+		t.Fatalf("Holds() = %d, %d, Token() = %d after the loss; want none", w, r, rw.Token())
+	}
+	if err := rw.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
+		t.Fatalf("Unlock after the loss = %v, want ErrNotHeld", err)
+	}
+	if info, err := rw.Info(ctx); err != nil || info.Writer != "" {
+		t.Fatalf("Info = %+v, %v; want nothing left held", info, err)
 	}
 }
