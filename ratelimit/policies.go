@@ -146,8 +146,8 @@ type Decision struct {
 //
 // The Limiter provides the Redis connection, the Prefix and the deny cache;
 // its own Limit plays no part. The deny cache holds denials per key and per
-// set of limits, so a denial under one plan never answers for another. All
-// keys of one call share the key's hash tag, so one cluster slot.
+// set of limits, so a denial under one plan never answers for another. The
+// state of all the set's policies is one Redis key (see Policies).
 //
 // Errors: ErrInvalidKey, ErrInvalidCost, ErrInvalidOptions for a nil ps,
 // ErrCostTooHigh when n exceeds the capacity of some policy (no wait would

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/redistest"
 )
 
@@ -317,5 +318,38 @@ func TestFallbackLocalPolicies(t *testing.T) {
 	}
 	if served != 3 || len(errs.list()) != 1 {
 		t.Errorf("served %d of 10 with Redis slow, %d errors; want 3 and 1", served, len(errs.list()))
+	}
+}
+
+// TestPoliciesKeysStayInPrefix sends hostile keys through a policy set on
+// a single server and a cluster: each gets its own state, under the prefix,
+// with a TTL, and only that one key is written per call.
+func TestPoliciesKeysStayInPrefix(t *testing.T) {
+	for _, tg := range targets {
+		t.Run(tg.name, func(t *testing.T) {
+			sc := newCache(t, tg.addrs(t)...)
+			l := newLimiter(t, sc, Options{Limit: PerSecond(1), DisableDenyCache: true})
+			ps := newPolicies(t,
+				Policy{Name: "a", Algorithm: FixedWindow, Limit: PerMinute(1)},
+				Policy{Name: "b", Algorithm: SlidingWindow, Limit: PerHour(5)},
+				Policy{Name: "c", Limit: PerHour(5)},
+			)
+			c := sc.Client()
+			for _, key := range []string{"}", "{", "}{", "a}b", "{x}", "~", "~}", "\x00\r\n*3", "a:m:x", strings.Repeat("}", 1024)} {
+				if d := allowPolicies(t, l, key, 1, ps); !d.Allowed {
+					t.Fatalf("first call for %q denied (%+v): keys collide", key, d)
+				}
+				full := keyspace.Key(l.prefix, key, ps.suffix)
+				if !strings.HasPrefix(full, l.prefix+"{") {
+					t.Fatalf("key %q outside prefix %q", full, l.prefix)
+				}
+				pttl, err := c.Do(context.Background(), c.B().Pttl().Key(full).Build()).AsInt64()
+				// The sliding window's count is needed until the next
+				// window ends: up to two hours.
+				if err != nil || pttl <= 0 || pttl > 2*time.Hour.Milliseconds() {
+					t.Fatalf("PTTL %q = %d, %v; want in (0, 2h]", full, pttl, err)
+				}
+			}
+		})
 	}
 }

@@ -71,9 +71,10 @@
 // # Keys
 //
 // A key is stored as Prefix + "{" + key + "}" + a suffix naming the
-// algorithm, so keys from user input stay inside the prefix and each key
-// hashes to one cluster slot. Limiters with different limits must use
-// different prefixes.
+// algorithm (":g", ":f", ":s"), or for a Policies set ":m:" and a hash of
+// its policies and limits, so keys from user input stay inside the prefix
+// and each key hashes to one cluster slot. Limiters with different limits
+// must use different prefixes; sets need not.
 package ratelimit
 
 import (

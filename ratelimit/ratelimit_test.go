@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,9 +39,23 @@ func newCache(t testing.TB, addrs ...string) *scriptcache.Cache {
 	return sc
 }
 
-// testPrefix gives each test its own keys on the shared servers.
+// testPrefixes holds the prefix of each running test, by *testing.T.
+var (
+	testPrefixes sync.Map
+	testRuns     atomic.Int64
+)
+
+// testPrefix gives each test its own keys on the shared servers: the same
+// for every call in one test, and new for each run of it, so that tests
+// survive -count=N.
 func testPrefix(t *testing.T) string {
-	return "test:" + strings.NewReplacer("{", "(", "}", ")").Replace(t.Name()) + ":"
+	if p, ok := testPrefixes.Load(t); ok {
+		return p.(string)
+	}
+	p := "test:" + strings.NewReplacer("{", "(", "}", ")").Replace(t.Name()) + ":" + strconv.FormatInt(testRuns.Add(1), 10) + ":"
+	p0, _ := testPrefixes.LoadOrStore(t, p)
+	t.Cleanup(func() { testPrefixes.Delete(t) })
+	return p0.(string)
 }
 
 func newLimiter(t *testing.T, sc *scriptcache.Cache, opts Options) *Limiter {
