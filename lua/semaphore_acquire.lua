@@ -14,10 +14,16 @@
 -- again. When the reclaim frees capacity that this call does not take, the
 -- free count is published so waiters elsewhere try again.
 --
--- The capacity is fixed while any permit is held: a caller with another
--- capacity is refused (status -1). When no permit is held, the caller's
--- capacity applies. Granting an id that is already held and live renews it
--- instead of counting it twice, so a retry after a lost reply is harmless.
+-- The capacity comes from the callers, or from SetCapacity. A capacity
+-- brought by callers is fixed while any permit is held: a caller with
+-- another capacity is refused (status -1); when no permit is held, the
+-- caller's capacity applies. A capacity set by SetCapacity (the field
+-- ':set' holds how long it is kept, in ms) applies to every caller whatever
+-- capacity it brings, and the hash is kept at least that long after its
+-- last write, also when no permit is held. A request for more than the
+-- capacity is refused (status -2). Granting an id that is already held and
+-- live renews it instead of counting it twice, so a retry after a lost
+-- reply is harmless.
 --
 -- KEYS[1]  permits hash
 -- KEYS[2]  expiry sorted set
@@ -30,7 +36,9 @@
 --
 -- Returns  {status, used, capacity, wait}: status 1 granted (or n = 0),
 --          0 not granted, -1 capacity mismatch (capacity is then the stored
---          one); used is the weight held after the call; wait is, when not
+--          one), -2 n above the capacity; used is the weight held after the
+--          call (it can exceed a capacity that SetCapacity lowered); wait is,
+--          when not
 --          granted, the milliseconds until the earliest permit expiry, 0 if
 --          expired permits remain to reclaim, -1 if none is known.
 -- Complexity: O(log N) for N permits held, plus the publish.
@@ -44,8 +52,10 @@ local cap = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
 local id = ARGV[3]
 
-local used = tonumber(redis.call('HGET', KEYS[1], ':used') or '0')
-local stored = tonumber(redis.call('HGET', KEYS[1], ':cap') or ARGV[1])
+local h = redis.call('HMGET', KEYS[1], ':used', ':cap', ':set')
+local used = tonumber(h[1] or '0')
+local stored = tonumber(h[2] or ARGV[1])
+local keep = tonumber(h[3]) -- ms a set capacity is kept, or nil
 
 -- Reclaim expired permits, the oldest first, and this id's own earlier
 -- grant if it expired (a retry after a lost reply) but is not among them.
@@ -75,11 +85,15 @@ if #expired > 0 then
   if used <= 0 or redis.call('ZCARD', KEYS[2]) == 0 then
     redis.call('DEL', KEYS[1], KEYS[2])
     used = 0
+    if keep then
+      redis.call('HSET', KEYS[1], ':used', '0', ':cap', num(stored), ':set', h[3])
+      redis.call('PEXPIRE', KEYS[1], h[3])
+    end
   else
     redis.call('HSET', KEYS[1], ':used', num(used))
   end
 end
-if used == 0 then
+if used == 0 and not keep then
   stored = cap
 end
 
@@ -103,9 +117,14 @@ local function wait()
   return math.max(tonumber(first[2]) - now, 0)
 end
 
-if stored ~= cap then
+if stored ~= cap and not keep then
   wake()
   return {-1, used, stored, wait()}
+end
+cap = stored
+if n > cap then
+  wake()
+  return {-2, used, cap, wait()}
 end
 if n == 0 then
   wake()
@@ -126,8 +145,8 @@ else
   return {0, used, cap, wait()}
 end
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-local at = num(math.max(tonumber(last[2]), exp))
-redis.call('PEXPIREAT', KEYS[1], at)
-redis.call('PEXPIREAT', KEYS[2], at)
+local at = math.max(tonumber(last[2]), exp)
+redis.call('PEXPIREAT', KEYS[1], num(keep and math.max(at, now + keep) or at))
+redis.call('PEXPIREAT', KEYS[2], num(at))
 wake()
 return {1, used, cap, 0}

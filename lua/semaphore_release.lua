@@ -7,7 +7,8 @@
 -- removed and reported as not held. Up to 16 other expired permits are
 -- reclaimed on the way. When capacity was freed, the number of permits now
 -- free is published as the wake-up budget. The keys are deleted with the
--- last permit.
+-- last permit, except that a capacity set by SetCapacity stays in the hash
+-- for as long as ':set' says.
 --
 -- KEYS[1]  permits hash
 -- KEYS[2]  expiry sorted set
@@ -26,7 +27,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id = ARGV[1]
 
-local h = redis.call('HMGET', KEYS[1], ':used', ':cap', id)
+local h = redis.call('HMGET', KEYS[1], ':used', ':cap', id, ':set')
 local used = tonumber(h[1] or '0')
 local cap = tonumber(h[2] or '0')
 local freed = 0
@@ -57,6 +58,10 @@ if freed > 0 then
   if used <= 0 or redis.call('ZCARD', KEYS[2]) == 0 then
     redis.call('DEL', KEYS[1], KEYS[2])
     used = 0
+    if h[4] then
+      redis.call('HSET', KEYS[1], ':used', '0', ':cap', h[2], ':set', h[4])
+      redis.call('PEXPIRE', KEYS[1], h[4])
+    end
   else
     redis.call('HSET', KEYS[1], ':used', num(used))
   end

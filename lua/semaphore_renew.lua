@@ -2,7 +2,8 @@
 --
 -- Layout as in semaphore_acquire. A permit that is gone or already expired
 -- is not brought back: its capacity may have been counted as free already.
--- Both keys' expiry follows the latest permit expiry.
+-- Both keys' expiry follows the latest permit expiry; the hash lives at
+-- least ':set' ms more if SetCapacity set the capacity.
 --
 -- KEYS[1]  permits hash
 -- KEYS[2]  expiry sorted set
@@ -15,13 +16,18 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not score or tonumber(score) <= now or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+if not score or tonumber(score) <= now then
+  return 0
+end
+local h = redis.call('HMGET', KEYS[1], ARGV[1], ':set')
+if not h[1] then
   return 0
 end
 local exp = now + tonumber(ARGV[2])
 redis.call('ZADD', KEYS[2], string.format('%.0f', exp), ARGV[1])
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-local at = string.format('%.0f', math.max(tonumber(last[2]), exp))
-redis.call('PEXPIREAT', KEYS[1], at)
-redis.call('PEXPIREAT', KEYS[2], at)
+local at = math.max(tonumber(last[2]), exp)
+local keep = tonumber(h[2])
+redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', keep and math.max(at, now + keep) or at))
+redis.call('PEXPIREAT', KEYS[2], string.format('%.0f', at))
 return 1

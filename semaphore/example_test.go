@@ -155,3 +155,48 @@ func ExamplePermit_Lost() {
 	// Output:
 	// work done with the permit held
 }
+
+// Resizing a semaphore whose permits are held: shrinking revokes nothing,
+// but grants nothing until the permits held are fewer than the new
+// capacity; growing frees permits at once. The set capacity applies to
+// every process, whatever capacity its Semaphore was made with.
+func ExampleSemaphore_SetCapacity() {
+	mgr, done := exampleManager()
+	defer done()
+	ctx := context.Background()
+
+	sem, err := mgr.NewSemaphore("batch-jobs", 4)
+	if err != nil {
+		log.Fatal(err)
+	}
+	a, _ := sem.Acquire(ctx, 2)
+	b, _ := sem.Acquire(ctx, 2)
+	show := func(when string) {
+		free, err := sem.Available(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("%s: %d free\n", when, free)
+	}
+
+	if err := sem.SetCapacity(ctx, 2); err != nil {
+		log.Fatal(err)
+	}
+	show("shrunk to 2 with 4 held")
+	a.Release(ctx)
+	show("2 held")
+	b.Release(ctx)
+	show("none held")
+
+	if err := sem.SetCapacity(ctx, 6); err != nil {
+		log.Fatal(err)
+	}
+	big, err := sem.TryAcquire(ctx, 5) // more than the 4 it was made with
+	fmt.Println("took 5 after growing to 6:", err == nil)
+	big.Release(ctx)
+	// Output:
+	// shrunk to 2 with 4 held: 0 free
+	// 2 held: 0 free
+	// none held: 2 free
+	// took 5 after growing to 6: true
+}

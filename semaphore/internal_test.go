@@ -63,7 +63,7 @@ func TestOwnExpiredGrantWrittenBack(t *testing.T) {
 		}
 	}
 	// Only "live" is held (3 of 25): a retry of "own" for 23 does not fit.
-	r, err := s.call(ctx, "own", 23)
+	r, err := s.call(ctx, "own", 23, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,5 +184,84 @@ func blockedIn(t *testing.T, fns ...string) {
 	})
 	if !ok {
 		t.Fatalf("no goroutine blocked in %v", fns)
+	}
+}
+
+// TestFairBypassLimit: lighter waiters that fit may pass a fair waiter at
+// the head that does not, bypassLimit times; after that the permits are
+// kept for the head, which gets them at the next release.
+func TestFairBypassLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), internalWait)
+	defer cancel()
+	m := internalManager(t, redistest.Single(t).Addr(), Options{Fair: true})
+	s, err := m.NewSemaphore("bypass-limit", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold, err := s.TryAcquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.call(ctx, "heavy", 2, "a"); err != nil || r.status != 0 {
+		t.Fatalf("heavy waiter's attempt = %+v, %v; want queued", r, err)
+	}
+	for i := range bypassLimit + 1 {
+		id := "light" + strconv.Itoa(i)
+		r, err := s.call(ctx, id, 1, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < bypassLimit {
+			if r.status != 1 {
+				t.Fatalf("light waiter %d = %+v, want granted past the blocked head", i, r)
+			}
+			s.cleanup(ctx, id)
+			continue
+		}
+		if r.status != 0 {
+			t.Fatalf("light waiter %d = %+v, want queued: %d have passed the head", i, r, bypassLimit)
+		}
+	}
+	if err := hold.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.call(ctx, "heavy", 2, "a"); err != nil || r.status != 1 {
+		t.Fatalf("heavy waiter after the release = %+v, %v; want granted", r, err)
+	}
+	s.cleanup(ctx, "heavy")
+	if r, err := s.call(ctx, "light"+strconv.Itoa(bypassLimit), 1, "a"); err != nil || r.status != 1 {
+		t.Fatalf("last light waiter after the heavy one = %+v, %v; want granted", r, err)
+	}
+}
+
+// TestFairLeaveGivesBackGrant: a waiter that leaves after a release granted
+// it permits gives them back at once.
+func TestFairLeaveGivesBackGrant(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), internalWait)
+	defer cancel()
+	m := internalManager(t, redistest.Single(t).Addr(), Options{Fair: true})
+	s, err := m.NewSemaphore("leave-grant", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold, err := s.TryAcquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.call(ctx, "w", 1, "a"); err != nil || r.status != 0 {
+		t.Fatalf("waiter's attempt = %+v, %v; want queued", r, err)
+	}
+	if err := hold.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if hs, err := s.Holders(ctx); err != nil || len(hs) != 1 || hs[0].ID != "w" {
+		t.Fatalf("Holders after the release = %+v, %v; want the waiter", hs, err)
+	}
+	m.leave(s, "w")
+	if !redistest.WaitFor(ctx, internalWait, func() bool {
+		n, err := s.Available(ctx)
+		return err == nil && n == 1
+	}) {
+		t.Fatal("the grant of a waiter that left was not given back")
 	}
 }

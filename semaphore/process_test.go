@@ -24,6 +24,10 @@ const (
 	envWeight   = "SLUICE_SEM_WEIGHT"   // holder: permits to take
 	envLease    = "SLUICE_SEM_LEASE"    // holder: watchdog lease
 	envCounter  = "SLUICE_SEM_COUNTER"  // worker: occupancy counter key
+	envFair     = "SLUICE_SEM_FAIR"     // "1": Options.Fair
+	envWeights  = "SLUICE_SEM_WEIGHTS"  // worker: comma-separated weights, one per goroutine in turn
+	envOrder    = "SLUICE_SEM_ORDER"    // fairwaiter: list that records acquisitions
+	envWaiters  = "SLUICE_SEM_WAITERS"  // fairwaiter: goroutines
 )
 
 const (
@@ -44,12 +48,25 @@ func TestHelperProcess(t *testing.T) {
 	if d, err := time.ParseDuration(os.Getenv(envLease)); err == nil {
 		opts.WatchdogLease = d
 	}
+	opts.Fair = os.Getenv(envFair) == "1"
 	e := newEnv(t, addrs, opts)
 	s := e.sem(t, os.Getenv(envName), capacity)
 	switch role {
 	case "worker":
-		peak, done := runWorker(t, e, s, os.Getenv(envCounter))
+		weights := []int64{1}
+		if ws := os.Getenv(envWeights); ws != "" {
+			weights = weights[:0]
+			for _, w := range strings.Split(ws, ",") {
+				n, _ := strconv.ParseInt(w, 10, 64)
+				weights = append(weights, n)
+			}
+		}
+		peak, done := runWorker(t, e, s, os.Getenv(envCounter), weights)
 		fmt.Printf("result peak=%d done=%d\n", peak, done)
+	case "fairwaiter":
+		waiters, _ := strconv.Atoi(os.Getenv(envWaiters))
+		runFairWaiter(t, e, s, os.Getenv(envOrder), waiters)
+		fmt.Println("done")
 	case "holder":
 		weight, _ := strconv.ParseInt(os.Getenv(envWeight), 10, 64)
 		acquire(t, s, weight)
@@ -60,31 +77,33 @@ func TestHelperProcess(t *testing.T) {
 	}
 }
 
-// runWorker runs goroutines that each take one permit at a time, count
-// themselves in the shared occupancy counter while holding it, and release
-// it. It returns the highest count seen and the rounds completed.
-func runWorker(t *testing.T, e *env, s *semaphore.Semaphore, counter string) (peak, done int64) {
+// runWorker runs goroutines that each take weights[i%len(weights)] permits
+// at a time, add that weight to the shared occupancy counter while holding
+// them, and release them. It returns the highest count seen and the rounds
+// completed.
+func runWorker(t *testing.T, e *env, s *semaphore.Semaphore, counter string, weights []int64) (peak, done int64) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for range workerGoroutines {
+	for i := range workerGoroutines {
+		weight := weights[i%len(weights)]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			for range workerRounds {
-				p, err := s.Acquire(ctx, 1)
+				p, err := s.Acquire(ctx, weight)
 				if err != nil {
 					t.Errorf("Acquire: %v", err)
 					return
 				}
-				n, err := e.client.Do(ctx, e.client.B().Incr().Key(counter).Build()).AsInt64()
+				n, err := e.client.Do(ctx, e.client.B().Incrby().Key(counter).Increment(weight).Build()).AsInt64()
 				if err != nil {
-					t.Errorf("INCR: %v", err)
+					t.Errorf("INCRBY: %v", err)
 				}
 				time.Sleep(time.Millisecond) // the work the permit bounds
-				if err := e.client.Do(ctx, e.client.B().Decr().Key(counter).Build()).Error(); err != nil {
-					t.Errorf("DECR: %v", err)
+				if err := e.client.Do(ctx, e.client.B().Decrby().Key(counter).Decrement(weight).Build()).Error(); err != nil {
+					t.Errorf("DECRBY: %v", err)
 				}
 				if err := p.Release(ctx); err != nil {
 					t.Errorf("Release: %v", err)
@@ -98,6 +117,30 @@ func runWorker(t *testing.T, e *env, s *semaphore.Semaphore, counter string) (pe
 	}
 	wg.Wait()
 	return peak, done
+}
+
+// runFairWaiter runs goroutines that each Acquire one permit once, record
+// the permit's id in the list order while holding it, and release it.
+func runFairWaiter(t *testing.T, e *env, s *semaphore.Semaphore, order string, goroutines int) {
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			p, err := s.Acquire(ctx, 1)
+			if err != nil {
+				t.Errorf("Acquire: %v", err)
+				return
+			}
+			if err := e.client.Do(ctx, e.client.B().Rpush().Key(order).Element(p.ID()).Build()).Error(); err != nil {
+				t.Errorf("RPUSH: %v", err)
+			}
+			if err := p.Release(ctx); err != nil {
+				t.Errorf("Release: %v", err)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // helper is a started helper process.
@@ -141,47 +184,65 @@ func (h *helper) line(t *testing.T, prefix string) string {
 
 func TestOccupancyAcrossProcesses(t *testing.T) {
 	forTargets(t, func(t *testing.T, addrs []string) {
-		const capacity, procs = 5, 3
-		e := newEnv(t, addrs, semaphore.Options{})
-		name := uniqueName(t)
-		counter := "sluice:test:occupancy:" + name
-		hs := make([]*helper, procs)
-		for i := range hs {
-			hs[i] = startHelper(t, "worker",
-				envAddrs+"="+strings.Join(addrs, ","), envName+"="+name,
-				envCapacity+"="+strconv.Itoa(capacity), envCounter+"="+counter)
-		}
-		var peak, done int64
-		for _, h := range hs {
-			var p, d int64
-			l := h.line(t, "result ")
-			if _, err := fmt.Sscanf(l, "result peak=%d done=%d", &p, &d); err != nil {
-				t.Fatalf("helper printed %q: %v", l, err)
-			}
-			peak, done = max(peak, p), done+d
-			for h.out.Scan() { // drain the rest so the process never blocks on a full pipe
-			}
-			if err := h.cmd.Wait(); err != nil {
-				t.Fatalf("helper process: %v", err)
-			}
-		}
-		if peak > capacity {
-			t.Fatalf("peak occupancy %d, want at most %d", peak, capacity)
-		}
-		// 96 goroutines on 5 permits keep them all busy: fewer would mean
-		// the semaphore under-grants.
-		if peak < capacity {
-			t.Errorf("peak occupancy %d, want %d (permits left unused)", peak, capacity)
-		}
-		if want := int64(procs * workerGoroutines * workerRounds); done != want {
-			t.Fatalf("rounds done %d, want %d", done, want)
-		}
-		wantAvailable(t, e.sem(t, name, capacity), capacity)
-		if got := e.keysLeft(t, name); got != 0 {
-			t.Fatalf("keys left = %d, want 0", got)
-		}
-		e.client.Do(context.Background(), e.client.B().Del().Key(counter).Build())
+		occupancy(t, addrs, false, "1", 5)
 	})
+}
+
+// TestFairOccupancyAcrossProcesses: fair waiters of mixed weights in three
+// processes, granted by the releases' pass through the queue, never hold
+// more than the capacity together, and all get their turns.
+func TestFairOccupancyAcrossProcesses(t *testing.T) {
+	forTargets(t, func(t *testing.T, addrs []string) {
+		occupancy(t, addrs, true, "1,2,3,1", 3)
+	})
+}
+
+// occupancy runs worker processes on one semaphore of capacity 5 and checks
+// through their shared counter that the capacity was never exceeded and
+// that at least minPeak permits were held at once (fewer would mean the
+// semaphore under-grants: 96 goroutines keep it busy).
+func occupancy(t *testing.T, addrs []string, fair bool, weights string, minPeak int64) {
+	const capacity, procs = 5, 3
+	e := newEnv(t, addrs, semaphore.Options{Fair: fair})
+	name := uniqueName(t)
+	counter := "sluice:test:occupancy:" + name
+	env := []string{envAddrs + "=" + strings.Join(addrs, ","), envName + "=" + name,
+		envCapacity + "=" + strconv.Itoa(capacity), envCounter + "=" + counter, envWeights + "=" + weights}
+	if fair {
+		env = append(env, envFair+"=1")
+	}
+	hs := make([]*helper, procs)
+	for i := range hs {
+		hs[i] = startHelper(t, "worker", env...)
+	}
+	var peak, done int64
+	for _, h := range hs {
+		var p, d int64
+		l := h.line(t, "result ")
+		if _, err := fmt.Sscanf(l, "result peak=%d done=%d", &p, &d); err != nil {
+			t.Fatalf("helper printed %q: %v", l, err)
+		}
+		peak, done = max(peak, p), done+d
+		for h.out.Scan() { // drain the rest so the process never blocks on a full pipe
+		}
+		if err := h.cmd.Wait(); err != nil {
+			t.Fatalf("helper process: %v", err)
+		}
+	}
+	if peak > capacity {
+		t.Fatalf("peak occupancy %d, want at most %d", peak, capacity)
+	}
+	if peak < minPeak {
+		t.Errorf("peak occupancy %d, want at least %d (permits left unused)", peak, minPeak)
+	}
+	if want := int64(procs * workerGoroutines * workerRounds); done != want {
+		t.Fatalf("rounds done %d, want %d", done, want)
+	}
+	wantAvailable(t, e.sem(t, name, capacity), capacity)
+	if got := e.keysLeft(t, name); got != 0 {
+		t.Fatalf("keys left = %d, want 0", got)
+	}
+	e.client.Do(context.Background(), e.client.B().Del().Key(counter).Build())
 }
 
 func TestKilledHolderFreesPermits(t *testing.T) {

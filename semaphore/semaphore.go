@@ -26,12 +26,28 @@
 //
 // # Capacity
 //
-// The capacity is stored in Redis with the permits. It is fixed while any
-// permit is held: an Acquire (or Available) through a Semaphore configured
-// with another capacity fails with ErrCapacityMismatch instead of letting the
-// larger value win. When no permit is held, whichever capacity the next
-// Acquire brings applies. To resize, drain the semaphore (or let its permits
-// expire) and use the new capacity everywhere.
+// The capacity is stored in Redis with the permits, and comes from one of
+// two places:
+//
+//   - The capacity a Semaphore was made with (NewSemaphore). It is fixed
+//     while any permit is held: an Acquire (or Available) through a
+//     Semaphore configured with another capacity fails with
+//     ErrCapacityMismatch instead of letting the larger value win, so a
+//     misconfigured deployment is noticed. When no permit is held,
+//     whichever capacity the next Acquire brings applies.
+//   - SetCapacity, which resizes the semaphore for everyone, at once and
+//     while permits are held. A set capacity overrides every Semaphore's
+//     own (no ErrCapacityMismatch; Acquire may take up to the set capacity,
+//     even above the Semaphore's) for as long as the semaphore is in use
+//     and for CapacityRetention (24 h) after its last grant, renewal or
+//     release; then the configured capacities apply again. To resize for
+//     good, SetCapacity and change the configuration too.
+//
+// Shrinking never revokes a held permit: while the weight held is at or
+// above the new capacity nothing is granted, and Available reports 0.
+// Growing wakes waiting Acquires (a fair semaphore grants the new permits
+// to its queue at once). An Acquire for more than the capacity in force
+// fails with ErrInvalidWeight, a waiting one at its next attempt.
 //
 // # Expiry and reclamation
 //
@@ -63,7 +79,9 @@
 // permits free (another process took some first) offers the rest to the
 // waiters behind it. On a Redis 7 cluster the channel is sharded (SPUBLISH).
 // Waiting is not fair, within a process or across processes: a request for
-// many permits can be overtaken by smaller ones that fit first.
+// many permits can be overtaken by smaller ones that fit first, and a
+// process that releases can take the permits again before a waiter
+// elsewhere wakes up. Options.Fair changes that (see below).
 //
 // Waiting needs the subscription: if Redis refuses it (an ACL user without
 // access to the channel gets NOPERM, and Redis 7 users have no channel access
@@ -71,6 +89,37 @@
 // returns an error wrapping ErrSubscribe and the Redis error instead of
 // waiting without wake-ups. If the Manager is closed, a waiting Acquire
 // returns ErrClosed at once.
+//
+// # Fair semaphores
+//
+// With Options.Fair, an Acquire that cannot be granted at once joins a
+// queue kept in Redis in arrival order, and the script that frees permits
+// (a release, an expiry found, SetCapacity) grants them straight to the
+// waiters at the head of the queue, as far as they go, and sends each a
+// message naming it: the waiter holds its permit when the message arrives,
+// without another round trip and without a releasing process barging in.
+// A fair TryAcquire fails while earlier waiters would be served first.
+//
+// Weighted requests are served in queue order while the head fits. A head
+// that does not fit does not stop lighter waiters behind it that do (among
+// the first 32 queued): they may pass it, but at most 16 times; after that
+// nothing passes it and the permits freed are kept for it until it fits.
+// So a light waiter is not held up by a heavy one while permits are free,
+// and a heavy one waits at most for 16 grants past it plus the release of
+// the permits held when it reached the head.
+//
+// A queued waiter refreshes its entry, and looks for a grant whose message
+// was lost, every min(lease/3, 1 s); an entry not refreshed for a lease is
+// dead and skipped. A grant's lease ends when the waiter's entry would
+// have, so a waiter that died at the head of the queue blocks its permits
+// for at most its entry's lease. An Acquire whose ctx ends leaves the queue
+// at once and gives back a grant that reached it meanwhile (after Close,
+// its entry is left to expire). With ReplicaAcks, a grant learned by message is
+// confirmed through WAIT like any other before Acquire returns. Unfair
+// Acquires ignore the queue, so all processes using a name should use the
+// same mode.
+//
+// # Giving up
 //
 // If ctx ends while waiting, Acquire returns an error wrapping ErrNotObtained
 // and ctx.Err() and holds nothing. A request still in flight when ctx ends
@@ -94,10 +143,14 @@
 //
 // A semaphore named S is the hash PREFIX{S} (permit id to weight, plus the
 // capacity and the weight in use), the sorted set PREFIX{S}:e (permit id to
-// expiry, server milliseconds) and the channel PREFIX{S}:w. PREFIX defaults
-// to "sluice:sem:"; the braces keep everything in one cluster slot. Both
-// keys expire with the latest permit and are deleted with the last one, so
-// an idle semaphore leaves nothing behind.
+// expiry, server milliseconds) and the channel PREFIX{S}:w; a fair one also
+// has its queue PREFIX{S}:q (waiter to arrival) and PREFIX{S}:qe (waiter to
+// entry). PREFIX defaults to "sluice:sem:"; the braces keep everything in
+// one cluster slot. The permit keys expire with the latest permit and are
+// deleted with the last one, the queue keys a lease after the last refresh
+// and when the queue empties, so an idle semaphore leaves nothing behind,
+// except a capacity set by SetCapacity, kept in the hash for
+// CapacityRetention.
 //
 // On miniredis (tests, examples) the rueidis client needs DisableCache and
 // AlwaysRESP2.
@@ -158,6 +211,9 @@ const (
 	DefaultWatchdogLease  = lease.DefaultWatchdogLease
 	DefaultPrefix         = "sluice:sem:"
 	DefaultReplicaTimeout = lease.DefaultReplicaTimeout
+	// CapacityRetention is how long a capacity set by SetCapacity is kept
+	// after the semaphore's last grant, renewal or release.
+	CapacityRetention = 24 * time.Hour
 	// MaxCapacity is the largest capacity. The scripts count in Lua
 	// numbers, exact integers up to 2^53; below it, used + n is exact
 	// whenever it could fit, so no grant can round its way under capacity.
@@ -167,6 +223,14 @@ const (
 // cleanupTimeout bounds the release sent for a permit granted to an
 // Acquire that had given up.
 const cleanupTimeout = 5 * time.Second
+
+// bypassLimit is how many grants may pass a fair waiter that does not fit
+// before the permits are kept for it; it is the constant 16 of
+// semaphore_queue.lua, named here for the tests and the doc.
+const bypassLimit = 16
+
+// retentionMs is CapacityRetention as sent to the scripts.
+var retentionMs = strconv.FormatInt(CapacityRetention.Milliseconds(), 10)
 
 // Options configure a Manager. The zero value is the default.
 type Options struct {
@@ -194,6 +258,12 @@ type Options struct {
 	// ReplicaTimeout bounds the wait for ReplicaAcks. Zero means
 	// DefaultReplicaTimeout (100 ms).
 	ReplicaTimeout time.Duration
+	// Fair makes Acquire wait in a first-come, first-served queue kept in
+	// Redis, and makes a release grant the freed permits straight to the
+	// waiters at its head (see "Fair semaphores" in the package doc). All
+	// processes using a name should agree: an unfair Acquire ignores the
+	// queue.
+	Fair bool
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -223,12 +293,17 @@ type Manager struct {
 	watchdog bool          // renew permits (no fixed Lease)
 	leaseMs  string        // lease in ms, as sent to the scripts
 	pubMode  string        // "s" (SPUBLISH) or "p"
+	recheck  time.Duration // how often a fair waiter refreshes its entry
 
-	acquire, release, renew, holders *scriptcache.Script
+	acquire, release, renew, holders, queue *scriptcache.Script
 
 	hub    *notify.Hub
 	keeper *lease.Keeper
 	closed atomic.Bool
+
+	bgMu     sync.Mutex
+	bgClosed bool           // guarded by bgMu
+	bg       sync.WaitGroup // fair waiters leaving the queue
 }
 
 // NewManager returns a Manager that runs its scripts through sc. Close it
@@ -245,12 +320,13 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 	c := opts.leaseConfig()
 	m.lease, m.watchdog = c.Effective()
 	m.leaseMs = strconv.FormatInt(m.lease.Milliseconds(), 10)
+	m.recheck = min(m.lease/3, time.Second)
 	if sc.ShardedPubSub() {
 		m.pubMode = "s"
 	}
 	for name, dst := range map[string]**scriptcache.Script{
 		"semaphore_acquire": &m.acquire, "semaphore_release": &m.release,
-		"semaphore_renew": &m.renew, "semaphore_holders": &m.holders,
+		"semaphore_renew": &m.renew, "semaphore_holders": &m.holders, "semaphore_queue": &m.queue,
 	} {
 		if *dst, err = sc.Script(name); err != nil {
 			return nil, fmt.Errorf("semaphore: %w", err)
@@ -271,6 +347,38 @@ func (m *Manager) Close() {
 	}
 	m.hub.Close()
 	m.keeper.Close()
+	m.bgMu.Lock()
+	m.bgClosed = true
+	m.bgMu.Unlock()
+	m.bg.Wait()
+}
+
+// leave takes a fair waiter that gives up out of the queue, in the
+// background so that Acquire returns as soon as its context ends, and gives
+// back a grant that reached it meanwhile. After Close the entry is left to
+// expire.
+func (m *Manager) leave(s *Semaphore, id string) {
+	m.bgMu.Lock()
+	if m.bgClosed {
+		m.bgMu.Unlock()
+		return
+	}
+	m.bg.Add(1)
+	m.bgMu.Unlock()
+	go func() {
+		defer m.bg.Done()
+		s.cleanup(context.Background(), id)
+	}()
+}
+
+// waitFor is how long a waiting Acquire sleeps before trying again, given
+// the script's hint: a fair waiter also refreshes its queue entry, and
+// looks for a grant whose message was lost, every recheck.
+func (m *Manager) waitFor(wait time.Duration) time.Duration {
+	if m.opts.Fair && (wait <= 0 || wait > m.recheck) {
+		return m.recheck
+	}
+	return wait
 }
 
 // NewSemaphore returns the semaphore called name with the given capacity.
@@ -289,7 +397,8 @@ func (m *Manager) NewSemaphore(name string, capacity int64) (*Semaphore, error) 
 		name:     name,
 		capacity: capacity,
 		capArg:   strconv.FormatInt(capacity, 10),
-		keys:     []string{keyspace.Key(p, name, ""), keyspace.Key(p, name, ":e"), keyspace.Key(p, name, ":w")},
+		keys: []string{keyspace.Key(p, name, ""), keyspace.Key(p, name, ":e"), keyspace.Key(p, name, ":w"),
+			keyspace.Key(p, name, ":q"), keyspace.Key(p, name, ":qe")},
 	}, nil
 }
 
@@ -300,31 +409,37 @@ type Semaphore struct {
 	name     string
 	capacity int64
 	capArg   string
-	keys     []string // permits hash, expiry set, wake-up channel
+	keys     []string // permits hash, expiry set, wake-up channel, queue, queue entries
 }
 
 // Name returns the semaphore's name.
 func (s *Semaphore) Name() string { return s.name }
 
-// Capacity returns the capacity this Semaphore was made with.
+// Capacity returns the capacity this Semaphore was made with. A capacity
+// set by SetCapacity overrides it in Redis (see the package doc).
 func (s *Semaphore) Capacity() int64 { return s.capacity }
 
 // Acquire takes n permits, waiting as long as ctx allows. If ctx ends first
 // it returns an error wrapping ErrNotObtained and ctx.Err(), and holds
-// nothing. n must be between 1 and the capacity (ErrInvalidWeight).
+// nothing. n must be at least 1 and at most the capacity (ErrInvalidWeight):
+// this Semaphore's, or the one SetCapacity set.
 func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Permit, error) {
 	if err := s.checkWeight(n); err != nil {
 		return nil, err
 	}
+	if s.m.opts.Fair {
+		return s.acquireFair(ctx, n)
+	}
 	id := uuid.NewString()
-	p, wait, _, err := s.attempt(ctx, id, n)
-	if p != nil || err != nil {
-		return p, err
+	res, err := s.attempt(ctx, id, n, "")
+	if res.p != nil || err != nil {
+		return res.p, err
 	}
 	w, err := s.m.hub.Subscribe(s.keys[2], n)
 	if err != nil {
 		return nil, ErrClosed // the only error of Subscribe
 	}
+	var p *Permit
 	defer func() {
 		if p != nil {
 			w.Close()
@@ -334,20 +449,83 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Permit, error) {
 	}()
 	// Try again only once the subscription is confirmed: a release between
 	// the first attempt and the subscription would otherwise be missed.
-	if err := w.Ready(ctx, wait); err != nil {
+	if err := w.Ready(ctx, res.wait); err != nil {
 		return nil, s.waitErr(err)
 	}
 	for {
-		var free int64
-		if p, wait, free, err = s.attempt(ctx, id, n); p != nil || err != nil {
+		if res, err = s.attempt(ctx, id, n, ""); res.p != nil || err != nil {
+			p = res.p
 			return p, err
 		}
 		// Woken but too few free: the rest may fit waiters behind this one.
-		w.PassOn(free)
-		if err := w.Wait(ctx, wait); err != nil {
+		w.PassOn(res.free)
+		if err := w.Wait(ctx, res.wait); err != nil {
 			return nil, s.waitErr(err)
 		}
 	}
+}
+
+// acquireFair is Acquire of a fair semaphore: the first attempt queues, and
+// the waiter then takes the grant a release sends it, or finds it by the
+// attempt (a refresh of its entry) it makes every recheck.
+func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err error) {
+	id := uuid.NewString()
+	res, err := s.attempt(ctx, id, n, "a")
+	if res.p != nil || err != nil {
+		return res.p, err
+	}
+	w, err := s.m.hub.SubscribeID(s.keys[2], n, id)
+	if err != nil {
+		s.m.leave(s, id)
+		return nil, ErrClosed // the only error of SubscribeID
+	}
+	defer func() {
+		if p != nil {
+			w.Close()
+			return
+		}
+		w.Leave()
+		s.m.leave(s, id)
+	}()
+	if err := w.Ready(ctx, s.m.waitFor(res.wait)); err != nil {
+		return nil, s.waitErr(err)
+	}
+	// A grant message that had arrived before an attempt that still found
+	// this waiter queued is stale (its permit expired since); grants are
+	// not told apart, so from then on only attempts count.
+	stale := false
+	for {
+		_, before := w.Granted()
+		if res, err = s.attempt(ctx, id, n, "a"); res.p != nil || err != nil {
+			return res.p, err
+		}
+		stale = stale || before
+		if err := w.Wait(ctx, s.m.waitFor(res.wait)); err != nil {
+			return nil, s.waitErr(err)
+		}
+		if grant, got := w.Granted(); got && !stale && s.m.opts.ReplicaAcks == 0 {
+			// A release granted the permits to this waiter. (With
+			// ReplicaAcks the next attempt confirms them through WAIT.)
+			if p, err = s.takeGrant(ctx, id, n, grant, res.sent); p != nil || err != nil {
+				return p, err
+			}
+		}
+		if s.m.closed.Load() {
+			return nil, ErrClosed
+		}
+	}
+}
+
+// takeGrant makes the Permit that a release granted to the waiting Acquire
+// id. sent is when the waiter's last attempt, which found it still queued,
+// was sent: the grant came after that attempt ran, and the permit expires
+// when that attempt's queue entry would have, so its lease is counted from
+// then.
+func (s *Semaphore) takeGrant(ctx context.Context, id string, n int64, grant string, sent time.Time) (*Permit, error) {
+	if w, err := strconv.ParseInt(grant, 10, 64); err != nil || w != n {
+		return nil, nil // not ours to read: the next attempt finds out
+	}
+	return s.newPermit(ctx, id, n, sent)
 }
 
 // waitErr turns an error of notify's Ready or Wait into Acquire's.
@@ -363,21 +541,29 @@ func (s *Semaphore) waitErr(err error) error {
 }
 
 // TryAcquire makes one attempt to take n permits: it returns the Permit, or
-// an error wrapping ErrNotObtained if too few permits are free.
+// an error wrapping ErrNotObtained if too few permits are free. On a fair
+// semaphore it also fails while earlier waiters are queued, unless the
+// weighted policy lets it pass them (see "Fair semaphores").
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*Permit, error) {
 	if err := s.checkWeight(n); err != nil {
 		return nil, err
 	}
-	p, _, _, err := s.attempt(ctx, uuid.NewString(), n)
-	if p != nil || err != nil {
-		return p, err
+	mode := ""
+	if s.m.opts.Fair {
+		mode = "t"
+	}
+	res, err := s.attempt(ctx, uuid.NewString(), n, mode)
+	if res.p != nil || err != nil {
+		return res.p, err
 	}
 	return nil, fmt.Errorf("%w: %q has fewer than %d permits free", ErrNotObtained, s.name, n)
 }
 
+// checkWeight refuses what no capacity allows; the scripts refuse a weight
+// above the capacity in force (status -2), which SetCapacity can change.
 func (s *Semaphore) checkWeight(n int64) error {
-	if n < 1 || n > s.capacity {
-		return fmt.Errorf("%w: %d outside [1, %d] for %q", ErrInvalidWeight, n, s.capacity, s.name)
+	if n < 1 || n > MaxCapacity {
+		return fmt.Errorf("%w: %d outside [1, %d] for %q", ErrInvalidWeight, n, int64(MaxCapacity), s.name)
 	}
 	return nil
 }
@@ -391,16 +577,22 @@ type reply struct {
 	status, used, capacity, wait int64
 }
 
-// call runs the acquire script with n permits (0: only reclaim and report).
-// If ctx ends before the reply comes, call returns ctx.Err() at once, also
-// while waiting for replicas; the script may still run, and a permit it may
-// have granted is released as soon as that late reply (or the news that
-// none will come) arrives.
-func (s *Semaphore) call(ctx context.Context, id string, n int64) (reply, error) {
+// call runs the acquire script with n permits (0: only reclaim and report),
+// or for a fair mode ("a" or "t") the queue script. If ctx ends before the
+// reply comes, call returns ctx.Err() at once, also while waiting for
+// replicas; the script may still run, and a permit it may have granted (or
+// a queue entry it made) is released as soon as that late reply (or the
+// news that none will come) arrives.
+func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (reply, error) {
+	script, keys := s.m.acquire, s.keys[:3]
 	args := []string{s.capArg, strconv.FormatInt(n, 10), id, s.m.leaseMs, s.m.pubMode}
+	if mode != "" {
+		script, keys = s.m.queue, s.keys
+		args = []string{mode, s.capArg, args[1], id, s.m.leaseMs, s.m.pubMode}
+	}
 	if acks := int64(s.m.opts.ReplicaAcks); acks > 0 && n > 0 {
-		res, got, err := s.m.acquire.ExecWaitOrLate(ctx, s.keys, args, acks, s.m.opts.ReplicaTimeout,
-			func(r rueidis.RedisResult, _ int64, _ error) { s.releaseLate(r, id) })
+		res, got, err := script.ExecWaitOrLate(ctx, keys, args, acks, s.m.opts.ReplicaTimeout,
+			func(r rueidis.RedisResult, _ int64, _ error) { s.releaseLate(r, id, mode) })
 		if err != nil {
 			// If the script ran and only WAIT failed, attempt releases the
 			// grant, as after any failure other than ctx ending.
@@ -416,21 +608,21 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64) (reply, error)
 	}
 	var late func(rueidis.RedisResult)
 	if n > 0 {
-		late = func(r rueidis.RedisResult) { s.releaseLate(r, id) }
+		late = func(r rueidis.RedisResult) { s.releaseLate(r, id, mode) }
 	}
-	return s.parse(s.m.acquire.ExecOrLate(ctx, s.keys, args, late))
+	return s.parse(script.ExecOrLate(ctx, keys, args, late))
 }
 
 // releaseLate handles the reply to an acquire whose caller had gone: it
-// releases id unless the reply says nothing was granted. An unknown outcome
-// (no reply at all) is released too; releasing an id that is not held frees
-// nothing.
-func (s *Semaphore) releaseLate(r rueidis.RedisResult, id string) {
+// releases id unless the reply says nothing was granted (and, in a fair
+// mode, nothing queued either). An unknown outcome (no reply at all) is
+// released too; releasing an id that is not held frees nothing.
+func (s *Semaphore) releaseLate(r rueidis.RedisResult, id, mode string) {
 	if err := r.Error(); err != nil {
 		if _, ok := rueidis.IsRedisErr(err); ok {
 			return // the script failed: nothing granted
 		}
-	} else if got, err := s.parse(r); err == nil && got.status != 1 {
+	} else if got, err := s.parse(r); err == nil && got.status != 1 && (mode == "" || got.status < 0) {
 		return
 	}
 	s.cleanup(context.Background(), id)
@@ -451,25 +643,38 @@ func (s *Semaphore) parse(res rueidis.RedisResult) (reply, error) {
 			return reply{}, fmt.Errorf("unexpected reply: %w", err)
 		}
 	}
-	if r.status < 0 {
+	switch r.status {
+	case -1:
 		return r, fmt.Errorf("%w: %q is held under capacity %d, this Semaphore has %d",
 			ErrCapacityMismatch, s.name, r.capacity, s.capacity)
+	case -2:
+		return r, fmt.Errorf("%w: %q has capacity %d", ErrInvalidWeight, s.name, r.capacity)
+	}
+	if r.status < 0 {
+		return r, fmt.Errorf("unexpected status %d", r.status)
 	}
 	return r, nil
 }
 
-// attempt tries once to take n permits for id. It returns the permit, or
-// how long to wait before the next try and how many permits were free, or
-// an error.
-func (s *Semaphore) attempt(ctx context.Context, id string, n int64) (*Permit, time.Duration, int64, error) {
+// attemptResult is what one attempt found.
+type attemptResult struct {
+	p    *Permit       // granted; nil if not
+	wait time.Duration // not granted: how long to wait before the next try
+	free int64         // not granted: permits free
+	sent time.Time     // when the request was sent
+}
+
+// attempt tries once to take n permits for id (mode as for call).
+func (s *Semaphore) attempt(ctx context.Context, id string, n int64, mode string) (attemptResult, error) {
+	var res attemptResult
 	if s.m.closed.Load() {
-		return nil, 0, 0, ErrClosed
+		return res, ErrClosed
 	}
-	sent := time.Now()
-	r, err := s.call(ctx, id, n)
+	res.sent = time.Now()
+	r, err := s.call(ctx, id, n, mode)
 	if err != nil {
-		if errors.Is(err, ErrCapacityMismatch) || errors.Is(err, ErrNotReplicated) {
-			return nil, 0, 0, err
+		if errors.Is(err, ErrCapacityMismatch) || errors.Is(err, ErrNotReplicated) || errors.Is(err, ErrInvalidWeight) {
+			return res, err
 		}
 		if cerr := ctx.Err(); cerr == nil || !errors.Is(err, cerr) {
 			// The request failed (the connection, or WAIT after the
@@ -479,9 +684,9 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64) (*Permit, t
 			s.cleanup(ctx, id)
 		}
 		if ctx.Err() != nil {
-			return nil, 0, 0, s.notObtained(ctx.Err())
+			return res, s.notObtained(ctx.Err())
 		}
-		return nil, 0, 0, fmt.Errorf("semaphore: acquire %q: %w", s.name, err)
+		return res, fmt.Errorf("semaphore: acquire %q: %w", s.name, err)
 	}
 	if r.status == 0 {
 		// Wake up when the earliest permit expires, at the latest after one
@@ -492,8 +697,16 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64) (*Permit, t
 		} else if r.wait > 0 {
 			wait += time.Millisecond // past the expiry, not on it
 		}
-		return nil, wait, r.capacity - r.used, nil
+		res.wait, res.free = wait, r.capacity-r.used
+		return res, nil
 	}
+	res.p, err = s.newPermit(ctx, id, n, res.sent)
+	return res, err
+}
+
+// newPermit starts tracking the permit id of weight n granted by a request
+// sent at sent.
+func (s *Semaphore) newPermit(ctx context.Context, id string, n int64, sent time.Time) (*Permit, error) {
 	p := &Permit{s: s, id: id, weight: n, lost: make(chan struct{})}
 	var renew lease.Renew
 	if s.m.watchdog {
@@ -507,24 +720,35 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64) (*Permit, t
 	if closed {
 		// Close ran during the request: nobody would renew this permit.
 		s.cleanup(ctx, id)
-		return nil, 0, 0, ErrClosed
+		return nil, ErrClosed
 	}
-	return p, 0, 0, nil
+	return p, nil
 }
 
-// cleanup releases id, best effort, with its own deadline since ctx may be
-// done already.
+// cleanup releases id (on a fair semaphore also its queue entry), best
+// effort, with its own deadline since ctx may be done already.
 func (s *Semaphore) cleanup(ctx context.Context, id string) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	s.m.release.Exec(cctx, s.keys, []string{id, s.m.pubMode})
+	s.releaseCall(cctx, id)
 }
 
-// Available returns how many permits are free now. It reclaims expired
-// permits on the way, so their capacity counts as free.
+// releaseCall runs the release script for id: on a fair semaphore the
+// queue script, which also takes id out of the queue and grants what it
+// frees to the waiters.
+func (s *Semaphore) releaseCall(ctx context.Context, id string) rueidis.RedisResult {
+	if s.m.opts.Fair {
+		return s.m.queue.Exec(ctx, s.keys, []string{"r", s.capArg, "0", id, "0", s.m.pubMode})
+	}
+	return s.m.release.Exec(ctx, s.keys[:3], []string{id, s.m.pubMode})
+}
+
+// Available returns how many permits are free now (0 while a lowered
+// capacity is still exceeded). It reclaims expired permits on the way, so
+// their capacity counts as free.
 func (s *Semaphore) Available(ctx context.Context) (int64, error) {
 	for range 64 {
-		r, err := s.call(ctx, "", 0)
+		r, err := s.call(ctx, "", 0, "")
 		if err != nil {
 			if errors.Is(err, ErrCapacityMismatch) {
 				return 0, err
@@ -532,11 +756,32 @@ func (s *Semaphore) Available(ctx context.Context) (int64, error) {
 			return 0, fmt.Errorf("semaphore: available %q: %w", s.name, err)
 		}
 		if r.wait != 0 || r.used == 0 {
-			return r.capacity - r.used, nil
+			return max(r.capacity-r.used, 0), nil
 		}
 		// More than one batch of expired permits: reclaim the next.
 	}
 	return 0, fmt.Errorf("semaphore: available %q: too many expired permits to reclaim", s.name)
+}
+
+// SetCapacity changes the semaphore's capacity in Redis, for every process
+// and whatever capacity their Semaphores were made with, while permits are
+// held and for CapacityRetention after the last use (see "Capacity" in the
+// package doc). Shrinking never revokes held permits: nothing is granted
+// until the weight held is below the new capacity. Growing grants the new
+// permits at once to fair waiters and wakes waiting Acquires. n must be in
+// [1, MaxCapacity] (ErrInvalidCapacity).
+func (s *Semaphore) SetCapacity(ctx context.Context, n int64) error {
+	if n < 1 || n > MaxCapacity {
+		return fmt.Errorf("%w: %d outside [1, %d]", ErrInvalidCapacity, n, int64(MaxCapacity))
+	}
+	vs, err := s.m.queue.Exec(ctx, s.keys, []string{"c", strconv.FormatInt(n, 10), "0", "", retentionMs, s.m.pubMode}).ToArray()
+	if err != nil {
+		return fmt.Errorf("semaphore: set capacity %q: %w", s.name, err)
+	}
+	if len(vs) != 2 {
+		return fmt.Errorf("semaphore: set capacity %q: unexpected reply of %d values", s.name, len(vs))
+	}
+	return nil
 }
 
 // Holder is one live permit, as listed by Holders.
@@ -633,7 +878,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	// Stop renewing first: if the release fails, the permit must not be
 	// kept alive by the watchdog forever.
 	lse.Stop()
-	vs, err := p.s.m.release.Exec(ctx, p.s.keys, []string{p.id, p.s.m.pubMode}).ToArray()
+	vs, err := p.s.releaseCall(ctx, p.id).ToArray()
 	held := int64(-1)
 	if err == nil && len(vs) == 2 {
 		held, _ = vs[0].AsInt64()

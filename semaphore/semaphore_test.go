@@ -90,7 +90,8 @@ func (e *env) sem(t testing.TB, name string, capacity int64) *semaphore.Semaphor
 func (e *env) keysLeft(t testing.TB, name string) int64 {
 	t.Helper()
 	var total int64
-	for _, k := range []string{keyspace.Key(e.prefix, name, ""), keyspace.Key(e.prefix, name, ":e")} {
+	for _, k := range []string{keyspace.Key(e.prefix, name, ""), keyspace.Key(e.prefix, name, ":e"),
+		keyspace.Key(e.prefix, name, ":q"), keyspace.Key(e.prefix, name, ":qe")} {
 		n, err := e.client.Do(context.Background(), e.client.B().Exists().Key(k).Build()).AsInt64()
 		if err != nil {
 			t.Fatalf("EXISTS %s: %v", k, err)

@@ -1,0 +1,292 @@
+-- semaphore_queue: the calls of a counting semaphore that grant permits to
+-- its queue of fair waiters: a fair Acquire or TryAcquire, a fair Release
+-- (which is also how a waiter leaves the queue), and SetCapacity.
+--
+-- Layout as in semaphore_acquire (permits hash with ':used', ':cap' and
+-- ':set'; expiry sorted set), plus the queue: the sorted set KEYS[4] maps
+-- the permit id of each waiting Acquire to its arrival number, and the hash
+-- KEYS[5] maps it to its entry "expiry_ms weight". An entry dies a lease
+-- after the waiter last refreshed it (each fair attempt does). The field
+-- ':b' of KEYS[5] is "id passes": the first waiter that did not fit, and
+-- how many grants have passed it. Both queue keys expire with the longest
+-- entry lease and are deleted when the queue empties.
+--
+-- Every call reclaims up to 16 expired permits, does its own work, then
+-- runs the grant pass over the first 32 entries of the queue, in arrival
+-- order, with the permits free (capacity - used):
+--   * a dead entry is dropped; an entry heavier than the capacity (lowered
+--     by SetCapacity) is skipped, and its Acquire fails at its next attempt;
+--   * an entry that fits is granted: it becomes a permit that expires when
+--     its entry would have (a waiter that died since its last refresh holds
+--     it no longer than that), leaves the queue, and is told by the message
+--     "g ID WEIGHT" on the channel, which only that waiter takes;
+--   * the first entry that does not fit is the blocked head. Lighter entries
+--     behind it that fit may pass it, 16 times at most; after that nothing
+--     passes it and the permits freed are kept for it until it fits.
+-- If permits are still free and no entry is blocked (the queue is empty, or
+-- longer than the 32 looked at), the number free is published as a wake-up
+-- budget for waiters the pass did not reach.
+--
+-- Modes (ARGV[1]):
+--   "a"  fair Acquire: take n permits for id if the pass reaches it, else
+--        add (or refresh) its entry at the end of the queue. An id that
+--        already holds a live permit (granted by a pass while it waited, or
+--        a retry) is renewed and told it holds it.
+--   "t"  fair TryAcquire: as "a", but an id not granted leaves no entry.
+--   "r"  release id: remove its permit (if held) and its queue entry (a
+--        waiter that gives up leaves the queue this way, and gives back a
+--        grant that reached it meanwhile).
+--   "c"  SetCapacity: the capacity becomes ARGV[2] for every caller, kept
+--        in the hash at least ARGV[5] ms after its last write. Held permits
+--        are never revoked: while used >= capacity nothing is granted.
+-- The capacity check of "a" and "t" is as in semaphore_acquire.
+--
+-- KEYS[1]  permits hash
+-- KEYS[2]  expiry sorted set
+-- KEYS[3]  channel
+-- KEYS[4]  queue: sorted set of waiting ids by arrival
+-- KEYS[5]  queue entries: id -> "expiry_ms weight", plus ':b'
+-- ARGV[1]  mode: "a", "t", "r" or "c"
+-- ARGV[2]  capacity (integer, 1 .. 2^53): the caller's, or c: the new one
+-- ARGV[3]  a, t: n, permits to take (1 .. 2^53); r, c: unused
+-- ARGV[4]  a, t, r: permit id; c: unused
+-- ARGV[5]  a, t: lease in milliseconds; c: how long a set capacity is kept,
+--          in ms; r: unused
+-- ARGV[6]  "s" to publish with SPUBLISH (cluster), else PUBLISH
+--
+-- Returns  a, t: {status, used, capacity, wait} as semaphore_acquire;
+--          r: {held, used}: held is 1 if id held a live permit, now
+--          released;
+--          c: {used, capacity}.
+-- Complexity: O(log N + log Q) for N permits and Q waiters, plus at most
+-- 32 grants and their publishes.
+local function num(x)
+  return string.format('%.0f', x)
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local mode = ARGV[1]
+local id = ARGV[4]
+
+local h = redis.call('HMGET', KEYS[1], ':used', ':cap', ':set', id)
+local used = tonumber(h[1] or '0')
+local stored = tonumber(h[2] or ARGV[2])
+local keep = tonumber(h[3]) -- ms a set capacity is kept, or nil
+local freed = 0
+local held = 0
+
+local function publish(msg)
+  if ARGV[6] == 's' then
+    redis.call('SPUBLISH', KEYS[3], msg)
+  else
+    redis.call('PUBLISH', KEYS[3], msg)
+  end
+end
+
+local function dequeue(qid)
+  redis.call('ZREM', KEYS[4], qid)
+  redis.call('HDEL', KEYS[5], qid)
+end
+
+-- Remove permits: ids (their weights from the hash), counted in freed.
+local function drop(ids)
+  if #ids == 0 then
+    return
+  end
+  local weights = redis.call('HMGET', KEYS[1], unpack(ids))
+  for i = 1, #ids do
+    freed = freed + tonumber(weights[i] or '0')
+  end
+  redis.call('HDEL', KEYS[1], unpack(ids))
+  redis.call('ZREM', KEYS[2], unpack(ids))
+end
+
+local own = redis.call('ZSCORE', KEYS[2], id)
+if mode == 'r' then
+  if h[4] then
+    if own and tonumber(own) > now then
+      held = 1
+    end
+    drop({id})
+  end
+  dequeue(id)
+  own = nil
+end
+-- Reclaim expired permits, and this id's own earlier grant if it expired.
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', num(now), 'LIMIT', 0, 16)
+if own and tonumber(own) <= now then
+  local listed = false
+  for i = 1, #expired do
+    listed = listed or expired[i] == id
+  end
+  if not listed then
+    expired[#expired + 1] = id
+  end
+  own = nil
+end
+drop(expired)
+used = math.max(used - freed, 0)
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  used = 0
+end
+
+local cap = tonumber(ARGV[2])
+if mode == 'c' then
+  keep = tonumber(ARGV[5])
+  stored = cap
+elseif used == 0 and not keep then
+  stored = cap
+end
+local dirty = freed > 0 or mode == 'c' -- the hash needs writing back
+
+-- Write back ':used' and the capacity, and set both keys' expiry.
+local function save()
+  if used <= 0 or redis.call('EXISTS', KEYS[2]) == 0 then
+    used = 0
+    redis.call('DEL', KEYS[1], KEYS[2])
+    if keep then
+      redis.call('HSET', KEYS[1], ':used', '0', ':cap', num(stored), ':set', num(keep))
+      redis.call('PEXPIRE', KEYS[1], num(keep))
+    end
+    return
+  end
+  redis.call('HSET', KEYS[1], ':used', num(used), ':cap', num(stored))
+  if keep then
+    redis.call('HSET', KEYS[1], ':set', num(keep))
+  end
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  local at = tonumber(last[2])
+  redis.call('PEXPIREAT', KEYS[1], num(keep and math.max(at, now + keep) or at))
+  redis.call('PEXPIREAT', KEYS[2], num(at))
+end
+
+-- How long until the earliest permit expires (-1: none held).
+local function wait()
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if #first == 0 then
+    return -1
+  end
+  return math.max(tonumber(first[2]) - now, 0)
+end
+
+-- The grant pass (see the header). It reports whether self was granted,
+-- without a message to it. announce: publish a budget if permits stay free.
+local function pass(self, announce)
+  local free = stored - used
+  if free <= 0 then
+    return false
+  end
+  local ids = redis.call('ZRANGE', KEYS[4], 0, 31)
+  local blocked, passes = nil, 0
+  local granted = false
+  if #ids > 0 then
+    ids[#ids + 1] = ':b'
+    local es = redis.call('HMGET', KEYS[5], unpack(ids))
+    local bid, bpasses = string.match(es[#es] or '', '^(.*) (%d+)$')
+    ids[#ids] = nil
+    for i = 1, #ids do
+      local qid = ids[i]
+      local expiry, w = string.match(es[i] or '', '^(%d+) (%d+)$')
+      expiry, w = tonumber(expiry), tonumber(w)
+      if not expiry or expiry <= now then
+        dequeue(qid)
+      elseif w > stored then
+        -- never fits; its Acquire fails at its next attempt
+      elseif w <= free and (not blocked or passes < 16) then
+        used, free = used + w, free - w
+        redis.call('HSET', KEYS[1], qid, num(w))
+        redis.call('ZADD', KEYS[2], num(expiry), qid)
+        dequeue(qid)
+        dirty = true
+        if blocked then
+          passes = passes + 1
+        end
+        if qid == self then
+          granted = true
+        else
+          publish('g ' .. qid .. ' ' .. num(w))
+        end
+      elseif not blocked then
+        blocked = qid
+        passes = (bid == qid) and tonumber(bpasses) or 0
+      end
+      if free <= 0 or (blocked and passes >= 16) then
+        break
+      end
+    end
+    if blocked then
+      redis.call('HSET', KEYS[5], ':b', blocked .. ' ' .. num(passes))
+    end
+    if redis.call('ZCARD', KEYS[4]) == 0 then
+      redis.call('DEL', KEYS[4], KEYS[5])
+    end
+  end
+  if announce and free > 0 and not blocked then
+    publish(num(free))
+  end
+  return granted
+end
+
+if mode == 'r' then
+  pass(nil, true)
+  if dirty then
+    save()
+  end
+  return {held, used}
+end
+if mode == 'c' then
+  pass(nil, true)
+  save()
+  return {used, stored}
+end
+
+-- a, t
+local n = tonumber(ARGV[3])
+local function finish(status)
+  if dirty then
+    save()
+  end
+  return {status, used, stored, status == 1 and 0 or wait()}
+end
+if stored ~= cap and not keep then
+  dequeue(id)
+  pass(nil, freed > 0)
+  return finish(-1)
+end
+if n > stored then
+  dequeue(id)
+  pass(nil, freed > 0)
+  return finish(-2)
+end
+local exp = now + tonumber(ARGV[5])
+if own then
+  -- Granted to this id already (by a pass while it waited, or a retry):
+  -- renew, do not count twice.
+  redis.call('ZADD', KEYS[2], num(exp), id)
+  dequeue(id)
+  dirty = true
+  pass(nil, freed > 0)
+  return finish(1)
+end
+if not redis.call('ZSCORE', KEYS[4], id) then
+  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+  redis.call('ZADD', KEYS[4], (tonumber(last) or 0) + 1, id)
+end
+redis.call('HSET', KEYS[5], id, num(exp) .. ' ' .. num(n))
+local lease = tonumber(ARGV[5])
+for k = 4, 5 do
+  if redis.call('PTTL', KEYS[k]) < lease then
+    redis.call('PEXPIRE', KEYS[k], ARGV[5])
+  end
+end
+if pass(id, freed > 0) then
+  return finish(1)
+end
+if mode == 't' then
+  dequeue(id)
+  if redis.call('ZCARD', KEYS[4]) == 0 then
+    redis.call('DEL', KEYS[4], KEYS[5])
+  end
+end
+return finish(0)
