@@ -13,8 +13,8 @@ import (
 )
 
 // FuzzSemaphoreInput feeds arbitrary names, prefixes, capacities, weights
-// and leases to the constructors and, when accepted, acquires and releases
-// on a real Redis. Nothing may panic, every refusal must be a documented
+// and leases to the constructors and, when accepted, sets the capacity to
+// the weight, acquires and releases on a real Redis, fair or not. Nothing may panic, every refusal must be a documented
 // error, and no key may be written outside the prefix.
 //
 // Plain go test replays the seed corpus in testdata/fuzz; explore with
@@ -26,12 +26,13 @@ func FuzzSemaphoreInput(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Add("workers", "", int64(5), int64(1), int64(0))
-	f.Add("", "p:", int64(0), int64(0), int64(time.Second))
-	f.Fuzz(func(t *testing.T, name, prefix string, capacity, n, leaseNs int64) {
+	f.Add("workers", "", int64(5), int64(1), int64(0), false)
+	f.Add("", "p:", int64(0), int64(0), int64(time.Second), false)
+	f.Add("fair", "", int64(3), int64(7), int64(0), true)
+	f.Fuzz(func(t *testing.T, name, prefix string, capacity, n, leaseNs int64, fair bool) {
 		ctx := context.Background()
 		srv.Do("FLUSHALL")
-		mgr, err := semaphore.NewManager(sc, semaphore.Options{Prefix: prefix, Lease: time.Duration(leaseNs)})
+		mgr, err := semaphore.NewManager(sc, semaphore.Options{Prefix: prefix, Lease: time.Duration(leaseNs), Fair: fair})
 		if err != nil {
 			if !errors.Is(err, semaphore.ErrInvalidOptions) {
 				t.Fatalf("NewManager: %v, want ErrInvalidOptions", err)
@@ -45,6 +46,15 @@ func FuzzSemaphoreInput(f *testing.F) {
 				t.Fatalf("NewSemaphore: %v, want ErrInvalidName or ErrInvalidCapacity", err)
 			}
 			return
+		}
+		if n%2 == 0 {
+			// Half the inputs resize first: the weight is then the capacity.
+			if err := sem.SetCapacity(ctx, n); err != nil {
+				if !errors.Is(err, semaphore.ErrInvalidCapacity) {
+					t.Fatalf("SetCapacity(%d): %v, want ErrInvalidCapacity", n, err)
+				}
+				return
+			}
 		}
 		p, err := sem.TryAcquire(ctx, n)
 		if err != nil {
