@@ -184,7 +184,7 @@ func (l *Limiter) AllowPolicies(ctx context.Context, key string, n int, ps *Poli
 	if len(reply) != 1+4*len(ps.capacity) {
 		return Decision{}, fmt.Errorf("%w: %d values", ErrUnexpectedReply, len(reply))
 	}
-	v := make([]int64, len(reply))
+	var v [1 + 4*MaxPolicies]int64 // on the stack
 	for i := range reply {
 		if v[i], err = reply[i].AsInt64(); err != nil {
 			return Decision{}, fmt.Errorf("%w: %w", ErrUnexpectedReply, err)

@@ -235,6 +235,9 @@ func TestMiddlewarePolicies(t *testing.T) {
 	)
 	pro := newPolicies(t, Policy{Name: "pro-second", Limit: PerSecond(10)})
 	h := Middleware(l, MiddlewareOptions{
+		// miniredis is slow: a loaded machine must not turn an answer
+		// into a timeout.
+		Timeout:        time.Minute,
 		ProblemDetails: true,
 		OnError:        func(_ *http.Request, err error) { t.Errorf("OnError: %v", err) },
 		PolicyFunc: func(r *http.Request) (*Policies, error) {

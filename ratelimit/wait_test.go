@@ -11,35 +11,54 @@ import (
 	"github.com/sluicekit/sluice/internal/redistest"
 )
 
-// countReplies makes l count the script replies it decodes.
+// countReplies makes l count the script replies it decodes (it replaces
+// l.afterReply).
 func countReplies(l *Limiter) *atomic.Int64 {
 	var n atomic.Int64
 	l.afterReply = func(string, Result) { n.Add(1) }
 	return &n
 }
 
-// TestWaitSleepsRetryAfter checks that Wait is allowed after sleeping the
-// server's RetryAfter: a handful of tries, not a busy loop. Only the
-// number of tries is checked, not the time taken.
+// TestWaitSleepsRetryAfter checks that Wait sleeps the server's
+// RetryAfter between tries: each try after a denial comes at least that
+// long after it (a lower bound no load can break: timers never fire
+// early), and a Wait ends allowed within a handful of tries.
 func TestWaitSleepsRetryAfter(t *testing.T) {
 	sc := newCache(t, redistest.Single(t).Addr())
 	for _, algo := range algorithms {
 		t.Run(algo.String(), func(t *testing.T) {
 			l := newLimiter(t, sc, Options{Algorithm: algo, Limit: Limit{Rate: 1, Period: 50 * time.Millisecond}, DisableDenyCache: true})
-			calls := countReplies(l)
-			if res := allow(t, l, "k", 1); !res.Allowed {
-				t.Fatalf("first call: %+v; want allowed", res)
+			type try struct {
+				at  time.Time
+				res Result
+			}
+			var mu sync.Mutex
+			var tries []try
+			l.afterReply = func(_ string, res Result) {
+				mu.Lock()
+				tries = append(tries, try{time.Now(), res})
+				mu.Unlock()
 			}
 			for i := range 3 {
-				before := calls.Load()
+				allow(t, l, "k", 1) // spend the limit, so Wait usually waits
+				mu.Lock()
+				tries = tries[:0]
+				mu.Unlock()
 				res, err := l.Wait(context.Background(), "k", 1)
 				if err != nil || !res.Allowed {
 					t.Fatalf("Wait %d: %+v, %v; want allowed", i+1, res, err)
 				}
-				// At least one denial and the allowed try; a loop that did
-				// not sleep would make thousands of tries in 50ms.
-				if n := calls.Load() - before; n < 2 || n > 10 {
-					t.Fatalf("Wait %d made %d tries; want 2 to 10", i+1, n)
+				mu.Lock()
+				got := append([]try(nil), tries...)
+				mu.Unlock()
+				if len(got) < 1 || len(got) > 10 || !got[len(got)-1].res.Allowed {
+					t.Fatalf("Wait %d made %d tries, the last %+v; want 1 to 10 ending allowed", i+1, len(got), got[len(got)-1].res)
+				}
+				for j := 1; j < len(got); j++ {
+					want := max(got[j-1].res.RetryAfter, minWait)
+					if gap := got[j].at.Sub(got[j-1].at); gap < want {
+						t.Errorf("Wait %d: try %d came %v after a denial with RetryAfter %v; want at least that", i+1, j+1, gap, want)
+					}
 				}
 			}
 		})
