@@ -97,14 +97,14 @@ func TestMargin(t *testing.T) {
 }
 
 // TestRenewedLeaseIsNotLost holds a renewed lease for three TTLs. The TTL
-// is long enough that the scheduler may be 2*ttl/3 - Margin = 255 ms late
+// is long enough that the scheduler may be 2*ttl/3 - Margin = 340 ms late
 // with a renewal before the lease is (rightly) lost.
 func TestRenewedLeaseIsNotLost(t *testing.T) {
 	k := NewKeeper()
 	defer k.Close()
 	var renewals atomic.Int64
 	lost := newLost()
-	const ttl = 450 * time.Millisecond
+	const ttl = 600 * time.Millisecond
 	sent := time.Now()
 	l := k.Add(sent, ttl, func(ctx context.Context) error { renewals.Add(1); return nil }, lost.fn)
 	// Hold for 3 TTLs: renewal every ttl/3 keeps it.
@@ -128,12 +128,13 @@ func TestRenewedLeaseIsNotLost(t *testing.T) {
 }
 
 // TestRenewalCountsFromSend: a renewal extends the lease from before it
-// was sent, not from when its answer came back.
+// was sent, not from when its answer came back. The first renewal, due at
+// ttl/3, may start 2*ttl/3 - Margin - rtt = 470 ms late.
 func TestRenewalCountsFromSend(t *testing.T) {
 	k := NewKeeper()
 	defer k.Close()
 	lost := newLost()
-	const ttl, rtt = 300 * time.Millisecond, 40 * time.Millisecond
+	const ttl, rtt = 900 * time.Millisecond, 40 * time.Millisecond
 	var calls atomic.Int64
 	var entered atomic.Int64 // when the first renewal was called
 	sent := time.Now()
@@ -168,11 +169,14 @@ func waitUntil(cond func() bool) bool {
 	return cond()
 }
 
+// TestGoneIsLost: a renewal that finds the resource gone ends the lease
+// with its error. The renewal, due at ttl/3, may start 340 ms late before
+// the lease would expire first.
 func TestGoneIsLost(t *testing.T) {
 	k := NewKeeper()
 	defer k.Close()
 	lost := newLost()
-	k.Add(time.Now(), 60*time.Millisecond, func(ctx context.Context) error {
+	k.Add(time.Now(), 600*time.Millisecond, func(ctx context.Context) error {
 		return errors.Join(ErrGone, errors.New("owner changed"))
 	}, lost.fn)
 	if err := lost.wait(t); !errors.Is(err, ErrGone) {
