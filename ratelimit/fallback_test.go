@@ -206,6 +206,23 @@ func TestFallbackLocalHold(t *testing.T) {
 	if n := len(errs.list()); n != 1 {
 		t.Fatalf("%d errors; want 1: requests within LocalHold must not wait for Redis", n)
 	}
+	// LocalHold passes with Redis still slow: of 8 requests at once, one
+	// asks Redis (and waits Timeout), the others stay local.
+	mu.Lock()
+	now = now.Add(time.Minute)
+	mu.Unlock()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			if w := serve(h, request("192.0.2.7:1")); w.Code != http.StatusOK {
+				t.Errorf("request after LocalHold with Redis slow: status %d; want 200", w.Code)
+			}
+		})
+	}
+	wg.Wait()
+	if n := len(errs.list()); n != 2 {
+		t.Fatalf("%d errors after 8 requests past LocalHold; want 2 (one more probe of Redis)", n)
+	}
 	p.SetLatency(0, 0)
 	mu.Lock()
 	now = now.Add(time.Minute)
@@ -214,10 +231,16 @@ func TestFallbackLocalHold(t *testing.T) {
 	// this request (a generous timeout, since nothing is slow any more).
 	m.timeout = time.Minute
 	w := serve(h, request("192.0.2.7:1"))
-	if w.Code != http.StatusOK || len(errs.list()) != 1 {
+	if w.Code != http.StatusOK || len(errs.list()) != 2 {
 		t.Fatalf("after LocalHold: status %d, errors %v; want 200 from Redis", w.Code, errs.list())
 	}
-	if got := w.Header().Get("RateLimit"); !strings.HasPrefix(got, `"default";r=98;`) && !strings.HasPrefix(got, `"default";r=99;`) {
-		t.Errorf("after LocalHold: RateLimit %q; want Redis's count (98 or 99 remaining, as the timed-out call may have run)", got)
+	got := w.Header().Get("RateLimit")
+	if !strings.HasPrefix(got, `"default";r=98;`) && !strings.HasPrefix(got, `"default";r=99;`) {
+		t.Fatalf("after LocalHold: RateLimit %q; want Redis's count (98 or 99 remaining, as the timed-out call may have run)", got)
+	}
+	// Redis answered: the fallback is over, and the next requests ask
+	// Redis again, with no hold left.
+	if until := m.localUntil.Load(); until != 0 {
+		t.Errorf("after Redis answered: localUntil %d; want 0 (no longer local)", until)
 	}
 }

@@ -164,9 +164,11 @@ type MiddlewareOptions struct {
 	// without FallbackLocal.
 	LocalKeys int
 	// LocalHold is how long FallbackLocal keeps deciding locally, without
-	// asking Redis, after a Redis call failed. Default DefaultLocalHold
-	// (1s). Without it, every request would wait Timeout for a Redis that
-	// an attacker keeps slow. Must be 0 without FallbackLocal.
+	// asking Redis, after a Redis call failed. Then one request asks
+	// Redis again while the others stay local, until Redis answers.
+	// Default DefaultLocalHold (1s). Without it, every request would wait
+	// Timeout for a Redis that an attacker keeps slow. Must be 0 without
+	// FallbackLocal.
 	LocalHold time.Duration
 	// UnavailableRetryAfter is sent as Retry-After with the 503 of
 	// FallbackClosed, rounded up to whole seconds. Default 0: no
@@ -270,7 +272,7 @@ type middleware struct {
 	localPolicy []localPolicy
 	hold        time.Duration
 	// localUntil is the local time (UnixNano) until which requests are
-	// decided locally without asking Redis.
+	// decided locally without asking Redis; 0 when Redis last answered.
 	localUntil atomic.Int64
 }
 
@@ -485,8 +487,18 @@ func (m *middleware) decide(r *http.Request, key string, ps *Policies) (Decision
 	} else if d, ok := m.l.cachedDecision(key, ps, now); ok {
 		return d, nil
 	}
-	if m.local != nil && now.UnixNano() < m.localUntil.Load() {
-		return m.decideLocally(key, ps, now), nil
+	var probe int64 // the localUntil this request set to probe Redis, or 0
+	if m.local != nil {
+		if until := m.localUntil.Load(); until != 0 {
+			// Redis failed lately. Once LocalHold has passed, one request
+			// (the one that moves localUntil on) asks Redis again; the
+			// others keep deciding locally instead of each waiting
+			// Timeout for a Redis that may still be slow.
+			probe = now.Add(m.hold).UnixNano()
+			if now.UnixNano() < until || !m.localUntil.CompareAndSwap(until, probe) {
+				return m.decideLocally(key, ps, now), nil
+			}
+		}
 	}
 	// Not r.Context(): net/http cancels it when the client half-closes,
 	// and the decision must not be the client's.
@@ -501,6 +513,9 @@ func (m *middleware) decide(r *http.Request, key string, ps *Policies) (Decision
 		d, err = m.l.AllowPolicies(ctx, key, 1, ps)
 	}
 	cancel()
+	if err == nil && probe != 0 {
+		m.localUntil.CompareAndSwap(probe, 0) // Redis is back
+	}
 	if err != nil && m.local != nil && !errors.Is(err, ErrInvalidKey) {
 		// Redis failed: decide locally, and keep doing so for a while
 		// rather than make every request wait Timeout.
