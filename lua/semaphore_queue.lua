@@ -109,8 +109,9 @@ if mode == 'r' then
       held = 1
     end
     drop({id})
+  else
+    dequeue(id) -- a held permit is never queued
   end
-  dequeue(id)
   own = nil
 end
 -- Reclaim expired permits, and this id's own earlier grant if it expired.
@@ -139,8 +140,10 @@ elseif used == 0 and not keep then
   stored = cap
 end
 local dirty = freed > 0 or mode == 'c' -- the hash needs writing back
+local extend = mode == 'c' -- a permit was granted or renewed: set expiries
 
--- Write back ':used' and the capacity, and set both keys' expiry.
+-- Write back ':used' and the capacity, and, if extend, set both keys'
+-- expiry.
 local function save()
   if used <= 0 or redis.call('EXISTS', KEYS[2]) == 0 then
     used = 0
@@ -154,6 +157,9 @@ local function save()
   redis.call('HSET', KEYS[1], ':used', num(used), ':cap', num(stored))
   if keep then
     redis.call('HSET', KEYS[1], ':set', num(keep))
+  end
+  if not extend then
+    return
   end
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
   local at = tonumber(last[2])
@@ -198,7 +204,7 @@ local function pass(self, announce)
         redis.call('HSET', KEYS[1], qid, num(w))
         redis.call('ZADD', KEYS[2], num(expiry), qid)
         dequeue(qid)
-        dirty = true
+        dirty, extend = true, true
         if blocked then
           passes = passes + 1
         end
@@ -265,7 +271,16 @@ if own then
   -- renew, do not count twice.
   redis.call('ZADD', KEYS[2], num(exp), id)
   dequeue(id)
-  dirty = true
+  dirty, extend = true, true
+  pass(nil, freed > 0)
+  return finish(1)
+end
+if used + n <= stored and redis.call('EXISTS', KEYS[4]) == 0 then
+  -- Nobody queued and it fits: granted without touching the queue.
+  used = used + n
+  redis.call('HSET', KEYS[1], id, num(n))
+  redis.call('ZADD', KEYS[2], num(exp), id)
+  dirty, extend = true, true
   pass(nil, freed > 0)
   return finish(1)
 end
