@@ -389,9 +389,10 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		ps, err = m.opts.PolicyFunc(r)
 	}
 	var d Decision
+	var one [1]Result // Results of the Limiter's own Limit, kept off the heap
 	decided := false
 	if err == nil {
-		d, err = m.decide(r, key, ps)
+		d, err = m.decide(r, key, ps, &one)
 		decided = err == nil
 	}
 	if !decided {
@@ -423,28 +424,24 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		if ps != nil {
 			policy, names = ps.header, ps.quoted
 		}
-		var b strings.Builder
-		for i, res := range d.Results {
-			// t is when quota is available again: for a policy without
-			// room that is its RetryAfter (GCRA and sliding-window
-			// ResetAfter, the time until the key is back to full, is
-			// later), so that the decisive policy's t and Retry-After
-			// name the same time.
+		// t is when quota is available again: for a policy without room
+		// that is its RetryAfter (GCRA and sliding-window ResetAfter, the
+		// time until the key is back to full, is later), so that the
+		// decisive policy's t and Retry-After name the same time.
+		item := func(i int) string {
+			res := d.Results[i]
 			reset := ceilSeconds(res.ResetAfter)
 			if !res.Allowed {
 				reset = max(ceilSeconds(res.RetryAfter), 1)
 			}
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(names[i])
-			b.WriteString(";r=")
-			b.WriteString(strconv.Itoa(res.Remaining))
-			b.WriteString(";t=")
-			b.WriteString(strconv.FormatInt(reset, 10))
+			return names[i] + ";r=" + strconv.Itoa(res.Remaining) + ";t=" + strconv.FormatInt(reset, 10)
+		}
+		value := item(0)
+		for i := 1; i < len(d.Results); i++ {
+			value += ", " + item(i)
 		}
 		h.Set("RateLimit-Policy", policy)
-		h.Set("RateLimit", b.String())
+		h.Set("RateLimit", value)
 		if m.opts.XRateLimitHeaders {
 			res := d.Results[top]
 			h.Set("X-RateLimit-Limit", strconv.Itoa(res.Limit))
@@ -476,13 +473,14 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 
 // decide asks the deny cache, the local limiter while it holds, or Redis
 // about one request for key under ps (nil: the Limiter's own Limit).
-func (m *middleware) decide(r *http.Request, key string, ps *Policies) (Decision, error) {
+func (m *middleware) decide(r *http.Request, key string, ps *Policies, one *[1]Result) (Decision, error) {
 	// A key the deny cache answers needs no context and no timer: this is
 	// the path a flood from one client takes.
 	now := m.l.now()
 	if ps == nil {
 		if res, ok := m.l.cachedDenial(key, now); ok {
-			return Decision{RetryAfter: res.RetryAfter, Results: []Result{res}}, nil
+			one[0] = res
+			return Decision{RetryAfter: res.RetryAfter, Results: one[:]}, nil
 		}
 	} else if d, ok := m.l.cachedDecision(key, ps, now); ok {
 		return d, nil
@@ -496,7 +494,7 @@ func (m *middleware) decide(r *http.Request, key string, ps *Policies) (Decision
 			// Timeout for a Redis that may still be slow.
 			probe = now.Add(m.hold).UnixNano()
 			if now.UnixNano() < until || !m.localUntil.CompareAndSwap(until, probe) {
-				return m.decideLocally(key, ps, now), nil
+				return m.decideLocally(key, ps, now, one), nil
 			}
 		}
 	}
@@ -508,7 +506,8 @@ func (m *middleware) decide(r *http.Request, key string, ps *Policies) (Decision
 	if ps == nil {
 		var res Result
 		res, err = m.l.Allow(ctx, key)
-		d = Decision{Allowed: res.Allowed, RetryAfter: res.RetryAfter, Results: []Result{res}}
+		one[0] = res
+		d = Decision{Allowed: res.Allowed, RetryAfter: res.RetryAfter, Results: one[:]}
 	} else {
 		d, err = m.l.AllowPolicies(ctx, key, 1, ps)
 	}
@@ -522,17 +521,16 @@ func (m *middleware) decide(r *http.Request, key string, ps *Policies) (Decision
 		m.opts.OnError(r, err)
 		now = m.l.now()
 		m.localUntil.Store(now.Add(m.hold).UnixNano())
-		return m.decideLocally(key, ps, now), nil
+		return m.decideLocally(key, ps, now, one), nil
 	}
 	return d, err
 }
 
 // decideLocally is the FallbackLocal decision for key under ps at now.
-func (m *middleware) decideLocally(key string, ps *Policies, now time.Time) Decision {
+func (m *middleware) decideLocally(key string, ps *Policies, now time.Time, one *[1]Result) Decision {
 	if ps == nil {
-		var res [1]Result
-		m.local.allow("0:"+key, now, 1, m.localPolicy, res[:])
-		return Decision{Allowed: res[0].Allowed, RetryAfter: res[0].RetryAfter, Results: res[:]}
+		m.local.allow("0:"+key, now, 1, m.localPolicy, one[:])
+		return Decision{Allowed: one[0].Allowed, RetryAfter: one[0].RetryAfter, Results: one[:]}
 	}
 	// Prefixed with the length of the set's id, so that no (set, key)
 	// pair writes another's entry, nor one of the Limiter's own ("0:").
