@@ -264,8 +264,16 @@ type middleware struct {
 	opts    MiddlewareOptions
 	policy  string   // RateLimit-Policy value of the Limiter's own Limit
 	names   []string // its quoted policy name
-	timeout time.Duration
 	retry   string // Retry-After of the 503, or ""
+	checker
+}
+
+// checker is the decision core of the middleware and of Checker: the deny
+// cache, Redis under a bounded context the caller cannot cancel, and the
+// local fallback.
+type checker struct {
+	l       *Limiter
+	timeout time.Duration
 
 	// FallbackLocal only.
 	local       *localLimiter
@@ -274,6 +282,25 @@ type middleware struct {
 	// localUntil is the local time (UnixNano) until which requests are
 	// decided locally without asking Redis; 0 when Redis last answered.
 	localUntil atomic.Int64
+}
+
+// init sets c up for l; keys and hold are used only with local.
+func (c *checker) init(l *Limiter, timeout time.Duration, local bool, keys int, hold time.Duration) {
+	c.l, c.timeout = l, timeout
+	if c.timeout == 0 {
+		c.timeout = DefaultTimeout
+	}
+	if local {
+		if keys == 0 {
+			keys = DefaultLocalKeys
+		}
+		c.local = newLocalLimiter(keys)
+		c.localPolicy = []localPolicy{localPolicyOf(l.limit, l.capacity)}
+		c.hold = hold
+		if c.hold == 0 {
+			c.hold = DefaultLocalHold
+		}
+	}
 }
 
 func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
@@ -305,22 +332,8 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 		return nil, err
 	}
 	opts.KeyFunc = keyFunc
-	m := &middleware{l: l, opts: opts, timeout: opts.Timeout}
-	if m.timeout == 0 {
-		m.timeout = DefaultTimeout
-	}
-	if opts.Fallback == FallbackLocal {
-		keys := opts.LocalKeys
-		if keys == 0 {
-			keys = DefaultLocalKeys
-		}
-		m.local = newLocalLimiter(keys)
-		m.localPolicy = []localPolicy{localPolicyOf(l.limit, l.capacity)}
-		m.hold = opts.LocalHold
-		if m.hold == 0 {
-			m.hold = DefaultLocalHold
-		}
-	}
+	m := &middleware{opts: opts}
+	m.init(l, opts.Timeout, opts.Fallback == FallbackLocal, opts.LocalKeys, opts.LocalHold)
 	if opts.UnavailableRetryAfter > 0 {
 		m.retry = strconv.FormatInt(ceilSeconds(opts.UnavailableRetryAfter), 10)
 	}
@@ -392,7 +405,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	var one [1]Result // Results of the Limiter's own Limit, kept off the heap
 	decided := false
 	if err == nil {
-		d, err = m.decide(r, key, ps, &one)
+		d, err = m.decide(r.Context(), key, ps, &one, func(err error) { m.opts.OnError(r, err) })
 		decided = err == nil
 	}
 	if !decided {
@@ -472,8 +485,9 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 }
 
 // decide asks the deny cache, the local limiter while it holds, or Redis
-// about one request for key under ps (nil: the Limiter's own Limit).
-func (m *middleware) decide(r *http.Request, key string, ps *Policies, one *[1]Result) (Decision, error) {
+// about one request for key under ps (nil: the Limiter's own Limit). A
+// Redis error that the local fallback answers goes to report.
+func (m *checker) decide(parent context.Context, key string, ps *Policies, one *[1]Result, report func(error)) (Decision, error) {
 	// A key the deny cache answers needs no context and no timer: this is
 	// the path a flood from one client takes.
 	now := m.l.now()
@@ -498,9 +512,10 @@ func (m *middleware) decide(r *http.Request, key string, ps *Policies, one *[1]R
 			}
 		}
 	}
-	// Not r.Context(): net/http cancels it when the client half-closes,
-	// and the decision must not be the client's.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.timeout)
+	// Not the caller's cancellation: net/http cancels a request's context
+	// when the client half-closes, and the decision must not be the
+	// client's.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), m.timeout)
 	var d Decision
 	var err error
 	if ps == nil {
@@ -518,7 +533,7 @@ func (m *middleware) decide(r *http.Request, key string, ps *Policies, one *[1]R
 	if err != nil && m.local != nil && !errors.Is(err, ErrInvalidKey) {
 		// Redis failed: decide locally, and keep doing so for a while
 		// rather than make every request wait Timeout.
-		m.opts.OnError(r, err)
+		report(err)
 		now = m.l.now()
 		m.localUntil.Store(now.Add(m.hold).UnixNano())
 		return m.decideLocally(key, ps, now, one), nil
@@ -527,7 +542,7 @@ func (m *middleware) decide(r *http.Request, key string, ps *Policies, one *[1]R
 }
 
 // decideLocally is the FallbackLocal decision for key under ps at now.
-func (m *middleware) decideLocally(key string, ps *Policies, now time.Time, one *[1]Result) Decision {
+func (m *checker) decideLocally(key string, ps *Policies, now time.Time, one *[1]Result) Decision {
 	if ps == nil {
 		m.local.allow("0:"+key, now, 1, m.localPolicy, one[:])
 		return Decision{Allowed: one[0].Allowed, RetryAfter: one[0].RetryAfter, Results: one[:]}

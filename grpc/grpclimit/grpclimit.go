@@ -65,21 +65,28 @@ type Options struct {
 	PolicyFunc func(ctx context.Context, fullMethod string) (*ratelimit.Policies, error)
 	// Timeout bounds the wait for Redis. Default ratelimit.DefaultTimeout.
 	Timeout time.Duration
-	// Fallback is ratelimit.FallbackOpen (the default: calls pass
-	// unchecked while Redis fails) or ratelimit.FallbackClosed (they get
-	// codes.Unavailable). A call whose client has gone never passes
-	// unchecked.
+	// Fallback says what happens to a call while Redis fails:
+	// ratelimit.FallbackOpen (the default) passes it unchecked,
+	// ratelimit.FallbackClosed ends it with codes.Unavailable, and
+	// ratelimit.FallbackLocal decides it with an in-process limiter (see
+	// ratelimit.FallbackLocal for its accuracy), so that whoever can slow
+	// Redis cannot switch limiting off. A call whose client has gone never
+	// passes unchecked.
 	Fallback ratelimit.Fallback
-	// OnError is told about every error. Default: nothing.
+	// LocalKeys and LocalHold configure FallbackLocal, as in
+	// ratelimit.MiddlewareOptions; they must be 0 without it.
+	LocalKeys int
+	LocalHold time.Duration
+	// OnError is told about every error, including Redis errors the local
+	// fallback answered. Default: nothing.
 	OnError func(ctx context.Context, fullMethod string, err error)
 }
 
 // Interceptors holds the unary and stream server interceptors of one
 // Limiter; both share its deny cache.
 type Interceptors struct {
-	l       *ratelimit.Limiter
-	opts    Options
-	timeout time.Duration
+	c    *ratelimit.Checker
+	opts Options
 }
 
 // New returns the interceptors limiting calls with l. It returns an error
@@ -91,17 +98,28 @@ func New(l *ratelimit.Limiter, opts Options) (*Interceptors, error) {
 		return nil, fmt.Errorf("%w: nil *ratelimit.Limiter", ratelimit.ErrInvalidOptions)
 	case opts.Timeout < 0:
 		return nil, fmt.Errorf("%w: negative Timeout %v", ratelimit.ErrInvalidOptions, opts.Timeout)
-	case opts.Fallback != ratelimit.FallbackOpen && opts.Fallback != ratelimit.FallbackClosed:
+	case opts.Fallback < ratelimit.FallbackOpen || opts.Fallback > ratelimit.FallbackLocal:
 		return nil, fmt.Errorf("%w: grpclimit Fallback %v", ratelimit.ErrInvalidOptions, opts.Fallback)
 	case opts.IPv4PrefixLen < 0 || opts.IPv4PrefixLen > 32:
 		return nil, fmt.Errorf("%w: IPv4PrefixLen %d is not between 0 and 32", ratelimit.ErrInvalidOptions, opts.IPv4PrefixLen)
 	case opts.IPv6PrefixLen < 0 || opts.IPv6PrefixLen > 128:
 		return nil, fmt.Errorf("%w: IPv6PrefixLen %d is not between 0 and 128", ratelimit.ErrInvalidOptions, opts.IPv6PrefixLen)
 	}
-	ic := &Interceptors{l: l, opts: opts, timeout: opts.Timeout}
-	if ic.timeout == 0 {
-		ic.timeout = ratelimit.DefaultTimeout
+	ic := &Interceptors{opts: opts}
+	c, err := ratelimit.NewChecker(l, ratelimit.CheckerOptions{
+		Timeout:       opts.Timeout,
+		FallbackLocal: opts.Fallback == ratelimit.FallbackLocal,
+		LocalKeys:     opts.LocalKeys,
+		LocalHold:     opts.LocalHold,
+		OnLocal: func(ctx context.Context, err error) {
+			method, _ := grpc.Method(ctx)
+			ic.opts.OnError(ctx, method, err)
+		},
+	})
+	if err != nil {
+		return nil, err
 	}
+	ic.c = c
 	if ic.opts.KeyFunc == nil {
 		md, v4, v6 := strings.ToLower(opts.MetadataKey), opts.IPv4PrefixLen, opts.IPv6PrefixLen
 		ic.opts.KeyFunc = func(ctx context.Context, _ string) (string, error) {
@@ -169,19 +187,11 @@ func (ic *Interceptors) check(ctx context.Context, method string) error {
 	}
 	var d ratelimit.Decision
 	if err == nil {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ic.timeout)
-		if ps == nil {
-			var res ratelimit.Result
-			res, err = ic.l.Allow(rctx, key)
-			d = ratelimit.Decision{Allowed: res.Allowed, RetryAfter: res.RetryAfter}
-		} else {
-			d, err = ic.l.AllowPolicies(rctx, key, 1, ps)
-		}
-		cancel()
+		d, err = ic.c.Check(ctx, key, ps)
 	}
 	if err != nil {
 		ic.opts.OnError(ctx, method, err)
-		if ic.opts.Fallback == ratelimit.FallbackClosed || ctx.Err() != nil {
+		if ic.opts.Fallback != ratelimit.FallbackOpen || ctx.Err() != nil {
 			return status.Error(codes.Unavailable, "rate limiter unavailable")
 		}
 		return nil

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicekit/sluice/internal/faultproxy"
 	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/ratelimit"
 	"github.com/sluicekit/sluice/scriptcache"
@@ -24,13 +27,16 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
+var runs atomic.Int64
+
 func newLimiter(t *testing.T, addr string, opts ratelimit.Options) *ratelimit.Limiter {
 	t.Helper()
 	sc, err := scriptcache.New(context.Background(), redistest.Client(t, addr))
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.Prefix = "test:" + strings.NewReplacer("{", "(", "}", ")").Replace(t.Name()) + ":"
+	// New for each run of a test, so that tests survive -count=N.
+	opts.Prefix = "test:" + strings.NewReplacer("{", "(", "}", ")").Replace(t.Name()) + ":" + strconv.FormatInt(runs.Add(1), 10) + ":"
 	l, err := ratelimit.New(sc, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -201,12 +207,44 @@ func TestNewValidation(t *testing.T) {
 	}{
 		{"nil limiter", nil, Options{}},
 		{"negative timeout", l, Options{Timeout: -1}},
-		{"local fallback", l, Options{Fallback: ratelimit.FallbackLocal}},
+		{"unknown fallback", l, Options{Fallback: 3}},
+		{"local keys without local", l, Options{LocalKeys: 5}},
 		{"bad ipv4 prefix", l, Options{IPv4PrefixLen: 33}},
 		{"negative ipv6 prefix", l, Options{IPv6PrefixLen: -1}},
 	} {
 		if ic, err := New(tt.l, tt.opts); !errors.Is(err, ratelimit.ErrInvalidOptions) || ic != nil {
 			t.Errorf("%s: %v; want ErrInvalidOptions", tt.name, err)
 		}
+	}
+}
+
+// TestFallbackLocal slows Redis past the timeout: with FallbackLocal a
+// client still gets only its limit, with the error told once.
+func TestFallbackLocal(t *testing.T) {
+	srv := redistest.NewServer(t)
+	p, err := faultproxy.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	l := newLimiter(t, p.Addr(), ratelimit.Options{Algorithm: ratelimit.FixedWindow, Limit: ratelimit.PerHour(2)})
+	var errs atomic.Int64
+	c := serve(t, newInterceptors(t, l, Options{
+		Fallback: ratelimit.FallbackLocal, Timeout: 20 * time.Millisecond, LocalHold: time.Hour,
+		OnError: func(context.Context, string, error) { errs.Add(1) },
+	}))
+	// No reply can come sooner than the proxy's latency.
+	p.SetLatency(200*time.Millisecond, 0)
+	served := 0
+	for range 6 {
+		_, err := c.Check(context.Background(), &healthpb.HealthCheckRequest{})
+		if err == nil {
+			served++
+		} else {
+			retryDelay(t, err)
+		}
+	}
+	if served != 2 || errs.Load() != 1 {
+		t.Errorf("with Redis slow: %d of 6 calls served, %d errors; want 2 and 1", served, errs.Load())
 	}
 }
