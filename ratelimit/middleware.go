@@ -260,11 +260,11 @@ func Middleware(l *Limiter, opts MiddlewareOptions) func(http.Handler) http.Hand
 }
 
 type middleware struct {
-	l       *Limiter
-	opts    MiddlewareOptions
-	policy  string   // RateLimit-Policy value of the Limiter's own Limit
-	names   []string // its quoted policy name
-	retry   string // Retry-After of the 503, or ""
+	l      *Limiter
+	opts   MiddlewareOptions
+	policy string   // RateLimit-Policy value of the Limiter's own Limit
+	names  []string // its quoted policy name
+	retry  string   // Retry-After of the 503, or ""
 	checker
 }
 
