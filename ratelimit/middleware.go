@@ -260,7 +260,6 @@ func Middleware(l *Limiter, opts MiddlewareOptions) func(http.Handler) http.Hand
 }
 
 type middleware struct {
-	l      *Limiter
 	opts   MiddlewareOptions
 	policy string   // RateLimit-Policy value of the Limiter's own Limit
 	names  []string // its quoted policy name
