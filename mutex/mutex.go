@@ -34,9 +34,12 @@
 // paused process), or the Locker was closed. The holder is told: Lost's
 // channel closes and Err returns an error wrapping ErrLost and the reason.
 // Loss is judged on the client clock, counting each lease from before the
-// request that set it was sent, so the signal comes before Redis could have
-// let anyone else in. Work that must not run without the lock should watch
-// Lost or, better, use the fencing token.
+// request that set it was sent and giving it up a margin early (a tenth of
+// the lease, 5 ms to 1 s; see internal/lease), so the signal comes before
+// Redis could have let anyone else in, provided the process is scheduled
+// within that margin: a process stopped for longer (a VM pause, SIGSTOP,
+// swapping) hears of the loss too late. Work that must not run without the
+// lock should watch Lost or, better, use the fencing token.
 //
 // # Fencing tokens
 //
