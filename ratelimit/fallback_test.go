@@ -234,9 +234,11 @@ func TestFallbackLocalHold(t *testing.T) {
 	if w.Code != http.StatusOK || len(errs.list()) != 2 {
 		t.Fatalf("after LocalHold: status %d, errors %v; want 200 from Redis", w.Code, errs.list())
 	}
+	// Redis counted this request and the two that timed out if they ran
+	// (the local limiter, 10 requests in, would say 90).
 	got := w.Header().Get("RateLimit")
-	if !strings.HasPrefix(got, `"default";r=98;`) && !strings.HasPrefix(got, `"default";r=99;`) {
-		t.Fatalf("after LocalHold: RateLimit %q; want Redis's count (98 or 99 remaining, as the timed-out call may have run)", got)
+	if !strings.HasPrefix(got, `"default";r=97;`) && !strings.HasPrefix(got, `"default";r=98;`) && !strings.HasPrefix(got, `"default";r=99;`) {
+		t.Fatalf("after LocalHold: RateLimit %q; want Redis's count (97 to 99 remaining)", got)
 	}
 	// Redis answered: the fallback is over, and the next requests ask
 	// Redis again, with no hold left.
