@@ -63,6 +63,9 @@
 // memory-capped in-process limiter per key, so that whoever can slow Redis
 // cannot switch limiting off (see FallbackLocal for its accuracy).
 //
+// Checker makes the same decision for other transports; the gRPC
+// interceptors of module github.com/sluicekit/sluice/grpc use it.
+//
 // NewConcurrencyMiddleware limits requests in flight instead: at most N
 // per key at once, each holding a permit of a package semaphore Manager
 // until its handler returns, with the draft's concurrent-requests quota
