@@ -7,6 +7,15 @@
 // thousand goroutines. Stopping a lease removes it at once: no renewal
 // outlives the hold it belongs to.
 //
+// Leases added to a Group are renewed together: when one of them is due,
+// the keeper also takes the group's leases due within the next TTL/12 (a
+// renewal a little early costs nothing) and renews up to MaxBatch of them
+// with one request. A hundred thousand locks on a 3 s lease then need a few
+// hundred requests a second instead of a hundred thousand, which one
+// connection could not carry. Each lease in a batch still gets its own
+// answer, and its deadline counts from the send of the request that
+// renewed it.
+//
 // Loss is decided on the client's clock, conservatively. A lease granted by
 // a request sent at time S lasts at least until S+TTL on the server, because
 // the server starts counting when it receives the request. The keeper
@@ -54,6 +63,22 @@ var (
 // and any other error for a failure worth retrying.
 type Renew func(ctx context.Context) error
 
+// RenewBatch renews the leases of items (at most MaxBatch, all of one
+// Group) in one request. It sets errs[i], for items[i], to nil if that
+// lease was renewed, to an error wrapping ErrGone if it is not held any
+// more, or to another error to retry it. A returned error means the
+// request failed as a whole: every item is retried.
+type RenewBatch func(ctx context.Context, items []any, errs []error) error
+
+// MaxBatch is the most leases one RenewBatch call renews.
+const MaxBatch = 512
+
+// groupCalls is the most requests of one group in flight at once; batches
+// due meanwhile wait their turn (their deadlines are still watched). A
+// bound per group rather than per keeper keeps a server that stopped
+// answering from holding up the groups of the other servers.
+const groupCalls = 4
+
 // Keeper renews leases in the background. The zero value is not usable; use
 // NewKeeper.
 type Keeper struct {
@@ -63,8 +88,35 @@ type Keeper struct {
 	wg     sync.WaitGroup // scheduler and in-flight renewals
 
 	mu     sync.Mutex
-	queue  queue // leases by due time; guarded by mu
+	queue  queue      // leases without a group, by due time; guarded by mu
+	groups groupQueue // groups with leases, by their first due time; guarded by mu
 	closed bool
+	parked []*Lease // scratch for the scheduler; guarded by mu
+}
+
+// Group is a set of leases one request can renew together, such as the
+// locks of one Redis Cluster slot. It belongs to the Keeper that made it.
+type Group struct {
+	renew RenewBatch
+
+	// guarded by k.mu
+	queue   queue    // the group's leases by due time
+	index   int      // in k.groups; -1 when not queued
+	calls   int      // requests in flight, at most groupCalls
+	waiting []*batch // batches formed while calls was at its bound
+}
+
+// NewGroup returns a group whose leases renew calls.
+func (k *Keeper) NewGroup(renew RenewBatch) *Group {
+	return &Group{renew: renew, index: -1}
+}
+
+// batch is one renewal request of a group, formed or in flight.
+type batch struct {
+	leases []*Lease
+	live   int                // leases in it not stopped; guarded by k.mu
+	last   time.Time          // the latest deadline in it when sent
+	cancel context.CancelFunc // ends the request; set while in flight, guarded by k.mu
 }
 
 // NewKeeper starts a keeper. Close stops it.
@@ -83,11 +135,15 @@ type Lease struct {
 	renew  Renew
 	onLost func(error)
 
+	g    *Group // nil: renewed alone by renew
+	item any    // what g.renew renews for this lease
+
 	// guarded by k.mu
 	deadline time.Time // the lease surely lasts until here
 	next     time.Time // next renewal
-	index    int       // in k.queue; -1 when not queued
+	index    int       // in k.queue, or g.queue if g is set; -1 when not queued
 	inflight context.CancelFunc
+	batch    *batch // the batch renewing it, formed or in flight
 	done     bool
 }
 
@@ -111,6 +167,41 @@ func (k *Keeper) Add(sent time.Time, ttl time.Duration, renew Renew, onLost func
 	k.mu.Unlock()
 	k.poke()
 	return l
+}
+
+// AddBatched is Add for a lease renewed with the others of g: g's
+// RenewBatch gets item among the items of each request that renews this
+// lease.
+func (k *Keeper) AddBatched(sent time.Time, ttl time.Duration, g *Group, item any, onLost func(error)) *Lease {
+	l := &Lease{k: k, ttl: ttl, g: g, item: item, onLost: onLost, index: -1}
+	l.deadline = sent.Add(ttl - Margin(ttl))
+	l.next = sent.Add(ttl / 3)
+	k.mu.Lock()
+	if k.closed {
+		l.done = true
+		k.mu.Unlock()
+		onLost(ErrClosed)
+		return l
+	}
+	heap.Push(&g.queue, l)
+	k.fixGroup(g)
+	k.mu.Unlock()
+	k.poke()
+	return l
+}
+
+// fixGroup puts g where its first lease's due time places it in k.groups,
+// or takes it out if it has no lease. Called with k.mu held.
+func (k *Keeper) fixGroup(g *Group) {
+	switch {
+	case g.queue.Len() == 0 && g.index >= 0:
+		heap.Remove(&k.groups, g.index)
+	case g.queue.Len() == 0:
+	case g.index < 0:
+		heap.Push(&k.groups, g)
+	default:
+		heap.Fix(&k.groups, g.index)
+	}
 }
 
 // Margin is how much earlier than the server a lease of the given TTL is
@@ -142,11 +233,24 @@ func (l *Lease) Stop() {
 func (l *Lease) stopLocked() {
 	l.done = true
 	if l.index >= 0 {
-		heap.Remove(&l.k.queue, l.index)
+		if l.g != nil {
+			heap.Remove(&l.g.queue, l.index)
+			l.k.fixGroup(l.g)
+		} else {
+			heap.Remove(&l.k.queue, l.index)
+		}
 	}
 	if l.inflight != nil {
 		l.inflight()
 		l.inflight = nil
+	}
+	if b := l.batch; b != nil {
+		// The request goes on for the others; its answer for l is
+		// ignored. Once nobody in it is left, it is not worth waiting for.
+		l.batch = nil
+		if b.live--; b.live == 0 && b.cancel != nil {
+			b.cancel()
+		}
 	}
 }
 
@@ -170,6 +274,12 @@ func (k *Keeper) Close() {
 	for k.queue.Len() > 0 {
 		l := heap.Pop(&k.queue).(*Lease)
 		lost = append(lost, l)
+	}
+	for k.groups.Len() > 0 {
+		g := heap.Pop(&k.groups).(*Group)
+		for g.queue.Len() > 0 {
+			lost = append(lost, heap.Pop(&g.queue).(*Lease))
+		}
 	}
 	for _, l := range lost {
 		l.stopLocked()
@@ -217,9 +327,15 @@ func (k *Keeper) run() {
 				k.startRenewal(l)
 			}
 		}
+		for k.groups.Len() > 0 && !k.groups[0].queue[0].due().After(now) {
+			lost = k.collect(k.groups[0], now, lost)
+		}
 		wait := time.Hour
 		if k.queue.Len() > 0 {
 			wait = time.Until(k.queue[0].due())
+		}
+		if k.groups.Len() > 0 {
+			wait = min(wait, time.Until(k.groups[0].queue[0].due()))
 		}
 		k.mu.Unlock()
 		for _, l := range lost {
@@ -276,9 +392,168 @@ func (k *Keeper) startRenewal(l *Lease) {
 	}()
 }
 
+// collect handles g's leases that are due at now: it declares lost those
+// past their deadline (appending them to lost, which it returns) and puts
+// the others, with the group's leases due within their TTL/12 after now,
+// into batches of at most MaxBatch and sends them. Leases in a batch stay
+// queued by their deadline, like a lease renewed alone. Called with k.mu
+// held and g's first lease due.
+func (k *Keeper) collect(g *Group, now time.Time, lost []*Lease) []*Lease {
+	var b *batch
+	parked := k.parked[:0] // taken off the queue, to go back on it
+	for g.queue.Len() > 0 {
+		l := g.queue[0]
+		if due := l.due(); due.After(now) {
+			// Not due yet: renewed early if a batch is going anyway and
+			// its turn is near.
+			if b == nil || l.batch != nil || due.After(now.Add(l.ttl/12)) {
+				break
+			}
+		}
+		heap.Pop(&g.queue)
+		if !now.Before(l.deadline) {
+			l.stopLocked()
+			lost = append(lost, l)
+			continue
+		}
+		parked = append(parked, l)
+		if l.batch != nil {
+			continue // in flight, queued by its deadline, which is near
+		}
+		if b == nil {
+			b = &batch{leases: make([]*Lease, 0, min(g.queue.Len()+1, MaxBatch))}
+		}
+		l.next = l.deadline
+		l.batch = b
+		b.leases = append(b.leases, l)
+		b.live++
+		if len(b.leases) == MaxBatch {
+			k.send(g, b)
+			b = &batch{leases: make([]*Lease, 0, min(g.queue.Len()+1, MaxBatch))}
+		}
+	}
+	if b != nil && len(b.leases) > 0 {
+		k.send(g, b)
+	}
+	for i, l := range parked {
+		heap.Push(&g.queue, l)
+		parked[i] = nil
+	}
+	k.parked = parked[:0]
+	k.fixGroup(g)
+	return lost
+}
+
+// send starts a request for b, or queues b behind the group's requests in
+// flight. Called with k.mu held.
+func (k *Keeper) send(g *Group, b *batch) {
+	if g.calls == groupCalls {
+		g.waiting = append(g.waiting, b)
+		return
+	}
+	g.calls++
+	k.wg.Add(1)
+	go k.renewBatches(g, b)
+}
+
+// renewBatches sends b, then the group's batches that wait, one at a time,
+// until none is left.
+func (k *Keeper) renewBatches(g *Group, b *batch) {
+	defer k.wg.Done()
+	var items []any
+	var errs []error
+	for b != nil {
+		k.mu.Lock()
+		items, errs = b.prepare(items[:0], errs[:0])
+		if len(items) > 0 {
+			// Past the last deadline in b every lease in it is lost
+			// whatever the answer.
+			ctx, cancel := context.WithDeadline(k.ctx, b.last)
+			b.cancel = cancel
+			k.mu.Unlock()
+			k.renewBatch(ctx, g, b, items, errs)
+			cancel()
+		} else {
+			k.mu.Unlock()
+		}
+		clear(items)
+		k.mu.Lock()
+		b = nil
+		if len(g.waiting) > 0 {
+			b = g.waiting[0]
+			g.waiting[0] = nil
+			g.waiting = g.waiting[1:]
+		} else {
+			g.calls--
+		}
+		k.mu.Unlock()
+	}
+}
+
+// prepare drops from b the leases stopped or lost since it was formed,
+// appends the items of the others, and a nil error each, to items and errs,
+// and sets b.last. Called with k.mu held.
+func (b *batch) prepare(items []any, errs []error) ([]any, []error) {
+	live := b.leases[:0]
+	b.last = time.Time{}
+	for _, l := range b.leases {
+		if l.done || l.batch != b {
+			continue
+		}
+		live = append(live, l)
+		items = append(items, l.item)
+		errs = append(errs, nil)
+		if l.deadline.After(b.last) {
+			b.last = l.deadline
+		}
+	}
+	clear(b.leases[len(live):])
+	b.leases = live
+	return items, errs
+}
+
+// renewBatch sends one request for the leases of b and applies each one's
+// answer. Each deadline counts from before the request was sent.
+func (k *Keeper) renewBatch(ctx context.Context, g *Group, b *batch, items []any, errs []error) {
+	sent := time.Now()
+	if err := g.renew(ctx, items, errs); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+	}
+	var gone []int
+	k.mu.Lock()
+	now := time.Now()
+	for i, l := range b.leases {
+		if l.done || l.batch != b {
+			continue // stopped or lost meanwhile: its answer does not count
+		}
+		l.batch = nil
+		switch err := errs[i]; {
+		case err == nil:
+			l.deadline = sent.Add(l.ttl - Margin(l.ttl))
+			l.next = sent.Add(l.ttl / 3)
+		case errors.Is(err, ErrGone):
+			l.stopLocked()
+			gone = append(gone, i)
+			continue
+		default:
+			// Retry soon, well before the deadline.
+			l.next = now.Add(max(l.ttl/12, 10*time.Millisecond))
+		}
+		heap.Fix(&g.queue, l.index)
+	}
+	k.fixGroup(g)
+	k.mu.Unlock()
+	for _, i := range gone {
+		b.leases[i].onLost(errs[i])
+	}
+	k.poke()
+}
+
 // due is when the scheduler must look at l next. Called with k.mu held.
 func (l *Lease) due() time.Time {
-	if l.renew == nil || l.next.After(l.deadline) {
+	if l.renew == nil && l.g == nil || l.next.After(l.deadline) {
 		return l.deadline
 	}
 	return l.next
@@ -306,4 +581,28 @@ func (q *queue) Pop() any {
 	l.index = -1
 	*q = old[:len(old)-1]
 	return l
+}
+
+// groupQueue is a min-heap of groups by their first lease's due time.
+type groupQueue []*Group
+
+func (q groupQueue) Len() int           { return len(q) }
+func (q groupQueue) Less(i, j int) bool { return q[i].queue[0].due().Before(q[j].queue[0].due()) }
+func (q groupQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index = i
+	q[j].index = j
+}
+func (q *groupQueue) Push(x any) {
+	g := x.(*Group)
+	g.index = len(*q)
+	*q = append(*q, g)
+}
+func (q *groupQueue) Pop() any {
+	old := *q
+	g := old[len(old)-1]
+	old[len(old)-1] = nil
+	g.index = -1
+	*q = old[:len(old)-1]
+	return g
 }
