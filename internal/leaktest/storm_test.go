@@ -107,20 +107,54 @@ func lostBeforeRelease(err error) bool {
 		errors.Is(err, semaphore.ErrNotHeld) && errors.Is(err, semaphore.ErrLost)
 }
 
-// operation runs one randomly chosen primitive call. Unlock and Release
-// use the uncancelled context: giving back what is held is not optional.
-func operation(ctx context.Context, i int64, locks *mutex.Locker, sems *semaphore.Manager, limiters []*ratelimit.Limiter) error {
-	name := strconv.FormatInt(i%8, 10)
-	switch i % 3 {
-	case 0:
-		m, err := locks.NewMutex("storm:" + name)
+// lockOperation runs one of the lock family's calls in turn: a Mutex, a
+// fair Mutex, a read and a write hold of an RWMutex, and a MultiMutex.
+func lockOperation(ctx context.Context, i int64, name string, locks *mutex.Locker) error {
+	unlock := context.WithoutCancel(ctx)
+	switch i % 5 {
+	case 0, 1:
+		m, err := locks.NewMutex("storm:"+name, mutex.WithFair(i%5 == 1))
 		if err != nil {
 			return err
 		}
 		if err := m.Lock(ctx); err != nil {
 			return err
 		}
-		return m.Unlock(context.WithoutCancel(ctx))
+		return m.Unlock(unlock)
+	case 2, 3:
+		rw, err := locks.NewRWMutex("storm-rw:" + name)
+		if err != nil {
+			return err
+		}
+		if i%5 == 2 {
+			if err := rw.RLock(ctx); err != nil {
+				return err
+			}
+			return rw.RUnlock(unlock)
+		}
+		if err := rw.Lock(ctx); err != nil {
+			return err
+		}
+		return rw.Unlock(unlock)
+	default:
+		mm, err := locks.NewMultiMutex([]string{"storm-multi:" + name, "storm-multi:" + name + "b"})
+		if err != nil {
+			return err
+		}
+		if err := mm.Lock(ctx); err != nil {
+			return err
+		}
+		return mm.Unlock(unlock)
+	}
+}
+
+// operation runs one randomly chosen primitive call. Unlock and Release
+// use the uncancelled context: giving back what is held is not optional.
+func operation(ctx context.Context, i int64, locks *mutex.Locker, sems *semaphore.Manager, limiters []*ratelimit.Limiter) error {
+	name := strconv.FormatInt(i%8, 10)
+	switch i % 3 {
+	case 0:
+		return lockOperation(ctx, i/3, name, locks)
 	case 1:
 		s, err := sems.NewSemaphore("storm:"+name, 3)
 		if err != nil {
