@@ -146,7 +146,8 @@ else
 end
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 local at = math.max(tonumber(last[2]), exp)
-redis.call('PEXPIREAT', KEYS[1], num(keep and math.max(at, now + keep) or at))
-redis.call('PEXPIREAT', KEYS[2], num(at))
+local ats = num(at)
+redis.call('PEXPIREAT', KEYS[1], keep and num(math.max(at, now + keep)) or ats)
+redis.call('PEXPIREAT', KEYS[2], ats)
 wake()
 return {1, used, cap, 0}

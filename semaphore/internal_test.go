@@ -187,6 +187,12 @@ func blockedIn(t *testing.T, fns ...string) {
 	}
 }
 
+// uniqueInternal returns a semaphore name no earlier run used on the shared
+// server (go test -count=N).
+func uniqueInternal(name string) string {
+	return name + ":" + strconv.FormatInt(time.Now().UnixNano(), 36)
+}
+
 // TestFairBypassLimit: lighter waiters that fit may pass a fair waiter at
 // the head that does not, bypassLimit times; after that the permits are
 // kept for the head, which gets them at the next release.
@@ -194,7 +200,7 @@ func TestFairBypassLimit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), internalWait)
 	defer cancel()
 	m := internalManager(t, redistest.Single(t).Addr(), Options{Fair: true})
-	s, err := m.NewSemaphore("bypass-limit", 2)
+	s, err := m.NewSemaphore(uniqueInternal("bypass-limit"), 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +246,7 @@ func TestFairLeaveGivesBackGrant(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), internalWait)
 	defer cancel()
 	m := internalManager(t, redistest.Single(t).Addr(), Options{Fair: true})
-	s, err := m.NewSemaphore("leave-grant", 1)
+	s, err := m.NewSemaphore(uniqueInternal("leave-grant"), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
