@@ -230,12 +230,18 @@ type Locker struct {
 	pubMode string // ARGV for the scripts: "s" (SPUBLISH) or "p"
 
 	lock, release, renew *scriptcache.Script
+	renewBatch           *scriptcache.Script
 	client               rueidis.Client
 	sc                   *scriptcache.Cache
 
 	hub    *notify.Hub
 	keeper *lease.Keeper
 	closed atomic.Bool
+
+	// groups renew the watchdog leases together, one group per cluster
+	// slot (a script's keys must share one), or one on a single server.
+	groupsMu sync.Mutex
+	groups   map[uint16]*lease.Group // guarded by groupsMu
 
 	bgMu     sync.Mutex
 	bgClosed bool           // guarded by bgMu
@@ -257,6 +263,7 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	}
 	for name, dst := range map[string]**scriptcache.Script{
 		"mutex_lock": &l.lock, "mutex_release": &l.release, "mutex_renew": &l.renew,
+		"mutex_renew_batch": &l.renewBatch,
 	} {
 		if *dst, err = sc.Script(name); err != nil {
 			return nil, fmt.Errorf("mutex: %w", err)
@@ -264,7 +271,24 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	}
 	l.hub = notify.New(sc.Client(), sc.ShardedPubSub())
 	l.keeper = lease.NewKeeper()
+	l.groups = make(map[uint16]*lease.Group)
 	return l, nil
+}
+
+// group returns the renewal group of the lock hash key.
+func (l *Locker) group(key string) *lease.Group {
+	var slot uint16
+	if l.sc.Cluster() {
+		slot = keyspace.Slot(key)
+	}
+	l.groupsMu.Lock()
+	defer l.groupsMu.Unlock()
+	g := l.groups[slot]
+	if g == nil {
+		g = l.keeper.NewGroup(l.renewLeases)
+		l.groups[slot] = g
+	}
+	return g
 }
 
 // Close stops the watchdog and the subscriptions and waits for their
@@ -369,7 +393,7 @@ func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
 	}
 	m.nonce = strings.ReplaceAll(uuid.NewString(), "-", "")[:16] + "."
 	if m.watchdog {
-		m.renewFn = m.renewLease
+		m.group = l.group(m.keys[0])
 	}
 	return m, nil
 }
@@ -391,7 +415,7 @@ type Mutex struct {
 	leaseMs     string // lease in ms, as sent
 	keepMs      string // how long a released hash is kept, in ms
 
-	renewFn lease.Renew // m.renewLease, or nil for a fixed lease; made once
+	group *lease.Group // renews the watchdog's lease with others; nil for a fixed lease
 
 	op       sync.Mutex // one script call at a time, so hold counts stay in step
 	argv     [6]string  // script arguments; guarded by op, reused to save allocations
@@ -719,7 +743,13 @@ func (m *Mutex) startHold(ctx context.Context, sent time.Time, token, n int64) e
 	m.holds, m.token, m.err, m.lost, m.orphan = n, token, nil, nil, ""
 	m.tokenArg = strconv.FormatInt(token, 10)
 	m.mu.Unlock()
-	lse := m.l.keeper.Add(sent, m.lease, m.renewFn, func(err error) { m.lose(gen, err) })
+	onLost := func(err error) { m.lose(gen, err) }
+	var lse *lease.Lease
+	if m.group != nil {
+		lse = m.l.keeper.AddBatched(sent, m.lease, m.group, m, onLost)
+	} else {
+		lse = m.l.keeper.Add(sent, m.lease, nil, onLost)
+	}
 	m.mu.Lock()
 	if m.gen == gen && m.holds > 0 {
 		m.lse = lse
@@ -783,20 +813,39 @@ func grantedOrUnknown(r rueidis.RedisResult) bool {
 	return got == 1
 }
 
-// renewLease is the watchdog's renewal of the current hold.
-func (m *Mutex) renewLease(ctx context.Context) error {
-	m.mu.Lock()
-	args := []string{m.owner, m.tokenArg, m.leaseMs}
-	m.mu.Unlock()
-	ok, err := m.l.renew.Exec(ctx, m.keys[:1], args).AsInt64()
+// renewLeases is the watchdog's renewal of the current holds of items
+// (*Mutex, all with the watchdog lease, in one group) in one call.
+func (l *Locker) renewLeases(ctx context.Context, items []any, errs []error) error {
+	keys := make([]string, len(items))
+	args := make([]string, 1+2*len(items))
+	args[0] = items[0].(*Mutex).leaseMs // the Locker's WatchdogLease, as every watchdog hold has
+	for i, it := range items {
+		m := it.(*Mutex)
+		keys[i] = m.keys[0]
+		m.mu.Lock()
+		args[1+2*i], args[2+2*i] = m.owner, m.tokenArg
+		m.mu.Unlock()
+	}
+	vals, err := l.renewBatch.Exec(ctx, keys, args).ToArray()
 	if err != nil {
 		return err
 	}
-	if ok == 0 {
-		return fmt.Errorf("%w: deleted, expired or taken over", lease.ErrGone)
+	if len(vals) != len(items) {
+		return fmt.Errorf("mutex: renewal of %d locks answered %d", len(items), len(vals))
+	}
+	for i, v := range vals {
+		switch ok, err := v.AsInt64(); {
+		case err != nil:
+			errs[i] = err
+		case ok == 0:
+			errs[i] = errRenewGone
+		}
 	}
 	return nil
 }
+
+// errRenewGone is the loss reason when the watchdog finds a hold gone.
+var errRenewGone = fmt.Errorf("%w: deleted, expired or taken over", lease.ErrGone)
 
 // errFoundNotHeld is the loss reason when a nested Lock finds the hold it
 // was to nest in gone.

@@ -1,0 +1,24 @@
+-- mutex_renew_batch: extend the leases of many held locks in one call (the
+-- watchdog's batched renewal). Each lock is checked and answered on its
+-- own, exactly as mutex_renew would.
+--
+-- KEYS[i]      lock hash of the i-th lock (on a cluster, all in one slot)
+-- ARGV[1]      lease in milliseconds, for every lock
+-- ARGV[2i]     owner id of the i-th lock
+-- ARGV[2i+1]   token of the i-th lock's acquisition
+--
+-- Returns  an array with one entry per key: 1 if that lock was renewed, 0
+--          if its owner no longer holds that acquisition.
+-- Complexity: O(N) for N keys; the caller sends at most lease.MaxBatch
+--          (512) per call.
+local out = {}
+for i = 1, #KEYS do
+  local h = redis.call('HMGET', KEYS[i], 'o', 'f')
+  if h[1] == ARGV[2 * i] and h[2] == ARGV[2 * i + 1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[1])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out

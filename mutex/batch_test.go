@@ -1,0 +1,165 @@
+package mutex_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluicekit/sluice/internal/keyspace"
+	"github.com/sluicekit/sluice/internal/lease"
+	"github.com/sluicekit/sluice/mutex"
+)
+
+// scriptCalls returns how many EVALSHA and EVAL calls the servers of client
+// have run, summed over its nodes.
+func scriptCalls(t testing.TB, client rueidis.Client) int64 {
+	t.Helper()
+	var n int64
+	for _, node := range client.Nodes() {
+		info, err := node.Do(context.Background(), node.B().Info().Section("commandstats").Build()).ToString()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+			if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+				continue
+			}
+			calls, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			n += calls
+		}
+	}
+	return n
+}
+
+// heldNames returns n lock names. On a cluster they share 16 slots, so
+// that each slot's locks form a batch as they would with many locks per
+// slot (2,000 names spread over 16384 slots would be one per slot).
+func heldNames(prefix string, n int, cluster bool) []string {
+	names := make([]string, 0, n)
+	for i := 0; len(names) < n; i++ {
+		name := prefix + strconv.Itoa(i)
+		if !cluster || keyspace.Slot(lockKey(name))%1024 == 0 {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// lockAll takes a Mutex for each name, from a few goroutines.
+func lockAll(t testing.TB, l *mutex.Locker, names []string) []*mutex.Mutex {
+	t.Helper()
+	ms := make([]*mutex.Mutex, len(names))
+	for i, name := range names {
+		ms[i] = newMutex(t, l, name)
+	}
+	const workers = 32
+	var wg sync.WaitGroup
+	errs := make([]error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(ms); i += workers {
+				if err := ms[i].Lock(context.Background()); err != nil {
+					errs[w] = fmt.Errorf("lock %s: %w", ms[i].Name(), err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return ms
+}
+
+func unlockAll(ms []*mutex.Mutex) {
+	for _, m := range ms {
+		m.Unlock(context.Background())
+	}
+}
+
+// lostOf returns the indexes of the Mutexes whose hold was declared lost.
+func lostOf(ms []*mutex.Mutex) []int {
+	var lost []int
+	for i, m := range ms {
+		select {
+		case <-m.Lost():
+			lost = append(lost, i)
+		default:
+		}
+	}
+	return lost
+}
+
+// TestWatchdogManyLocksBatched holds 2,000 locks on a 300 ms watchdog lease
+// for five leases: none may be lost, and on a single server the renewals
+// go out many per script call (one call each would be 2,000 per 100 ms).
+func TestWatchdogManyLocksBatched(t *testing.T) {
+	for _, tg := range realTargets {
+		t.Run(tg.name, func(t *testing.T) {
+			client := clientFor(t, tg)
+			const watchdog = 300 * time.Millisecond
+			l := newLocker(t, client, mutex.Options{WatchdogLease: watchdog})
+			cluster := tg.name == "cluster"
+			start := time.Now()
+			ms := lockAll(t, l, heldNames("held:"+t.Name()+":", 2000, cluster))
+			t.Logf("2000 locks taken in %v", time.Since(start))
+			defer unlockAll(ms)
+			before := scriptCalls(t, client)
+			time.Sleep(5 * watchdog) // nothing to wait for: asserting that nothing happens
+			calls := scriptCalls(t, client) - before
+			if lost := lostOf(ms); len(lost) > 0 {
+				t.Fatalf("%d of %d held locks lost, first %s: %v", len(lost), len(ms), ms[lost[0]].Name(), ms[lost[0]].Err())
+			}
+			// Each lock is renewed about every watchdog/3.
+			renewals := int64(len(ms)) * 5 * 3
+			t.Logf("%d script calls for about %d renewals", calls, renewals)
+			if calls*20 > renewals {
+				t.Errorf("%d script calls in 5 leases, want at most %d (a twentieth of the renewals)", calls, renewals/20)
+			}
+		})
+	}
+}
+
+// TestWatchdogBatchGoneOnlyThatLock deletes one lock of a batch: the
+// watchdog reports that lock lost, with the reason, and only that one.
+func TestWatchdogBatchGoneOnlyThatLock(t *testing.T) {
+	for _, tg := range realTargets {
+		t.Run(tg.name, func(t *testing.T) {
+			ctx := context.Background()
+			client := clientFor(t, tg)
+			const watchdog = 600 * time.Millisecond
+			l := newLocker(t, client, mutex.Options{WatchdogLease: watchdog})
+			ms := lockAll(t, l, heldNames("gone:"+t.Name()+":", 50, tg.name == "cluster"))
+			defer unlockAll(ms)
+			victim := ms[25]
+			if err := client.Do(ctx, client.B().Del().Key(lockKey(victim.Name())).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-victim.Lost():
+			case <-time.After(signal):
+				t.Fatal("the deleted lock was not reported lost")
+			}
+			if err := victim.Err(); !errors.Is(err, mutex.ErrLost) || !errors.Is(err, lease.ErrGone) {
+				t.Fatalf("Err() = %v, want ErrLost found gone by a renewal", err)
+			}
+			// The others were in the same batches; they must have been
+			// renewed by them, and go on being renewed.
+			time.Sleep(2 * watchdog) // nothing to wait for: asserting that nothing happens
+			if lost := lostOf(ms); len(lost) != 1 || lost[0] != 25 {
+				t.Fatalf("lost %v, want only [25]", lost)
+			}
+		})
+	}
+}
