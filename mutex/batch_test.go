@@ -53,13 +53,34 @@ func heldNames(prefix string, n int, cluster bool) []string {
 	return names
 }
 
-// lockAll takes a Mutex for each name, from a few goroutines.
+// lockAll takes a Mutex for each name.
 func lockAll(t testing.TB, l *mutex.Locker, names []string) []*mutex.Mutex {
 	t.Helper()
 	ms := make([]*mutex.Mutex, len(names))
 	for i, name := range names {
 		ms[i] = newMutex(t, l, name)
 	}
+	lockAllOf(t, ms)
+	return ms
+}
+
+// lockAllOf locks every Mutex of ms, from a few goroutines.
+func lockAllOf(t testing.TB, ms []*mutex.Mutex) {
+	t.Helper()
+	if err := eachOf(ms, func(m *mutex.Mutex) error { return m.Lock(context.Background()) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// unlockAll unlocks every Mutex of ms, from a few goroutines, ignoring
+// errors (a lost lock's Unlock reports its loss).
+func unlockAll(ms []*mutex.Mutex) {
+	eachOf(ms, func(m *mutex.Mutex) error { m.Unlock(context.Background()); return nil })
+}
+
+// eachOf calls f for every Mutex of ms from 32 goroutines; each stops at
+// its first error.
+func eachOf(ms []*mutex.Mutex, f func(*mutex.Mutex) error) error {
 	const workers = 32
 	var wg sync.WaitGroup
 	errs := make([]error, workers)
@@ -68,24 +89,15 @@ func lockAll(t testing.TB, l *mutex.Locker, names []string) []*mutex.Mutex {
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(ms); i += workers {
-				if err := ms[i].Lock(context.Background()); err != nil {
-					errs[w] = fmt.Errorf("lock %s: %w", ms[i].Name(), err)
+				if err := f(ms[i]); err != nil {
+					errs[w] = fmt.Errorf("%s: %w", ms[i].Name(), err)
 					return
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	return ms
-}
-
-func unlockAll(ms []*mutex.Mutex) {
-	for _, m := range ms {
-		m.Unlock(context.Background())
-	}
+	return errors.Join(errs...)
 }
 
 // lostOf returns the indexes of the Mutexes whose hold was declared lost.
