@@ -195,13 +195,13 @@ func TestFairDeadWaiterAtHead(t *testing.T) {
 	dctx, dcancel := context.WithCancel(ctx)
 	dead := acquireAsync(dctx, deadSem, 1)
 	e.waitQueued(t, name, 1)
+	live := acquireAsync(ctx, s, 1)
+	e.waitQueued(t, name, 2)
 	deadClient.Close()
-	dcancel()
+	dcancel() // its Acquire gives up, but cannot leave the queue
 	<-dead
 	deadMgr.Close()
 
-	live := acquireAsync(ctx, s, 1)
-	e.waitQueued(t, name, 2)
 	start := time.Now()
 	release(t, holder)
 	release(t, got(t, live, "the live waiter behind a dead one"))
@@ -322,7 +322,11 @@ func TestFairReplicaAcksGrant(t *testing.T) {
 	// after that, so the grant reaches it by message (released earlier, its
 	// next attempt finds the grant, which is confirmed the same way).
 	entry := func() string {
-		v, _ := e.client.Do(ctx, e.client.B().Hget().Key(keyspace.Key(e.prefix, name, ":qe")).Field(e.queued(t, name)[0]).Build()).ToString()
+		q := e.queued(t, name)
+		if len(q) == 0 {
+			return ""
+		}
+		v, _ := e.client.Do(ctx, e.client.B().Hget().Key(keyspace.Key(e.prefix, name, ":qe")).Field(q[0]).Build()).ToString()
 		return v
 	}
 	first := entry()
