@@ -142,7 +142,16 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 	runGroup(ctx, b, lockImpls, lockWorkloads)
 	runGroup(ctx, b, semaphoreImpls, semaphoreWorkloads)
 	runGroup(ctx, b, limiterImpls, limiterWorkloads)
+	runGroup(ctx, b, policyImpls, policyWorkloads)
 	rep.Results = b.results
+	for _, h := range httpLoads {
+		if b.selected(h.name) {
+			rep.HTTP = append(rep.HTTP, *runHTTPLoad(ctx, b, h.name, h.pace))
+		}
+	}
+	if b.selected("http.attack") {
+		rep.Attack = runAttack(ctx, b, c.quick)
+	}
 
 	if b.selected("ceiling") {
 		scriptOf := map[string]string{}
@@ -166,7 +175,14 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 		printResults(out, rep.Results)
 	}
 	printCeilings(out, rep.Ceiling, rep.Fractions, b.srv.embedded != nil)
+	for _, h := range rep.HTTP {
+		printHTTPLoad(out, &h, b.rounds)
+	}
+	printAttack(out, rep.Attack)
 	rep.Notes = notes(b)
+	if n := policyRatio(rep.Results); n != "" {
+		rep.Notes = append(rep.Notes, n)
+	}
 	fmt.Fprintln(out)
 	for _, n := range rep.Notes {
 		fmt.Fprintln(out, "note:", n)

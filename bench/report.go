@@ -60,6 +60,8 @@ type report struct {
 	Results    []result   `json:"results"`
 	Ceiling    []ceiling  `json:"ceiling"`
 	Fractions  []fraction `json:"ceiling_fractions"`
+	HTTP       []httpLoad `json:"http_load,omitempty"`
+	Attack     *attack    `json:"http_attack,omitempty"`
 	Notes      []string   `json:"notes"`
 	GoVersion  string     `json:"go_version"`
 }

@@ -1,0 +1,423 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluicekit/sluice/ratelimit"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// The HTTP load test of issue 14: a net/http server on loopback with
+// ratelimit.NewMiddleware in front of a trivial handler, against the same
+// handler without it, under 64 keep-alive clients that speak for thousands
+// of client IPs. The server trusts X-Forwarded-For from loopback, as it
+// would from its proxy, and the load generator sets it per simulated client.
+//
+// How the figures are taken:
+//   - latency is the client's: from sending a request to having read the
+//     whole response, over keep-alive connections; the added latency is
+//     the middleware's median-round p50 (p99) minus the bare handler's.
+//     A difference of quantiles, not a quantile of differences.
+//   - the Redis round trip is a PING through rueidis, sent by 64 goroutines
+//     at the HTTP clients' pace, in the same interleaved rounds; so is a
+//     direct Limiter.Allow for the same client keys, the limiter's part of
+//     the added latency.
+//   - requests decided by Redis are counted in the middleware's own
+//     rueidis client: a wrapper counts every EVALSHA and EVAL it sends
+//     (one per Redis decision; a NOSCRIPT reload would count twice). The
+//     rest were decided in the process, by the deny cache. OnError counts
+//     failed Redis calls, which FallbackOpen would have let through.
+
+const (
+	httpClients   = 64   // concurrent keep-alive clients
+	httpIPv4      = 4096 // simulated client addresses
+	httpIPv6      = 4096 // simulated client /64 networks
+	httpFlooders  = 4    // clients far over the limit
+	httpFloodEach = 8    // one request in this many comes from a flooder
+	httpRate      = 10   // per client IP and second (GCRA, burst 10)
+)
+
+// httpRun is one implementation's median round in the HTTP section.
+type httpRun struct {
+	Impl        string        `json:"impl"`
+	Ops         int64         `json:"requests"`
+	Errors      int64         `json:"errors"`
+	OpsPerSec   float64       `json:"requests_per_sec"`
+	P50         time.Duration `json:"p50_ns"`
+	P99         time.Duration `json:"p99_ns"`
+	RoundsOpsPS []float64     `json:"rounds_requests_per_sec"`
+	RoundsP50   []float64     `json:"rounds_p50_ns"`
+	Allowed     float64       `json:"allowed_share,omitempty"`    // 200s of all requests
+	ByRedis     float64       `json:"decided_by_redis,omitempty"` // EVALSHA sent per request
+	RedisErrors int64         `json:"redis_errors,omitempty"`     // OnError calls in the median round
+	Err         string        `json:"error,omitempty"`
+}
+
+// httpLoad is the HTTP section's result.
+type httpLoad struct {
+	Name     string        `json:"name"`
+	Title    string        `json:"title"`
+	Runs     []httpRun     `json:"runs"`
+	AddedP50 time.Duration `json:"added_p50_ns"`
+	AddedP99 time.Duration `json:"added_p99_ns"`
+	RTT      time.Duration `json:"redis_rtt_p50_ns"`
+	Met      bool          `json:"target_met"` // AddedP50 <= RTT + 50µs
+}
+
+// httpTarget is one server under load, with what it counts.
+type httpTarget struct {
+	name    string
+	url     string
+	scripts *atomic.Int64 // EVALSHA sent; nil for the bare handler
+	errs    *atomic.Int64 // OnError calls; nil for the bare handler
+	limiter *ratelimit.Limiter
+	close   func()
+}
+
+// countingClient counts the scripts a rueidis client sends.
+type countingClient struct {
+	rueidis.Client
+	scripts atomic.Int64
+}
+
+func (c *countingClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	if cs := cmd.Commands(); len(cs) > 0 && (cs[0] == "EVALSHA" || cs[0] == "EVAL") {
+		c.scripts.Add(1)
+	}
+	return c.Client.Do(ctx, cmd)
+}
+
+var okBody = []byte("ok\n")
+
+func okHandler(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(okBody) }
+
+var loopbackProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+
+// openMiddlewareServer starts the handler behind the middleware, on its own
+// rueidis client, as one more program would.
+func openMiddlewareServer(ctx context.Context, s *server, ns string) (*httpTarget, error) {
+	c, err := s.rueidis()
+	if err != nil {
+		return nil, err
+	}
+	cc := &countingClient{Client: c}
+	sc, err := scriptcache.New(ctx, cc)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	l, err := ratelimit.New(sc, ratelimit.Options{
+		Algorithm: ratelimit.GCRA, Limit: ratelimit.PerSecond(httpRate), Prefix: ns,
+	})
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	t := &httpTarget{name: "sluice middleware", limiter: l, scripts: &cc.scripts, errs: new(atomic.Int64)}
+	mw, err := ratelimit.NewMiddleware(l, ratelimit.MiddlewareOptions{
+		TrustedProxies: loopbackProxies,
+		ClientIPHeader: ratelimit.XForwardedFor,
+		OnError:        func(*http.Request, error) { t.errs.Add(1) },
+	})
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	srv := httptest.NewServer(mw(http.HandlerFunc(okHandler)))
+	t.url = srv.URL
+	t.close = func() { srv.Close(); c.Close() }
+	return t, nil
+}
+
+// clientIPs are the simulated clients' X-Forwarded-For values, IPv4
+// addresses and IPv6 addresses in distinct /64s interleaved, then the
+// flooders.
+func clientIPs() (polite, flooders [][]string) {
+	for i := range max(httpIPv4, httpIPv6) {
+		if i < httpIPv4 {
+			polite = append(polite, []string{fmt.Sprintf("10.%d.%d.7", i>>8, i&0xff)})
+		}
+		if i < httpIPv6 {
+			polite = append(polite, []string{fmt.Sprintf("2001:db8:1:%x::%x", i, i+1)})
+		}
+	}
+	flooders = [][]string{{"198.51.100.66"}, {"2001:db8:bad::1"}, {"198.51.100.67"}, {"2001:db8:bad:1::9"}}
+	return polite, flooders[:httpFlooders]
+}
+
+// clientLoops are the 64 clients of one round. Client g's request i comes
+// from a flooder every httpFloodEach requests and from a polite address
+// otherwise, walking the address list so that each polite address stays
+// far below httpRate; do sends it for the address at index ip of the
+// combined list (polite first). With pace 0 each client sends its next
+// request as soon as it has the last answer (a closed loop: the machine's
+// saturation throughput); otherwise it sends one every pace, skipping
+// slots it missed, so that latency is measured below saturation. The
+// latency is from sending to having the whole answer.
+func clientLoops(pace time.Duration, nPolite, nFlood int, do func(ctx context.Context, ip int, r *recorder) error) []loop {
+	loops := make([]loop, httpClients)
+	for g := range loops {
+		loops[g] = func(ctx context.Context, deadline time.Time, r *recorder) {
+			// Clients start spread over one pace, not all at once.
+			next := time.Now().Add(pace * time.Duration(g) / httpClients)
+			for i := 0; i < maxOpsPerGoroutine; i++ {
+				if pace > 0 {
+					if d := time.Until(next); d > 0 {
+						time.Sleep(d)
+					}
+					if next = next.Add(pace); next.Before(time.Now()) {
+						next = time.Now() // a missed slot is skipped, not made up
+					}
+				}
+				ip := (i*httpClients + g) % nPolite
+				if i%httpFloodEach == g%httpFloodEach {
+					ip = nPolite + (g+i)%nFlood
+				}
+				t0 := time.Now()
+				if !t0.Before(deadline) {
+					return
+				}
+				err := do(ctx, ip, r)
+				r.done(time.Since(t0), err)
+				if err != nil && ctx.Err() != nil {
+					return
+				}
+			}
+		}
+	}
+	return loops
+}
+
+// httpLoops sends GET requests to url over hc, X-Forwarded-For set to the
+// simulated client's address. Marks count the 200s.
+func httpLoops(hc *http.Client, url string, pace time.Duration) []loop {
+	polite, flooders := clientIPs()
+	ips := append(polite, flooders...)
+	return clientLoops(pace, len(polite), len(flooders), func(ctx context.Context, ip int, r *recorder) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		req.Header["X-Forwarded-For"] = ips[ip]
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch {
+		case err != nil:
+			return err
+		case resp.StatusCode == http.StatusOK:
+			r.marks++
+		case resp.StatusCode != http.StatusTooManyRequests:
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	})
+}
+
+// allowLoopsFor calls l.Allow directly, for the keys the middleware would
+// derive from the same addresses: the limiter's share of a request's
+// latency, without HTTP. Marks count the allowed calls.
+func allowLoopsFor(l *ratelimit.Limiter, pace time.Duration) []loop {
+	polite, flooders := clientIPs()
+	var keys []string
+	for _, ip := range append(polite, flooders...) {
+		keys = append(keys, ratelimit.IPKey(netip.MustParseAddr(ip[0]), 32, 64))
+	}
+	return clientLoops(pace, len(polite), len(flooders), func(ctx context.Context, ip int, r *recorder) error {
+		res, err := l.Allow(ctx, keys[ip])
+		if res.Allowed {
+			r.marks++
+		}
+		return err
+	})
+}
+
+// pingLoops sends PING through rueidis, as many at once and as often as
+// the HTTP clients send requests: the Redis round trip in the same
+// conditions.
+func pingLoops(c rueidis.Client, pace time.Duration) []loop {
+	return clientLoops(pace, 1, 1, func(ctx context.Context, _ int, _ *recorder) error {
+		return c.Do(ctx, c.B().Ping().Build()).Error()
+	})
+}
+
+// runHTTPLoad measures the bare handler, the middleware and the Redis round
+// trip in interleaved rounds and reports each one's median round.
+func runHTTPLoad(ctx context.Context, b *bench, name string, pace time.Duration) *httpLoad {
+	load := "as fast as they get answers"
+	if pace > 0 {
+		load = fmt.Sprintf("each one request every %s (%.0f req/s in all)", pace, float64(httpClients)/pace.Seconds())
+	}
+	res := &httpLoad{Name: name, Title: fmt.Sprintf("%s: %d keep-alive clients %s, for %d IPv4 addresses and %d IPv6 /64s "+
+		"(1 request in %d from %d flooders), GCRA %d/s per client IP, X-Forwarded-For from a trusted loopback proxy",
+		name, httpClients, load, httpIPv4, httpIPv6, httpFloodEach, httpFlooders, httpRate)}
+	bare := httptest.NewServer(http.HandlerFunc(okHandler))
+	defer bare.Close()
+	mw, err := openMiddlewareServer(ctx, b.srv, b.ns+"http:")
+	if err != nil {
+		res.Runs = append(res.Runs, httpRun{Impl: "sluice middleware", Err: err.Error()})
+		return res
+	}
+	defer mw.close()
+	ping, err := b.srv.rueidis()
+	if err != nil {
+		res.Runs = append(res.Runs, httpRun{Impl: "redis PING", Err: err.Error()})
+		return res
+	}
+	defer ping.Close()
+
+	transport := &http.Transport{MaxIdleConnsPerHost: httpClients, MaxConnsPerHost: httpClients, DisableCompression: true}
+	defer transport.CloseIdleConnections()
+	hc := &http.Client{Transport: transport, Timeout: 10 * time.Second}
+	type entry struct {
+		run      httpRun
+		loops    func() []loop
+		target   *httpTarget
+		samples  []sample
+		scripts  []int64
+		errCount []int64
+	}
+	entries := []*entry{
+		{run: httpRun{Impl: "bare handler"}, loops: func() []loop { return httpLoops(hc, bare.URL, pace) }},
+		{run: httpRun{Impl: mw.name}, loops: func() []loop { return httpLoops(hc, mw.url, pace) }, target: mw},
+		{run: httpRun{Impl: "redis PING (rueidis)"}, loops: func() []loop { return pingLoops(ping, pace) }},
+		{run: httpRun{Impl: "sluice Allow, no HTTP"}, loops: func() []loop { return allowLoopsFor(mw.limiter, pace) }},
+	}
+	if b.warmup > 0 {
+		for _, e := range entries {
+			b.prog.show(name, e.run.Impl, "warm-up")
+			measure(ctx, b.warmup, e.loops())
+		}
+	}
+	for r := range b.rounds {
+		for k := range entries {
+			e := entries[(k+r)%len(entries)]
+			if ctx.Err() != nil {
+				break
+			}
+			b.prog.show(name, e.run.Impl, fmt.Sprintf("round %d/%d", r+1, b.rounds))
+			var s0, e0 int64
+			if e.target != nil {
+				s0, e0 = e.target.scripts.Load(), e.target.errs.Load()
+			}
+			s := measure(ctx, b.duration, e.loops())
+			e.samples = append(e.samples, s)
+			if e.target != nil {
+				e.scripts = append(e.scripts, e.target.scripts.Load()-s0)
+				e.errCount = append(e.errCount, e.target.errs.Load()-e0)
+			}
+		}
+	}
+	for _, e := range entries {
+		if len(e.samples) == 0 {
+			e.run.Err = "not measured"
+			res.Runs = append(res.Runs, e.run)
+			continue
+		}
+		for _, s := range e.samples {
+			e.run.RoundsOpsPS = append(e.run.RoundsOpsPS, s.opsPerSec())
+			e.run.RoundsP50 = append(e.run.RoundsP50, float64(s.lat.quantile(0.5)))
+		}
+		m := median(e.samples, byP50)
+		i := 0
+		for j := range e.samples {
+			if &e.samples[j] == m {
+				i = j
+			}
+		}
+		e.run.Ops, e.run.Errors, e.run.OpsPerSec = m.ops, m.errs, m.opsPerSec()
+		e.run.P50, e.run.P99 = m.lat.quantile(0.5), m.lat.quantile(0.99)
+		if m.errs > 0 && m.err != nil {
+			e.run.Err = m.err.Error()
+		}
+		if e.target != nil && m.ops+m.errs > 0 {
+			total := float64(m.ops + m.errs)
+			e.run.Allowed = float64(m.marks) / total
+			e.run.ByRedis = float64(e.scripts[i]) / total
+			e.run.RedisErrors = e.errCount[i]
+		}
+		res.Runs = append(res.Runs, e.run)
+	}
+	if len(res.Runs) == 4 && res.Runs[0].Ops > 0 && res.Runs[1].Ops > 0 && res.Runs[2].Ops > 0 {
+		res.AddedP50 = res.Runs[1].P50 - res.Runs[0].P50
+		res.AddedP99 = res.Runs[1].P99 - res.Runs[0].P99
+		res.RTT = res.Runs[2].P50
+		res.Met = res.AddedP50 <= res.RTT+50*time.Microsecond
+	}
+	return res
+}
+
+// spread is the range of a median's rounds as a share of the median:
+// (max-min)/median.
+func spread(xs []float64, mid float64) string {
+	if len(xs) < 2 || mid == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("±%.0f%%", (slices.Max(xs)-slices.Min(xs))/2/mid*100)
+}
+
+// signedLat is latString for a difference that may be negative.
+func signedLat(d time.Duration) string {
+	if d < 0 {
+		return "-" + latString(-d)
+	}
+	return latString(d)
+}
+
+func printHTTPLoad(w io.Writer, h *httpLoad, rounds int) {
+	fmt.Fprintf(w, "\n%s\n", h.Title)
+	fmt.Fprintf(w, "  (%d round(s), median round by p50; spread: half the range of the rounds, as a share of the median)\n", rounds)
+	fmt.Fprintf(w, "  %-34s %10s %7s %9s %9s %7s  %s\n", "impl", "req/s", "spread", "p50", "p99", "spread", "notes")
+	for _, r := range h.Runs {
+		if r.Ops == 0 {
+			fmt.Fprintf(w, "  %-34s %10s %7s %9s %9s %7s  failed: %s\n", r.Impl, "-", "-", "-", "-", "-", r.Err)
+			continue
+		}
+		var notes []string
+		if r.ByRedis > 0 || r.Allowed > 0 {
+			notes = append(notes, fmt.Sprintf("allowed %s; decided by Redis %s, locally (deny cache) %s",
+				percent(r.Allowed), percent(r.ByRedis), percent(max(1-r.ByRedis, 0))))
+		}
+		if r.RedisErrors > 0 {
+			notes = append(notes, fmt.Sprintf("%d Redis errors", r.RedisErrors))
+		}
+		if r.Errors > 0 {
+			notes = append(notes, fmt.Sprintf("%d failed, first: %s", r.Errors, r.Err))
+		}
+		fmt.Fprintf(w, "  %-34s %10s %7s %9s %9s %7s  %s\n", r.Impl, rateString(r.OpsPerSec), spread(r.RoundsOpsPS, r.OpsPerSec),
+			latString(r.P50), latString(r.P99), spread(r.RoundsP50, float64(r.P50)), strings.Join(notes, "; "))
+	}
+	if h.RTT > 0 {
+		verdict := "met"
+		if !h.Met {
+			verdict = "NOT met"
+		}
+		fmt.Fprintf(w, "  added by the middleware per request (its p50/p99 minus the bare handler's): p50 %s, p99 %s\n",
+			signedLat(h.AddedP50), signedLat(h.AddedP99))
+		fmt.Fprintf(w, "  target p50 <= one Redis round trip (%s) + 50µs = %s: %s\n", latString(h.RTT), latString(h.RTT+50*time.Microsecond), verdict)
+	}
+}
+
+// httpLoads are the HTTP load runs: a closed loop for throughput, and a
+// paced one below saturation for latency.
+var httpLoads = []struct {
+	name string
+	pace time.Duration
+}{
+	{"http.load", 0},
+	{"http.paced", 20 * time.Millisecond}, // 64 clients x 50/s = 3,200 req/s
+}
