@@ -19,8 +19,9 @@
 -- another capacity is refused (status -1); when no permit is held, the
 -- caller's capacity applies. A capacity set by SetCapacity (the field
 -- ':set' holds how long it is kept, in ms) applies to every caller whatever
--- capacity it brings, and the hash is kept at least that long after its
--- last write, also when no permit is held. A request for more than the
+-- capacity it brings, and the keys are kept at least that long after the
+-- last grant (the hash also when no permit is held; the expiry set lives as
+-- long as the hash, so that ':used' never outlives the permits it counts). A request for more than the
 -- capacity is refused (status -2). Granting an id that is already held and
 -- live renews it instead of counting it twice, so a retry after a lost
 -- reply is harmless.
@@ -146,8 +147,11 @@ else
 end
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 local at = math.max(tonumber(last[2]), exp)
-local ats = num(at)
-redis.call('PEXPIREAT', KEYS[1], keep and num(math.max(at, now + keep)) or ats)
-redis.call('PEXPIREAT', KEYS[2], ats)
+if keep then
+  at = math.max(at, now + keep) -- both keys: the set capacity's and ':used'
+end
+at = num(at)
+redis.call('PEXPIREAT', KEYS[1], at)
+redis.call('PEXPIREAT', KEYS[2], at)
 wake()
 return {1, used, cap, 0}

@@ -127,9 +127,11 @@ if own and tonumber(own) <= now then
   own = nil
 end
 drop(expired)
-used = math.max(used - freed, 0)
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  used = 0
+if freed > 0 then
+  used = math.max(used - freed, 0)
+  if redis.call('EXISTS', KEYS[2]) == 0 then
+    used = 0
+  end
 end
 
 local cap = tonumber(ARGV[2])
@@ -145,7 +147,7 @@ local extend = mode == 'c' -- a permit was granted or renewed: set expiries
 -- Write back ':used' and the capacity, and, if extend, set both keys'
 -- expiry.
 local function save()
-  if used <= 0 or redis.call('EXISTS', KEYS[2]) == 0 then
+  if used <= 0 or (freed > 0 and redis.call('EXISTS', KEYS[2]) == 0) then
     used = 0
     redis.call('DEL', KEYS[1], KEYS[2])
     if keep then
@@ -163,8 +165,12 @@ local function save()
   end
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
   local at = tonumber(last[2])
-  redis.call('PEXPIREAT', KEYS[1], num(keep and math.max(at, now + keep) or at))
-  redis.call('PEXPIREAT', KEYS[2], num(at))
+  if keep then
+    at = math.max(at, now + keep) -- ':used' must not outlive the permits
+  end
+  at = num(at)
+  redis.call('PEXPIREAT', KEYS[1], at)
+  redis.call('PEXPIREAT', KEYS[2], at)
 end
 
 -- How long until the earliest permit expires (-1: none held).
@@ -281,7 +287,9 @@ if used + n <= stored and redis.call('EXISTS', KEYS[4]) == 0 then
   redis.call('HSET', KEYS[1], id, num(n))
   redis.call('ZADD', KEYS[2], num(exp), id)
   dirty, extend = true, true
-  pass(nil, freed > 0)
+  if freed > 0 and stored > used then
+    publish(num(stored - used))
+  end
   return finish(1)
 end
 if not redis.call('ZSCORE', KEYS[4], id) then

@@ -2,8 +2,8 @@
 --
 -- Layout as in semaphore_acquire. A permit that is gone or already expired
 -- is not brought back: its capacity may have been counted as free already.
--- Both keys' expiry follows the latest permit expiry; the hash lives at
--- least ':set' ms more if SetCapacity set the capacity.
+-- Both keys' expiry follows the latest permit expiry, or ':set' ms from
+-- now if SetCapacity set the capacity and that is later.
 --
 -- KEYS[1]  permits hash
 -- KEYS[2]  expiry sorted set
@@ -28,6 +28,10 @@ redis.call('ZADD', KEYS[2], string.format('%.0f', exp), ARGV[1])
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 local at = math.max(tonumber(last[2]), exp)
 local keep = tonumber(h[2])
-redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', keep and math.max(at, now + keep) or at))
-redis.call('PEXPIREAT', KEYS[2], string.format('%.0f', at))
+if keep then
+  at = math.max(at, now + keep)
+end
+at = string.format('%.0f', at)
+redis.call('PEXPIREAT', KEYS[1], at)
+redis.call('PEXPIREAT', KEYS[2], at)
 return 1

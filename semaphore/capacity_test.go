@@ -125,3 +125,23 @@ func TestSetCapacityOverridesConfigured(t *testing.T) {
 	// Once it is gone, the configured capacities apply again.
 	wantAvailable(t, five, 5)
 }
+
+// TestSetCapacityExpiredPermitsReclaimed: with a set capacity the hash
+// outlives the permits; permits that expire without a release (their
+// holder died) must still be counted free, not stay in ':used' after the
+// keys that list them expired.
+func TestSetCapacityExpiredPermitsReclaimed(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, []string{redistest.Single(t).Addr()}, semaphore.Options{Lease: 50 * time.Millisecond})
+	s := e.sem(t, uniqueName(t), 2)
+	if err := s.SetCapacity(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	acquire(t, s, 2) // never released: expires after 50 ms
+	if !redistest.WaitFor(ctx, signalWait, func() bool {
+		n, err := s.Available(ctx)
+		return err == nil && n == 3
+	}) {
+		t.Fatalf("Available = %d long after the only permit expired, want 3", available(t, s))
+	}
+}
