@@ -108,7 +108,9 @@ if mode == 'r' then
     if own and tonumber(own) > now then
       held = 1
     end
-    drop({id})
+    freed = tonumber(h[4])
+    redis.call('HDEL', KEYS[1], id)
+    redis.call('ZREM', KEYS[2], id)
   else
     dequeue(id) -- a held permit is never queued
   end
@@ -129,8 +131,8 @@ end
 drop(expired)
 if freed > 0 then
   used = math.max(used - freed, 0)
-  if redis.call('EXISTS', KEYS[2]) == 0 then
-    used = 0
+  if used > 0 and redis.call('EXISTS', KEYS[2]) == 0 then
+    used = 0 -- nothing left to count
   end
 end
 
@@ -147,7 +149,7 @@ local extend = mode == 'c' -- a permit was granted or renewed: set expiries
 -- Write back ':used' and the capacity, and, if extend, set both keys'
 -- expiry.
 local function save()
-  if used <= 0 or (freed > 0 and redis.call('EXISTS', KEYS[2]) == 0) then
+  if used <= 0 then
     used = 0
     redis.call('DEL', KEYS[1], KEYS[2])
     if keep then
