@@ -341,3 +341,40 @@ func TestCloseReportsBatchedLeases(t *testing.T) {
 		}
 	}
 }
+
+// TestStopWhileWaiting: a batch formed while the group's requests were at
+// their bound, whose leases all stopped before its turn, is never sent.
+func TestStopWhileWaiting(t *testing.T) {
+	k := NewKeeper()
+	defer k.Close()
+	f := newFakeGroup()
+	g := k.NewGroup(f.renew)
+	leases, losts := addDue(k, g, "l", (groupCalls+1)*MaxBatch, dueSoon())
+	defer stopAll(leases)
+	held := make([]*batchCall, groupCalls)
+	inFlight := make(map[any]bool)
+	for i := range held {
+		held[i] = f.next(t)
+		for _, it := range held[i].items {
+			inFlight[it] = true
+		}
+	}
+	// The rest wait in one batch: stop them all.
+	for i, l := range leases {
+		if !inFlight[fmt.Sprint("l", i)] {
+			l.Stop()
+		}
+	}
+	for _, c := range held {
+		c.answer(nil, nil)
+	}
+	extra, extraLost := addDue(k, g, "extra", 1, dueSoon())
+	defer stopAll(extra)
+	c := f.next(t)
+	if len(c.items) != 1 || c.items[0] != "extra0" {
+		t.Fatalf("request after the bound renews %d leases (first %v), want only extra0: stopped leases were sent", len(c.items), c.items[0])
+	}
+	c.answer(nil, nil)
+	checkNotLost(t, losts)
+	checkNotLost(t, extraLost)
+}
