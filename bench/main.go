@@ -49,7 +49,7 @@ func main() {
 	flag.StringVar(&c.json, "json", "", "also write the results as JSON to this `file`")
 	flag.IntVar(&c.rounds, "rounds", 0, "rounds per workload; the median is reported (default 5, 1 with -quick)")
 	flag.DurationVar(&c.duration, "duration", 0, "length of one measurement (default 300ms, 150ms with -quick)")
-	flag.StringVar(&c.run, "run", "", "only run workloads whose name matches this `regexp` (e.g. lock, ratelimit.flood, ceiling)")
+	flag.StringVar(&c.run, "run", "", "only run workloads whose name matches this `regexp` (e.g. lock, ratelimit.flood, ceiling, http)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), `bench runs every sluice primitive end to end and measures it.
 
@@ -183,6 +183,7 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 	if n := policyRatio(rep.Results); n != "" {
 		rep.Notes = append(rep.Notes, n)
 	}
+	rep.Notes = append(rep.Notes, httpNotes(rep.HTTP, rep.Attack)...)
 	fmt.Fprintln(out)
 	for _, n := range rep.Notes {
 		fmt.Fprintln(out, "note:", n)
