@@ -113,8 +113,8 @@
 // dead and skipped. A grant's lease ends when the waiter's entry would
 // have, so a waiter that died at the head of the queue blocks its permits
 // for at most its entry's lease. An Acquire whose ctx ends leaves the queue
-// at once and gives back a grant that reached it meanwhile (after Close,
-// its entry is left to expire). With ReplicaAcks, a grant learned by message is
+// at once and gives back a grant that reached it meanwhile, and so does one
+// that Close ends. With ReplicaAcks, a grant learned by message is
 // confirmed through WAIT like any other before Acquire returns. Unfair
 // Acquires ignore the queue, so all processes using a name should use the
 // same mode.
@@ -353,14 +353,16 @@ func (m *Manager) Close() {
 	m.bg.Wait()
 }
 
-// leave takes a fair waiter that gives up out of the queue, in the
-// background so that Acquire returns as soon as its context ends, and gives
-// back a grant that reached it meanwhile. After Close the entry is left to
-// expire.
+// leave takes a fair waiter that gives up out of the queue, and gives back
+// a grant that reached it meanwhile: in the background, so that Acquire
+// returns as soon as its context ends, or, once Close has stopped waiting
+// for the background, before Acquire returns ErrClosed. Left in the queue,
+// the entry would be granted permits nobody takes for a lease.
 func (m *Manager) leave(s *Semaphore, id string) {
 	m.bgMu.Lock()
 	if m.bgClosed {
 		m.bgMu.Unlock()
+		s.cleanup(context.Background(), id)
 		return
 	}
 	m.bg.Add(1)

@@ -485,9 +485,18 @@ func TestReclaimManyExpired(t *testing.T) {
 }
 
 func TestClose(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unfair", true: "fair"}[fair], func(t *testing.T) { testClose(t, fair) })
+	}
+}
+
+// testClose: Close ends a waiting Acquire and reports held permits lost; a
+// fair waiter it ends leaves the queue, so the permits released afterwards
+// are free, not granted to it.
+func testClose(t *testing.T, fair bool) {
 	addrs := []string{redistest.Single(t).Addr()}
-	other := newEnv(t, addrs, semaphore.Options{})
-	e := newEnv(t, addrs, semaphore.Options{})
+	other := newEnv(t, addrs, semaphore.Options{Fair: fair})
+	e := newEnv(t, addrs, semaphore.Options{Fair: fair})
 	name := uniqueName(t)
 	s := e.sem(t, name, 2)
 	held := acquire(t, s, 1)
@@ -500,6 +509,9 @@ func TestClose(t *testing.T) {
 		_, err := s.Acquire(ctx, 2)
 		done <- err
 	}()
+	if fair {
+		e.waitQueued(t, name, 1)
+	}
 	e.mgr.Close()
 	select {
 	case err := <-done:
