@@ -609,7 +609,11 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (
 		return r, err
 	}
 	var late func(rueidis.RedisResult)
-	if n > 0 {
+	switch {
+	case n > 0 && mode == "":
+		// mode is not captured: the closure is allocated on every call.
+		late = func(r rueidis.RedisResult) { s.releaseLate(r, id, "") }
+	case n > 0:
 		late = func(r rueidis.RedisResult) { s.releaseLate(r, id, mode) }
 	}
 	return s.parse(script.ExecOrLate(ctx, keys, args, late))
