@@ -468,7 +468,9 @@ func httpNotes(loads []httpLoad, a *attack) []string {
 				"at the HTTP clients' concurrency and pace, in the same interleaved rounds",
 			"http.*: the added latency is the middleware's p50 (p99) minus the bare handler's, a difference of "+
 				"quantiles; in http.load the clients saturate the machine, so latency there is mostly queueing for CPU "+
-				"(load generator, server and Redis share it) and the target is judged on http.paced")
+				"(load generator, server and Redis share it) and the target is judged on http.paced",
+			"http.* and ratelimit.policies have no peer rows: no peer library ships an HTTP middleware on "+
+				"this path or several limits in one decision")
 	}
 	if a != nil {
 		ns = append(ns, "http.attack: Redis is slowed by a TCP proxy in this process that holds back every chunk "+
