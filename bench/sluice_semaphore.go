@@ -7,23 +7,30 @@ import (
 )
 
 // sluice's semaphore: one Manager per instance, default options (watchdog
-// lease, pub/sub wake-ups).
+// lease, pub/sub wake-ups), and the same with Options.Fair (a queue in
+// Redis, releases grant permits straight to its waiters).
 func init() {
-	semaphoreImpls = append(semaphoreImpls, impl[semaphores]{
-		name: "sluice", kind: ours,
-		open: func(ctx context.Context, s *server, _ rate) (semaphores, func(), error) {
-			sc, client, err := openCache(ctx, s)
-			if err != nil {
-				return nil, nil, err
-			}
-			mgr, err := sluicesem.NewManager(sc, sluicesem.Options{Prefix: "sluice-bench:sem:"})
-			if err != nil {
-				client.Close()
-				return nil, nil, err
-			}
-			return sluiceSemaphores{mgr}, func() { mgr.Close(); client.Close() }, nil
-		},
-	})
+	for _, fair := range []bool{false, true} {
+		name := "sluice"
+		if fair {
+			name = "sluice fair"
+		}
+		semaphoreImpls = append(semaphoreImpls, impl[semaphores]{
+			name: name, kind: ours,
+			open: func(ctx context.Context, s *server, _ rate) (semaphores, func(), error) {
+				sc, client, err := openCache(ctx, s)
+				if err != nil {
+					return nil, nil, err
+				}
+				mgr, err := sluicesem.NewManager(sc, sluicesem.Options{Prefix: "sluice-bench:sem:", Fair: fair})
+				if err != nil {
+					client.Close()
+					return nil, nil, err
+				}
+				return sluiceSemaphores{mgr}, func() { mgr.Close(); client.Close() }, nil
+			},
+		})
+	}
 }
 
 type sluiceSemaphores struct{ m *sluicesem.Manager }
