@@ -907,13 +907,14 @@ func (p *Permit) Release(ctx context.Context) error {
 	if held < 0 {
 		return fmt.Errorf("semaphore: release %q: unexpected reply", p.s.name)
 	}
-	p.released = true
-	if lostErr != nil {
-		return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
+	if lostErr == nil {
+		// Redis says it is gone before the watchdog noticed. Recorded
+		// before the permit counts as released, which loseLocked ignores.
+		p.loseLocked(fmt.Errorf("%w: %q: found not held at release", ErrLost, p.s.name))
+		lostErr = p.err
 	}
-	// Redis says it is gone before the watchdog noticed.
-	p.loseLocked(fmt.Errorf("%w: %q: found not held at release", ErrLost, p.s.name))
-	return fmt.Errorf("%w: %w", ErrNotHeld, p.err)
+	p.released = true
+	return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
 }
 
 // renew is the watchdog's renewal of this permit.

@@ -426,6 +426,35 @@ func TestLossReported(t *testing.T) {
 	})
 }
 
+// TestReleaseFindsPermitGone: the permit is deleted behind the holder's
+// back and Release comes before the watchdog notices. Release must say the
+// permit was lost (ErrNotHeld wrapping ErrLost), and Lost must close.
+func TestReleaseFindsPermitGone(t *testing.T) {
+	forTargets(t, func(t *testing.T, addrs []string) {
+		e := newEnv(t, addrs, semaphore.Options{}) // 30 s lease: no renewal before the Release
+		name := uniqueName(t)
+		s := e.sem(t, name, 2)
+		p := acquire(t, s, 1)
+		for _, k := range []string{keyspace.Key(e.prefix, name, ""), keyspace.Key(e.prefix, name, ":e")} {
+			if err := e.client.Do(context.Background(), e.client.B().Del().Key(k).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err := p.Release(context.Background())
+		if !errors.Is(err, semaphore.ErrNotHeld) || !errors.Is(err, semaphore.ErrLost) {
+			t.Fatalf("Release of a deleted permit = %v, want ErrNotHeld wrapping ErrLost", err)
+		}
+		select {
+		case <-p.Lost():
+		default:
+			t.Fatal("Lost not closed after Release found the permit gone")
+		}
+		if !errors.Is(p.Err(), semaphore.ErrLost) {
+			t.Fatalf("Err = %v, want ErrLost", p.Err())
+		}
+	})
+}
+
 func TestCapacityMismatch(t *testing.T) {
 	forTargets(t, func(t *testing.T, addrs []string) {
 		e := newEnv(t, addrs, semaphore.Options{})
