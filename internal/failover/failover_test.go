@@ -143,6 +143,14 @@ func TestFailoverWithLaggingReplica(t *testing.T) {
 			if _, err := p.primary.Do("CLIENT", "KILL", "TYPE", "replica"); err != nil {
 				t.Fatal(err)
 			}
+			// CLIENT KILL closes the link asynchronously: go on only once
+			// the primary no longer counts the replica.
+			if !redistest.WaitFor(ctx, 10*time.Second, func() bool {
+				info, _ := p.primary.Do("INFO", "replication")
+				return strings.Contains(info, "connected_slaves:0")
+			}) {
+				t.Fatal("the primary still counts the replica after CLIENT KILL")
+			}
 			refused := 0
 			for i := range 10 {
 				err := lock("during:" + strconv.Itoa(i))
@@ -255,6 +263,14 @@ func TestSemaphoreFailoverWithLaggingReplica(t *testing.T) {
 			}
 			if _, err := p.primary.Do("CLIENT", "KILL", "TYPE", "replica"); err != nil {
 				t.Fatal(err)
+			}
+			// CLIENT KILL closes the link asynchronously: go on only once
+			// the primary no longer counts the replica.
+			if !redistest.WaitFor(ctx, 10*time.Second, func() bool {
+				info, _ := p.primary.Do("INFO", "replication")
+				return strings.Contains(info, "connected_slaves:0")
+			}) {
+				t.Fatal("the primary still counts the replica after CLIENT KILL")
 			}
 			refused := 0
 			for range 5 {

@@ -157,9 +157,53 @@ func (s *Server) Restart() error {
 	return err
 }
 
-// Pause stops the process with SIGSTOP; Resume continues it.
-func (s *Server) Pause() error  { return s.signal(syscall.SIGSTOP) }
+// Pause stops the process with SIGSTOP and returns once every thread of it
+// is seen stopped: the signal is delivered asynchronously, and on a loaded
+// machine the server could otherwise still run (serve, replicate) for a
+// while after Pause returned. Resume continues it.
+func (s *Server) Pause() error {
+	if err := s.signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	pid := s.cmd.Process.Pid
+	s.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for !allStopped(pid) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redistest: process %d not stopped 10 s after SIGSTOP", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil
+}
+
 func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
+
+// allStopped reports whether every thread of pid is in state T (stopped),
+// from /proc. Where /proc cannot be read it reports true: nothing better
+// can be known.
+func allStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return true
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			continue // the thread has gone
+		}
+		// "tid (comm) S ...": the state follows the last ')'.
+		i := strings.LastIndexByte(string(stat), ')')
+		if i < 0 || i+2 >= len(stat) {
+			continue
+		}
+		if state := stat[i+2]; state != 'T' && state != 't' {
+			return false
+		}
+	}
+	return true
+}
 
 func (s *Server) signal(sig syscall.Signal) error {
 	s.mu.Lock()
