@@ -240,18 +240,20 @@ func TestFairDeadWaiterAtHead(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := newMutex(t, newLocker(t, deadClient, mutex.Options{Fair: true, WatchdogLease: lease}), name)
+	live := newMutex(t, newLocker(t, client, mutex.Options{Fair: true, WatchdogLease: lease}), name)
 	dctx, dcancel := context.WithCancel(ctx)
 	deadDone := make(chan struct{})
 	go func() { defer close(deadDone); dead.Lock(dctx) }()
 	waitQueued(t, client, name, 1)
+	got := make(chan error, 1)
+	go func() { got <- live.Lock(ctx) }()
+	// Both queue while the first is alive (its entry dies a lease after
+	// its last refresh, so queueing the second after the kill could find
+	// it gone already on a loaded machine).
+	waitQueued(t, client, name, 2)
 	deadClient.Close() // from now on nothing it sends reaches Redis
 	dcancel()
 	<-deadDone
-
-	live := newMutex(t, newLocker(t, client, mutex.Options{Fair: true, WatchdogLease: lease}), name)
-	got := make(chan error, 1)
-	go func() { got <- live.Lock(ctx) }()
-	waitQueued(t, client, name, 2)
 	start := time.Now()
 	if err := holder.Unlock(ctx); err != nil {
 		t.Fatal(err)
