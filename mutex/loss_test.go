@@ -113,7 +113,9 @@ func TestUnlockAfterLossGivesBackOrphan(t *testing.T) {
 func TestTakeoverWithSameOwner(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Client(t, redistest.Single(t).Addr())
-	opts := mutex.Options{WatchdogLease: 300 * time.Millisecond}
+	// Renewals every 200 ms find the takeover soon; each has 340 ms to
+	// come back, so the new holder keeps its lock on a loaded machine.
+	opts := mutex.Options{WatchdogLease: 600 * time.Millisecond}
 	oldProc, newProc := newLocker(t, client, opts), newLocker(t, client, opts)
 	a := newMutex(t, oldProc, "takeover:"+t.Name(), mutex.WithOwner("worker-7"))
 	b := newMutex(t, newProc, "takeover:"+t.Name(), mutex.WithOwner("worker-7"))
