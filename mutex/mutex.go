@@ -471,7 +471,7 @@ func (m *Mutex) Lock(ctx context.Context) error {
 	var id string
 	res, err := m.attempt(ctx, &id, false)
 	if res.ok || err != nil {
-		return m.ctxErr(ctx, err)
+		return ctxErr(ctx, m.name, err)
 	}
 	queued := res.queued
 	w, err := m.l.hub.SubscribeID(m.keys[1], 1, id)
@@ -489,7 +489,7 @@ func (m *Mutex) Lock(ctx context.Context) error {
 		}
 	}()
 	if err := w.Ready(ctx, m.waitFor(res.wait)); err != nil {
-		return m.waitErr(ctx, err)
+		return waitErr(ctx, m.name, err)
 	}
 	for {
 		if res, err = m.attempt(ctx, &id, false); res.ok {
@@ -502,11 +502,11 @@ func (m *Mutex) Lock(ctx context.Context) error {
 			return nil
 		}
 		if err != nil {
-			return m.ctxErr(ctx, err)
+			return ctxErr(ctx, m.name, err)
 		}
 		queued = queued || res.queued
 		if err := w.Wait(ctx, m.waitFor(res.wait)); err != nil {
-			return m.waitErr(ctx, err)
+			return waitErr(ctx, m.name, err)
 		}
 		if grant, got := w.Granted(); got && m.l.opts.ReplicaAcks == 0 {
 			// The release handed the lock to this waiter directly. (With
@@ -566,37 +566,38 @@ func (m *Mutex) takeGrant(ctx context.Context, id, grant string, sent time.Time)
 	return true, nil
 }
 
-// waitErr is Lock's error when waiting for a release failed: the Locker
-// was closed, ctx ended, or Redis refused the subscription (an ACL without
-// channel permissions), which Lock reports rather than polling at the pace
-// of the holder's lease.
-func (m *Mutex) waitErr(ctx context.Context, err error) error {
+// waitErr is Lock's error on name when waiting for a release failed: the
+// Locker was closed, ctx ended, or Redis refused the subscription (an ACL
+// without channel permissions), which Lock reports rather than polling at
+// the pace of the holder's lease. RWMutex uses it too.
+func waitErr(ctx context.Context, name string, err error) error {
 	switch {
 	case errors.Is(err, notify.ErrClosed):
 		return ErrClosed
 	case ctx.Err() != nil:
-		return m.notObtained(err)
+		return notObtained(name, err)
 	}
-	return fmt.Errorf("mutex: lock %q: %w", m.name, err)
+	return fmt.Errorf("mutex: lock %q: %w", name, err)
 }
 
-func (m *Mutex) notObtained(cause error) error {
-	return fmt.Errorf("%w: %q: %w", ErrNotObtained, m.name, cause)
+func notObtained(name string, cause error) error {
+	return fmt.Errorf("%w: %q: %w", ErrNotObtained, name, cause)
 }
 
-// ctxErr turns a failed call into ErrNotObtained when it failed because ctx
-// ended, so callers see one error for "gave up waiting" however it happened.
-func (m *Mutex) ctxErr(ctx context.Context, err error) error {
+// ctxErr turns a failed call on name into ErrNotObtained when it failed
+// because ctx ended, so callers see one error for "gave up waiting" however
+// it happened.
+func ctxErr(ctx context.Context, name string, err error) error {
 	if err == nil {
 		return nil
 	}
 	if cerr := ctx.Err(); cerr != nil {
-		return m.notObtained(cerr)
+		return notObtained(name, cerr)
 	}
 	// rueidis may see the deadline pass before the context's own timer
 	// has fired.
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return m.notObtained(err)
+		return notObtained(name, err)
 	}
 	return err
 }
@@ -608,7 +609,7 @@ func (m *Mutex) TryLock(ctx context.Context) error {
 	var id string
 	res, err := m.attempt(ctx, &id, true)
 	if res.ok || err != nil {
-		return m.ctxErr(ctx, err)
+		return ctxErr(ctx, m.name, err)
 	}
 	return fmt.Errorf("%w: %q is held", ErrNotObtained, m.name)
 }
@@ -794,8 +795,14 @@ func (m *Mutex) foundNotHeld(gen uint64) error {
 // Mutex will not keep (too few replicas, a stale nested hold, a closed
 // Locker). It runs even if ctx has ended. Called with m.op held.
 func (m *Mutex) releaseGrant(ctx context.Context, token int64) {
-	m.argv = [6]string{"u", m.l.pubMode, m.keepMs, m.owner, "1", strconv.FormatInt(token, 10)}
-	m.l.release.Exec(context.WithoutCancel(ctx), m.releaseKeys, m.argv[:])
+	m.unlockCall(context.WithoutCancel(ctx), "1", strconv.FormatInt(token, 10))
+}
+
+// unlockCall runs mutex_release's Unlock mode for the acquisition named by
+// token, with the given hold count (as sent). Called with m.op held.
+func (m *Mutex) unlockCall(ctx context.Context, holds, token string) rueidis.RedisResult {
+	m.argv = [6]string{"u", m.l.pubMode, m.keepMs, m.owner, holds, token}
+	return m.l.release.Exec(ctx, m.releaseKeys, m.argv[:])
 }
 
 // grantedOrUnknown reports whether the reply to a lock attempt shows that
@@ -910,16 +917,14 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	m.mu.Unlock()
 	if holds == 0 {
 		if orphan != "" {
-			m.argv = [6]string{"u", m.l.pubMode, m.keepMs, m.owner, "1", orphan}
-			m.l.release.Exec(ctx, m.releaseKeys, m.argv[:])
+			m.unlockCall(ctx, "1", orphan)
 		}
 		if lostErr != nil {
 			return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
 		}
 		return fmt.Errorf("%w: %q", ErrNotHeld, m.name)
 	}
-	m.argv = [6]string{"u", m.l.pubMode, m.keepMs, m.owner, strconv.FormatInt(holds, 10), tokenArg}
-	left, err := m.l.release.Exec(ctx, m.releaseKeys, m.argv[:]).AsInt64()
+	left, err := m.unlockCall(ctx, strconv.FormatInt(holds, 10), tokenArg).AsInt64()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	pending := m.pending

@@ -19,7 +19,6 @@ import (
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/lease"
-	"github.com/sluicekit/sluice/internal/notify"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
@@ -276,7 +275,7 @@ func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.try(ctx, fals
 func (rw *RWMutex) try(ctx context.Context, write bool) error {
 	ok, _, err := rw.attempt(ctx, write, false)
 	if ok || err != nil {
-		return rw.ctxErr(ctx, err)
+		return ctxErr(ctx, rw.name, err)
 	}
 	return fmt.Errorf("%w: %q (%s) is held", ErrNotObtained, rw.name, kind(write))
 }
@@ -284,7 +283,7 @@ func (rw *RWMutex) try(ctx context.Context, write bool) error {
 func (rw *RWMutex) acquire(ctx context.Context, write bool) (err error) {
 	ok, wait, err := rw.attempt(ctx, write, true)
 	if ok || err != nil {
-		return rw.ctxErr(ctx, err)
+		return ctxErr(ctx, rw.name, err)
 	}
 	if write {
 		// The refusal left a writer-waiting mark; take it back unless this
@@ -311,17 +310,17 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool) (err error) {
 		}
 	}()
 	if err := wt.Ready(ctx, rw.capWait(write, wait)); err != nil {
-		return rw.waitErr(ctx, err)
+		return waitErr(ctx, rw.name, err)
 	}
 	for {
 		if ok, wait, err = rw.attempt(ctx, write, true); ok {
 			return nil
 		}
 		if err != nil {
-			return rw.ctxErr(ctx, err)
+			return ctxErr(ctx, rw.name, err)
 		}
 		if err := wt.Wait(ctx, rw.capWait(write, wait)); err != nil {
-			return rw.waitErr(ctx, err)
+			return waitErr(ctx, rw.name, err)
 		}
 		if rw.l.closed.Load() {
 			return ErrClosed
@@ -336,33 +335,6 @@ func (rw *RWMutex) capWait(write bool, wait time.Duration) time.Duration {
 		return min(wait, rw.mark/3)
 	}
 	return wait
-}
-
-func (rw *RWMutex) waitErr(ctx context.Context, err error) error {
-	switch {
-	case errors.Is(err, notify.ErrClosed):
-		return ErrClosed
-	case ctx.Err() != nil:
-		return rw.notObtained(err)
-	}
-	return fmt.Errorf("mutex: lock %q: %w", rw.name, err)
-}
-
-func (rw *RWMutex) notObtained(cause error) error {
-	return fmt.Errorf("%w: %q: %w", ErrNotObtained, rw.name, cause)
-}
-
-func (rw *RWMutex) ctxErr(ctx context.Context, err error) error {
-	if err == nil {
-		return nil
-	}
-	if cerr := ctx.Err(); cerr != nil {
-		return rw.notObtained(cerr)
-	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return rw.notObtained(err)
-	}
-	return err
 }
 
 // attempt runs the lock or rlock script once. It reports whether the hold
