@@ -232,7 +232,8 @@ func TestNoLossAfterCleanUnlock(t *testing.T) {
 // that the give-back of attempt 1 leaves attempt 2's hold alone.
 func TestStaleAttemptCannotRetag(t *testing.T) {
 	ctx := context.Background()
-	sc, err := scriptcache.New(ctx, redistest.Client(t, redistest.Single(t).Addr()))
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(ctx, client)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +256,7 @@ func TestStaleAttemptCannotRetag(t *testing.T) {
 	if n, _ := release.Exec(ctx, keys.release, []string{"a", "p", "1000", "owner", "n0nce.1", "30000"}).AsInt64(); n != 0 {
 		t.Fatalf("give-back of attempt 1 released %d holds, want 0", n)
 	}
-	vals, _ := sc.Client().Do(ctx, sc.Client().B().Hmget().Key(keys.lock[0]).Field("o", "a").Build()).AsStrSlice()
+	vals, _ := client.Do(ctx, client.B().Hmget().Key(keys.lock[0]).Field("o", "a").Build()).AsStrSlice()
 	if len(vals) != 2 || vals[0] != "owner" || vals[1] != "n0nce.2" {
 		t.Fatalf("hash = %q, want held by attempt 2", vals)
 	}

@@ -129,7 +129,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/redis/rueidis"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/lease"
@@ -230,8 +229,7 @@ type Locker struct {
 	pubMode string // ARGV for the scripts: "s" (SPUBLISH) or "p"
 
 	lock, release, renew *scriptcache.Script
-	renewBatch           *scriptcache.Script
-	client               rueidis.Client
+	renewBatch, info     *scriptcache.Script
 	sc                   *scriptcache.Cache
 
 	hub    *notify.Hub
@@ -257,13 +255,13 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Locker{opts: opts, pubMode: "p", client: sc.Client(), sc: sc}
+	l := &Locker{opts: opts, pubMode: "p", sc: sc}
 	if sc.ShardedPubSub() {
 		l.pubMode = "s"
 	}
 	for name, dst := range map[string]**scriptcache.Script{
 		"mutex_lock": &l.lock, "mutex_release": &l.release, "mutex_renew": &l.renew,
-		"mutex_renew_batch": &l.renewBatch,
+		"mutex_renew_batch": &l.renewBatch, "mutex_info": &l.info,
 	} {
 		if *dst, err = sc.Script(name); err != nil {
 			return nil, fmt.Errorf("mutex: %w", err)
@@ -655,14 +653,14 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 	} else {
 		m.argv[4] = tokenArg
 	}
-	var r []rueidis.RedisMessage
+	var r scriptcache.Array
 	var err error
 	acks := int64(-1) // not asked
 	if m.l.opts.ReplicaAcks > 0 && holds == 0 {
-		var rr rueidis.RedisResult
+		var rr scriptcache.Reply
 		attempt := m.argv[3]
 		rr, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.lockKeys, m.argv[:], int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
-			func(late rueidis.RedisResult, _ int64, _ error) {
+			func(late scriptcache.Reply, _ int64, _ error) {
 				// Whatever the replicas said, nobody waits for this grant.
 				if grantedOrUnknown(late) || m.fair {
 					m.l.giveBack(m, attempt)
@@ -672,8 +670,8 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 			r, err = rr.ToArray()
 		}
 	} else {
-		r, err = m.l.lock.Exec(ctx, m.lockKeys, m.argv[:]).ToArray()
-		if _, isReply := rueidis.IsRedisErr(err); err != nil && holds == 0 && !isReply {
+		rep := m.l.lock.Exec(ctx, m.lockKeys, m.argv[:])
+		if r, err = rep.ToArray(); err != nil && holds == 0 && !rep.ServerError() {
 			// ctx ended before the reply, or the connection failed: the
 			// attempt may run, or have run, and nobody would know of its
 			// grant (or its queue entry). The give-back goes at once; its
@@ -685,11 +683,11 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 	if err != nil {
 		return res, fmt.Errorf("mutex: lock %q: %w", m.name, err)
 	}
-	if len(r) != 3 {
-		return res, fmt.Errorf("mutex: lock %q: unexpected reply of %d values", m.name, len(r))
+	if r.Len() != 3 {
+		return res, fmt.Errorf("mutex: lock %q: unexpected reply of %d values", m.name, r.Len())
 	}
-	got, _ := r[0].AsInt64()
-	n, _ := r[1].AsInt64()
+	got, _ := r.At(0).AsInt64()
+	n, _ := r.At(1).AsInt64()
 	if got < 0 {
 		// A nested Lock whose outer hold is gone (expired, deleted, taken
 		// over): the outer section no longer excludes anyone. Report the
@@ -708,7 +706,7 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 		res.queued = m.fair && !try
 		return res, nil
 	}
-	token, _ := r[2].AsInt64()
+	token, _ := r.At(2).AsInt64()
 	if acks >= 0 && acks < int64(m.l.opts.ReplicaAcks) {
 		// Too few replicas have it: a failover now could hand it to
 		// someone else, so give it back.
@@ -800,23 +798,22 @@ func (m *Mutex) releaseGrant(ctx context.Context, token int64) {
 
 // unlockCall runs mutex_release's Unlock mode for the acquisition named by
 // token, with the given hold count (as sent). Called with m.op held.
-func (m *Mutex) unlockCall(ctx context.Context, holds, token string) rueidis.RedisResult {
+func (m *Mutex) unlockCall(ctx context.Context, holds, token string) scriptcache.Reply {
 	m.argv = [6]string{"u", m.l.pubMode, m.keepMs, m.owner, holds, token}
 	return m.l.release.Exec(ctx, m.releaseKeys, m.argv[:])
 }
 
 // grantedOrUnknown reports whether the reply to a lock attempt shows that
 // it took the lock, or cannot tell (the connection failed).
-func grantedOrUnknown(r rueidis.RedisResult) bool {
+func grantedOrUnknown(r scriptcache.Reply) bool {
 	vals, err := r.ToArray()
 	if err != nil {
-		_, isReply := rueidis.IsRedisErr(err)
-		return !isReply
+		return !r.ServerError()
 	}
-	if len(vals) != 3 {
+	if vals.Len() != 3 {
 		return false
 	}
-	got, _ := vals[0].AsInt64()
+	got, _ := vals.At(0).AsInt64()
 	return got == 1
 }
 
@@ -837,11 +834,11 @@ func (l *Locker) renewLeases(ctx context.Context, items []any, errs []error) err
 	if err != nil {
 		return err
 	}
-	if len(vals) != len(items) {
-		return fmt.Errorf("mutex: renewal of %d locks answered %d", len(items), len(vals))
+	if vals.Len() != len(items) {
+		return fmt.Errorf("mutex: renewal of %d locks answered %d", len(items), vals.Len())
 	}
-	for i, v := range vals {
-		switch ok, err := v.AsInt64(); {
+	for i := range len(items) {
+		switch ok, err := vals.At(i).AsInt64(); {
 		case err != nil:
 			errs[i] = err
 		case ok == 0:
@@ -1017,25 +1014,20 @@ type Info struct {
 // Info reads the lock's state from Redis: whoever holds it, not only this
 // Mutex.
 func (m *Mutex) Info(ctx context.Context) (Info, error) {
-	c := m.l.client
-	res := c.DoMulti(ctx,
-		c.B().Hmget().Key(m.keys[0]).Field("o", "n", "f").Build(),
-		c.B().Pttl().Key(m.keys[0]).Build(),
-		c.B().Zcard().Key(m.keys[3]).Build())
-	vals, err := res[0].ToArray()
+	vals, err := m.l.info.Exec(ctx, []string{m.keys[0], m.keys[3]}, nil).ToArray()
+	if err == nil && vals.Len() != 5 {
+		err = fmt.Errorf("unexpected reply of %d values", vals.Len())
+	}
 	if err != nil {
 		return Info{}, fmt.Errorf("mutex: info %q: %w", m.name, err)
 	}
-	pttl, err := res[1].AsInt64()
-	if err != nil || len(vals) != 3 {
-		return Info{}, fmt.Errorf("mutex: info %q: %w", m.name, err)
-	}
 	var in Info
-	in.Owner, _ = vals[0].ToString()
+	in.Owner, _ = vals.At(0).ToString()
 	in.Held = in.Owner != ""
-	in.Holds, _ = vals[1].AsInt64()
-	in.Token, _ = vals[2].AsInt64()
-	in.Queued, _ = res[2].AsInt64()
+	in.Holds, _ = vals.At(1).AsInt64()
+	in.Token, _ = vals.At(2).AsInt64()
+	pttl, _ := vals.At(3).AsInt64()
+	in.Queued, _ = vals.At(4).AsInt64()
 	if in.Held && pttl > 0 {
 		in.Remain = time.Duration(pttl) * time.Millisecond
 	}

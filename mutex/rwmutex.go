@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/redis/rueidis"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/lease"
@@ -386,13 +385,13 @@ func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Du
 	if write {
 		kindArg = "w"
 	}
-	var r []rueidis.RedisMessage
+	var r scriptcache.Array
 	var err error
 	acks := int64(-1) // not asked
 	if rw.l.opts.ReplicaAcks > 0 && holds == 0 {
-		var res rueidis.RedisResult
+		var res scriptcache.Reply
 		res, acks, err = script.ExecWaitOrLate(ctx, rw.lockKeys, argv, int64(rw.l.opts.ReplicaAcks), rw.l.opts.ReplicaTimeout,
-			func(late rueidis.RedisResult, _ int64, _ error) {
+			func(late scriptcache.Reply, _ int64, _ error) {
 				if grantedOrUnknown(late) {
 					rw.giveBack(attemptID, kindArg)
 				}
@@ -401,8 +400,8 @@ func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Du
 			r, err = res.ToArray()
 		}
 	} else {
-		r, err = script.Exec(ctx, rw.lockKeys, argv).ToArray()
-		if _, isReply := rueidis.IsRedisErr(err); err != nil && holds == 0 && !isReply {
+		rep := script.Exec(ctx, rw.lockKeys, argv)
+		if r, err = rep.ToArray(); err != nil && holds == 0 && !rep.ServerError() {
 			// The outcome is unknown and nobody would know of a grant:
 			// give it back at once (see Mutex, abandoned attempts).
 			rw.giveBack(attemptID, kindArg)
@@ -411,18 +410,18 @@ func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Du
 	if err != nil {
 		return false, 0, fmt.Errorf("mutex: lock %q (%s): %w", rw.name, kind(write), err)
 	}
-	if len(r) != 3 {
-		return false, 0, fmt.Errorf("mutex: lock %q (%s): unexpected reply of %d values", rw.name, kind(write), len(r))
+	if r.Len() != 3 {
+		return false, 0, fmt.Errorf("mutex: lock %q (%s): unexpected reply of %d values", rw.name, kind(write), r.Len())
 	}
-	got, _ := r[0].AsInt64()
-	n, _ := r[1].AsInt64()
+	got, _ := r.At(0).AsInt64()
+	n, _ := r.At(1).AsInt64()
 	if got < 0 {
 		return false, 0, rw.foundNotHeld(write, heldGen)
 	}
 	if got == 0 {
 		return false, max(time.Duration(n)*time.Millisecond, time.Millisecond), nil
 	}
-	token, _ := r[2].AsInt64()
+	token, _ := r.At(2).AsInt64()
 	newID := attemptID
 	if write {
 		newID = strconv.FormatInt(token, 10)
@@ -724,17 +723,17 @@ func (rw *RWMutex) Info(ctx context.Context) (RWInfo, error) {
 	if err != nil {
 		return RWInfo{}, fmt.Errorf("mutex: info %q: %w", rw.name, err)
 	}
-	if len(vals) != 6 {
-		return RWInfo{}, fmt.Errorf("mutex: info %q: unexpected reply of %d values", rw.name, len(vals))
+	if vals.Len() != 6 {
+		return RWInfo{}, fmt.Errorf("mutex: info %q: unexpected reply of %d values", rw.name, vals.Len())
 	}
 	var in RWInfo
-	in.Writer, _ = vals[0].ToString()
-	in.WriteHolds, _ = vals[1].AsInt64()
-	in.Token, _ = vals[2].AsInt64()
-	remain, _ := vals[3].AsInt64()
+	in.Writer, _ = vals.At(0).ToString()
+	in.WriteHolds, _ = vals.At(1).AsInt64()
+	in.Token, _ = vals.At(2).AsInt64()
+	remain, _ := vals.At(3).AsInt64()
 	in.WriteRemain = time.Duration(remain) * time.Millisecond
-	in.Readers, _ = vals[4].AsInt64()
-	mark, _ := vals[5].AsInt64()
+	in.Readers, _ = vals.At(4).AsInt64()
+	mark, _ := vals.At(5).AsInt64()
 	in.WriterWaiting = time.Duration(mark) * time.Millisecond
 	return in, nil
 }
@@ -745,12 +744,14 @@ func (rw *RWMutex) Info(ctx context.Context) (RWInfo, error) {
 // through Lost. A writer-waiting mark stays. Its cost grows with the
 // number of readers.
 func (rw *RWMutex) ForceUnlock(ctx context.Context) (bool, error) {
-	vals, err := rw.s.force.Exec(ctx, rw.forceKeys, []string{rw.l.pubMode, rw.keepMs}).AsIntSlice()
+	vals, err := rw.s.force.Exec(ctx, rw.forceKeys, []string{rw.l.pubMode, rw.keepMs}).ToArray()
+	if err == nil && vals.Len() != 2 {
+		err = fmt.Errorf("unexpected reply of %d values", vals.Len())
+	}
 	if err != nil {
 		return false, fmt.Errorf("mutex: force unlock %q: %w", rw.name, err)
 	}
-	if len(vals) != 2 {
-		return false, fmt.Errorf("mutex: force unlock %q: unexpected reply of %d values", rw.name, len(vals))
-	}
-	return vals[0]+vals[1] > 0, nil
+	w, _ := vals.At(0).AsInt64()
+	r, _ := vals.At(1).AsInt64()
+	return w+r > 0, nil
 }

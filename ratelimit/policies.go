@@ -181,12 +181,12 @@ func (l *Limiter) AllowPolicies(ctx context.Context, key string, n int, ps *Poli
 	if err != nil {
 		return Decision{}, fmt.Errorf("ratelimit: %w", err)
 	}
-	if len(reply) != 1+4*len(ps.capacity) {
-		return Decision{}, fmt.Errorf("%w: %d values", ErrUnexpectedReply, len(reply))
+	if reply.Len() != 1+4*len(ps.capacity) {
+		return Decision{}, fmt.Errorf("%w: %d values", ErrUnexpectedReply, reply.Len())
 	}
 	var v [1 + 4*MaxPolicies]int64 // on the stack
-	for i := range reply {
-		if v[i], err = reply[i].AsInt64(); err != nil {
+	for i := range reply.Len() {
+		if v[i], err = reply.At(i).AsInt64(); err != nil {
 			return Decision{}, fmt.Errorf("%w: %w", ErrUnexpectedReply, err)
 		}
 	}

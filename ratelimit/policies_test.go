@@ -337,7 +337,7 @@ func TestPoliciesKeysStayInPrefix(t *testing.T) {
 				Policy{Name: "b", Algorithm: SlidingWindow, Limit: PerHour(5)},
 				Policy{Name: "c", Limit: PerHour(5)},
 			)
-			c := sc.Client()
+			c := raw(sc)
 			for _, key := range []string{"}", "{", "}{", "a}b", "{x}", "~", "~}", "\x00\r\n*3", "a:m:x", strings.Repeat("}", 1024)} {
 				if d := allowPolicies(t, l, key, 1, ps); !d.Allowed {
 					t.Fatalf("first call for %q denied (%+v): keys collide", key, d)

@@ -226,6 +226,7 @@ type Options struct {
 type Limiter struct {
 	script   *scriptcache.Script
 	multi    *scriptcache.Script // ratelimit_multi
+	reset    *scriptcache.Script // ratelimit_reset
 	sc       *scriptcache.Cache
 	algo     Algorithm
 	limit    Limit
@@ -307,6 +308,9 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 	}
 	name := c.script
 	if l.multi, err = sc.Script("ratelimit_multi"); err != nil {
+		return nil, fmt.Errorf("ratelimit: %w", err)
+	}
+	if l.reset, err = sc.Script("ratelimit_reset"); err != nil {
 		return nil, fmt.Errorf("ratelimit: %w", err)
 	}
 	s, err := sc.Script(name)
@@ -433,12 +437,12 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 	if err != nil {
 		return Result{}, fmt.Errorf("ratelimit: %w", err)
 	}
-	if len(reply) != 3 && len(reply) != 4 {
-		return Result{}, fmt.Errorf("%w: %d values", ErrUnexpectedReply, len(reply))
+	if reply.Len() != 3 && reply.Len() != 4 {
+		return Result{}, fmt.Errorf("%w: %d values", ErrUnexpectedReply, reply.Len())
 	}
 	var v [4]int64
-	for i := range reply {
-		if v[i], err = reply[i].AsInt64(); err != nil {
+	for i := range reply.Len() {
+		if v[i], err = reply.At(i).AsInt64(); err != nil {
 			return Result{}, fmt.Errorf("%w: %w", ErrUnexpectedReply, err)
 		}
 	}
@@ -505,9 +509,8 @@ func (l *Limiter) Reset(ctx context.Context, key string, sets ...*Policies) erro
 		keys = append(keys, keyspace.Key(l.prefix, key, ps.suffix))
 		ids = append(ids, ps.id)
 	}
-	c := l.sc.Client()
 	// One slot: every key carries key's hash tag.
-	err := c.Do(ctx, c.B().Del().Key(keys...).Build()).Error()
+	err := l.reset.Exec(ctx, keys, nil).Error()
 	if l.deny != nil {
 		l.deny.remove(key, ids...)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/scriptcache"
@@ -32,11 +33,23 @@ var algorithms = []Algorithm{FixedWindow, SlidingWindow, GCRA}
 
 func newCache(t testing.TB, addrs ...string) *scriptcache.Cache {
 	t.Helper()
-	sc, err := scriptcache.New(context.Background(), redistest.Client(t, addrs...))
+	client := redistest.Client(t, addrs...)
+	sc, err := scriptcache.New(context.Background(), client)
 	if err != nil {
 		t.Fatalf("scriptcache.New: %v", err)
 	}
+	rawClients.Store(sc, client)
 	return sc
+}
+
+// rawClients holds the rueidis client of each cache newCache made, for
+// tests that look at keys directly.
+var rawClients sync.Map
+
+// raw returns the rueidis client sc runs on.
+func raw(sc *scriptcache.Cache) rueidis.Client {
+	c, _ := rawClients.Load(sc)
+	return c.(rueidis.Client)
 }
 
 // testPrefixes holds the prefix of each running test, by *testing.T.
@@ -240,7 +253,7 @@ func TestKeysStayInPrefix(t *testing.T) {
 					if !strings.HasPrefix(full, l.prefix+"{") {
 						t.Fatalf("key %q outside prefix %q", full, l.prefix)
 					}
-					exists, err := sc.Client().Do(context.Background(), sc.Client().B().Exists().Key(full).Build()).AsInt64()
+					exists, err := raw(sc).Do(context.Background(), raw(sc).B().Exists().Key(full).Build()).AsInt64()
 					if err != nil || exists != 1 {
 						t.Fatalf("EXISTS %q = %d, %v; want 1", full, exists, err)
 					}
@@ -253,7 +266,7 @@ func TestKeysStayInPrefix(t *testing.T) {
 // ttl returns the PTTL of the limiter's key.
 func ttl(t *testing.T, sc *scriptcache.Cache, l *Limiter, key string) time.Duration {
 	t.Helper()
-	c := sc.Client()
+	c := raw(sc)
 	ms, err := c.Do(context.Background(), c.B().Pttl().Key(keyspace.Key(l.prefix, key, l.suffix)).Build()).AsInt64()
 	if err != nil {
 		t.Fatalf("PTTL: %v", err)
@@ -282,7 +295,7 @@ func TestFixedWindowRepairsTTL(t *testing.T) {
 		t.Run(tg.name, func(t *testing.T) {
 			sc := newCache(t, tg.addrs(t)...)
 			l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(100), DisableDenyCache: true})
-			c := sc.Client()
+			c := raw(sc)
 			for _, tc := range []struct {
 				key     string
 				count   string
@@ -355,7 +368,7 @@ func TestSlidingWindowSmoothsBoundary(t *testing.T) {
 	l := newLimiter(t, sc, Options{Algorithm: SlidingWindow, Limit: Limit{Rate: 10, Period: window}, DisableDenyCache: true})
 	// Start early in a window (windows are aligned on the server clock) so
 	// that all ten calls land in it.
-	c := sc.Client()
+	c := raw(sc)
 	if !redistest.WaitFor(context.Background(), 5*time.Second, func() bool {
 		tm, err := c.Do(context.Background(), c.B().Time().Build()).AsStrSlice()
 		if err != nil || len(tm) != 2 {

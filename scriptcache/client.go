@@ -150,6 +150,21 @@ func (r Reply) ToArray() (Array, error) {
 	return Array{m: m}, err
 }
 
+// AsIntSlice returns an array reply of integers as a slice.
+func (r Reply) AsIntSlice() ([]int64, error) {
+	a, err := r.ToArray()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int64, a.Len())
+	for i := range out {
+		if out[i], err = a.At(i).AsInt64(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
 // Array is an array reply. Reading it allocates nothing.
 type Array struct {
 	m     []rueidis.RedisMessage

@@ -16,6 +16,12 @@
 // On a Redis Cluster all keys of one call must hash to one slot; Exec checks
 // that before sending and returns ErrCrossSlot otherwise (the rueidis cluster
 // client would panic).
+//
+// A Cache runs on a Client: New takes a rueidis client, NewFrom any Client,
+// such as the go-redis one of module github.com/sluicekit/sluice/goredis.
+// Every primitive reaches Redis through scripts and one subscription per
+// waited-on name, never through other commands, so the two clients behave
+// the same.
 package scriptcache
 
 import (
@@ -25,12 +31,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"path"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -69,16 +73,25 @@ func WithFS(fsys fs.FS) Option {
 // Cache holds the loaded scripts and what the primitives need to know about
 // the server. It is safe for concurrent use.
 type Cache struct {
-	client  rueidis.Client
+	client  Client
 	cluster bool
 	sharded bool
-	version int // server major version, 0 if unknown
 	scripts map[string]*Script
+	bodies  []string // every script's body, for loadAll
 	loads   singleflight.Group
 }
 
 // New reads the scripts and loads them into every node of client.
 func New(ctx context.Context, client rueidis.Client, opts ...Option) (*Cache, error) {
+	if client == nil {
+		return nil, ErrNilClient
+	}
+	return NewFrom(ctx, rueidisClient{client}, opts...)
+}
+
+// NewFrom is New for any Client, such as the go-redis one of module
+// github.com/sluicekit/sluice/goredis.
+func NewFrom(ctx context.Context, client Client, opts ...Option) (*Cache, error) {
 	if client == nil {
 		return nil, ErrNilClient
 	}
@@ -88,7 +101,7 @@ func New(ctx context.Context, client rueidis.Client, opts ...Option) (*Cache, er
 	}
 	c := &Cache{
 		client:  client,
-		cluster: client.Mode() == rueidis.ClientModeCluster,
+		cluster: client.Cluster(),
 		scripts: make(map[string]*Script),
 	}
 	names, err := fs.Glob(o.fsys, "*.lua")
@@ -107,50 +120,40 @@ func New(ctx context.Context, client rueidis.Client, opts ...Option) (*Cache, er
 		sum := sha1.Sum(body)
 		name := strings.TrimSuffix(path.Base(file), ".lua")
 		c.scripts[name] = &Script{c: c, name: name, body: string(body), sha: hex.EncodeToString(sum[:])}
+		c.bodies = append(c.bodies, string(body))
 	}
 	if err := c.loadAll(ctx); err != nil {
 		return nil, err
 	}
-	c.version = c.serverVersion(ctx)
 	// Sharded pub/sub (Redis 7) keeps a release message on the shard that
 	// owns the key instead of broadcasting it to every node; it only matters,
 	// and is only used, on a cluster.
-	c.sharded = c.cluster && c.version >= 7
+	c.sharded = c.cluster && serverVersion(ctx, client) >= 7
 	return c, nil
 }
 
-// loadAll sends SCRIPT LOAD for every script to every node, pipelined per
-// node.
+// loadAll sends SCRIPT LOAD for every script to every node.
 func (c *Cache) loadAll(ctx context.Context) error {
-	cmds := make(rueidis.Commands, 0, len(c.scripts))
-	for _, node := range c.client.Nodes() {
-		cmds = cmds[:0]
-		for _, s := range c.scripts {
-			cmds = append(cmds, node.B().ScriptLoad().Script(s.body).Build())
-		}
-		for _, r := range node.DoMulti(ctx, cmds...) {
-			if err := r.Error(); err != nil {
-				return fmt.Errorf("scriptcache: script load: %w", err)
-			}
-		}
+	if err := c.client.LoadScripts(ctx, c.bodies...); err != nil {
+		return fmt.Errorf("scriptcache: script load: %w", err)
 	}
 	return nil
 }
 
-// serverVersion reads the major version from INFO server, or 0.
-func (c *Cache) serverVersion(ctx context.Context) int {
-	info, err := c.client.Do(ctx, c.client.B().Info().Section("server").Build()).ToString()
+// versionScript returns the server's version; redis.REDIS_VERSION exists
+// since Redis 7.0, so older servers return "". A script, not INFO, so that
+// Client needs nothing but scripts.
+const versionScript = "return redis.REDIS_VERSION or ''"
+
+// serverVersion returns the server's major version, or 0 if unknown.
+func serverVersion(ctx context.Context, client Client) int {
+	v, err := client.Eval(ctx, "", versionScript, nil, nil).ToString()
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-			major, _, _ := strings.Cut(v, ".")
-			n, _ := strconv.Atoi(major)
-			return n
-		}
-	}
-	return 0
+	major, _, _ := strings.Cut(v, ".")
+	n, _ := strconv.Atoi(major)
+	return n
 }
 
 // Script returns the script loaded from NAME.lua.
@@ -162,8 +165,8 @@ func (c *Cache) Script(name string) (*Script, error) {
 	return s, nil
 }
 
-// Client returns the rueidis client the cache runs scripts on.
-func (c *Cache) Client() rueidis.Client { return c.client }
+// Client returns the client the cache runs scripts on.
+func (c *Cache) Client() Client { return c.client }
 
 // Cluster reports whether the client talks to a Redis Cluster.
 func (c *Cache) Cluster() bool { return c.cluster }
@@ -197,70 +200,13 @@ func (s *Script) SHA1() string { return s.sha }
 // but the script may still run: callers must treat that as an unknown
 // outcome (ExecOrLate lets them undo it).
 //
-// rueidis sees ctx's cancellation but not its deadline. With a deadline it
-// would set a socket deadline and close the connection other callers share
-// when it passed mid-command; without one it queues the call on its
-// pipelining connection and abandons only this call when ctx ends. One
-// weakness remains: rueidis dials a connection lazily, under the context of
-// the call that needs it first, and every call waiting on that dial fails
-// if that context ends. Such a call was never sent, so Exec retries it (up to
-// three times). The handshake of a new connection, though, is bounded by the
-// client's dial timeout (ClientOption.Dialer.Timeout, 5 s by default), not by
-// ctx: a call that must wait for one against a server that accepts
-// connections but does not answer can outlive ctx by that much. Lower the
-// dial timeout where that matters.
-func (s *Script) Exec(ctx context.Context, keys, args []string) rueidis.RedisResult {
+// On the rueidis client, a deadline of ctx does not reach the connection,
+// which other callers share; see New.
+func (s *Script) Exec(ctx context.Context, keys, args []string) Reply {
 	if err := s.c.checkSlots(keys); err != nil {
-		return rueidis.NewErrorResult(err)
+		return ErrorReply(err)
 	}
-	var rctx context.Context
-	var hidden *cancelOnly
-	switch {
-	case ctx == context.Background():
-		rctx = background // no allocation on the commonest path
-	case ctx.Done() == nil:
-		rctx = pipelined{ctx}
-	default:
-		if _, ok := ctx.Deadline(); !ok {
-			rctx = ctx // nothing to hide
-			break
-		}
-		hidden = cancelOnlyPool.Get().(*cancelOnly)
-		hidden.Context = ctx
-		rctx = hidden
-	}
-	r := s.exec(rctx, keys, args)
-	for range 3 {
-		if err := r.Error(); err == nil || ctx.Err() != nil || !neverSent(err) {
-			break
-		}
-		r = s.exec(rctx, keys, args)
-	}
-	if hidden != nil && ctx.Err() == nil {
-		// A call that ended without ctx ending left nothing in rueidis
-		// that still refers to the wrapper; an abandoned one may have, so
-		// its wrapper is not reused.
-		hidden.Context = nil
-		cancelOnlyPool.Put(hidden)
-	}
-	return r
-}
-
-// cancelOnly is ctx without its deadline (see Exec). Exec reuses them: a
-// wrapper costs an allocation per call otherwise.
-type cancelOnly struct{ context.Context }
-
-func (*cancelOnly) Deadline() (time.Time, bool) { return time.Time{}, false }
-
-var cancelOnlyPool = sync.Pool{New: func() any { return new(cancelOnly) }}
-
-// neverSent reports whether err says a call failed before it was sent: the
-// connection it waited for could not be dialled, possibly because another
-// caller's context ended (the caller's own has not).
-func neverSent(err error) bool {
-	var op *net.OpError
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
-		(errors.As(err, &op) && op.Op == "dial")
+	return s.exec(ctx, keys, args)
 }
 
 // ExecOrLate is Exec, and when ctx ends before the reply arrives, it calls
@@ -270,21 +216,21 @@ func neverSent(err error) bool {
 // until its lease ran out. When ctx can be cancelled this costs a goroutine
 // per call, which ends when Redis answers or the client's own timeouts
 // (ConnWriteTimeout) or Close end the call; rueidis itself never sees ctx.
-func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(rueidis.RedisResult)) rueidis.RedisResult {
+func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(Reply)) Reply {
 	done := ctx.Done()
 	if done == nil || late == nil {
 		return s.Exec(ctx, keys, args)
 	}
 	if err := s.c.checkSlots(keys); err != nil {
-		return rueidis.NewErrorResult(err)
+		return ErrorReply(err)
 	}
 	if err := ctx.Err(); err != nil {
-		return rueidis.NewErrorResult(err)
+		return ErrorReply(err)
 	}
-	reply := make(chan rueidis.RedisResult) // unbuffered: the reply goes to the caller or to late, never both
+	reply := make(chan Reply) // unbuffered: the reply goes to the caller or to late, never both
 	abandoned := make(chan struct{})
 	go func() {
-		r := s.exec(pipelined{context.WithoutCancel(ctx)}, keys, args)
+		r := s.exec(context.WithoutCancel(ctx), keys, args)
 		select {
 		case reply <- r:
 		case <-abandoned:
@@ -302,34 +248,15 @@ func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(
 			return r
 		default:
 		}
-		return rueidis.NewErrorResult(ctx.Err())
+		return ErrorReply(ctx.Err())
 	}
 }
 
-// pipelined is a context that is never done but has a Done channel. Given
-// one, rueidis queues the call on its pipelining connection instead of
-// running it in its synchronous mode, which it uses when a call has no Done
-// channel and no other call is in flight. In that mode a second call that
-// starts meanwhile waits for the first one's reply before it is even sent:
-// a watchdog renewal issued while the holder's own Lock or Acquire is in
-// flight then takes two or three round trips instead of one, and on a link
-// whose round trip is a quarter of the lease that is enough for the
-// watchdog to declare a lease lost that the server still holds (found by
-// internal/faulttest's latency scenario).
-type pipelined struct{ context.Context }
-
-var neverDone = make(chan struct{})
-
-// background is pipelined{context.Background()}, made once.
-var background context.Context = pipelined{context.Background()}
-
-func (pipelined) Done() <-chan struct{} { return neverDone }
-
-func (s *Script) exec(ctx context.Context, keys, args []string) rueidis.RedisResult {
+func (s *Script) exec(ctx context.Context, keys, args []string) Reply {
 	client := s.c.client
 	seen := s.loads.Load()
-	r := client.Do(ctx, client.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-	if !isNoScript(r.Error()) {
+	r := client.Eval(ctx, s.sha, "", keys, args)
+	if !isNoScript(r) {
 		return r
 	}
 	// The node forgot the script. Load it everywhere once, however many
@@ -349,14 +276,13 @@ func (s *Script) exec(ctx context.Context, keys, args []string) rueidis.RedisRes
 		})
 	}
 	if err == nil {
-		r = client.Do(ctx, client.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-		if !isNoScript(r.Error()) {
+		if r = client.Eval(ctx, s.sha, "", keys, args); !isNoScript(r) {
 			return r
 		}
 	}
 	// Flushed again in between, or the load failed: EVAL carries the body
 	// and caches it on the node that runs it.
-	return client.Do(ctx, client.B().Eval().Script(s.body).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	return client.Eval(ctx, "", s.body, keys, args)
 }
 
 // ExecWait runs the script and then WAIT replicas timeout on the same
@@ -366,7 +292,7 @@ func (s *Script) exec(ctx context.Context, keys, args []string) rueidis.RedisRes
 //
 // It returns when ctx ends, like Exec, but the script may still run; a
 // caller that must undo a late grant uses ExecWaitOrLate.
-func (s *Script) ExecWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (rueidis.RedisResult, int64, error) {
+func (s *Script) ExecWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
 	return s.ExecWaitOrLate(ctx, keys, args, replicas, timeout, nil)
 }
 
@@ -383,16 +309,16 @@ const WaitSlack = 5 * time.Second
 // connection, which was the call's own, has been closed, so nothing sent on
 // it can still run.
 //
-// WAIT blocks its connection, so rueidis sends the pair on a dedicated
-// connection; unlike Exec, the call can carry a deadline without harming
-// other callers. It costs a goroutine while in flight when ctx can be
-// cancelled.
-func (s *Script) ExecWaitOrLate(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration, late func(r rueidis.RedisResult, acks int64, err error)) (rueidis.RedisResult, int64, error) {
+// WAIT blocks its connection, so the pair goes on a connection of its own
+// (Client.EvalWait); unlike Exec, the call can carry a deadline without
+// harming other callers. It costs a goroutine while in flight when ctx can
+// be cancelled.
+func (s *Script) ExecWaitOrLate(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration, late func(r Reply, acks int64, err error)) (Reply, int64, error) {
 	if err := s.c.checkSlots(keys); err != nil {
-		return rueidis.NewErrorResult(err), 0, err
+		return ErrorReply(err), 0, err
 	}
 	if err := ctx.Err(); err != nil {
-		return rueidis.NewErrorResult(err), 0, err
+		return ErrorReply(err), 0, err
 	}
 	// The call's own bound: WAIT's timeout plus slack, whatever ctx says.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout+WaitSlack)
@@ -402,7 +328,7 @@ func (s *Script) ExecWaitOrLate(ctx context.Context, keys, args []string, replic
 		return s.execWait(cctx, keys, args, replicas, timeout)
 	}
 	type reply struct {
-		r    rueidis.RedisResult
+		r    Reply
 		acks int64
 		err  error
 	}
@@ -431,46 +357,27 @@ func (s *Script) ExecWaitOrLate(ctx context.Context, keys, args []string, replic
 		default:
 		}
 		err := ctx.Err()
-		return rueidis.NewErrorResult(err), 0, err
+		return ErrorReply(err), 0, err
 	}
 }
 
-func (s *Script) execWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (rueidis.RedisResult, int64, error) {
+func (s *Script) execWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
 	client := s.c.client
-	wait := func(script rueidis.Completed) (rueidis.RedisResult, int64, error) {
-		// On a cluster a keyless command goes to the node of the keyed
-		// one.
-		res := client.DoMulti(ctx, script, client.B().Wait().Numreplicas(replicas).Timeout(max(timeout.Milliseconds(), 1)).Build())
-		if err := res[0].Error(); err != nil {
-			return res[0], 0, err
-		}
-		acks, err := res[1].AsInt64()
-		if err != nil {
-			return res[0], 0, fmt.Errorf("scriptcache: wait: %w", err)
-		}
-		return res[0], acks, nil
-	}
-	r, acks, err := wait(client.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-	if !isNoScript(r.Error()) {
+	r, acks, err := client.EvalWait(ctx, s.sha, "", keys, args, replicas, timeout)
+	if !isNoScript(r) {
 		return r, acks, err
 	}
 	if s.load(ctx) == nil {
-		if r, acks, err = wait(client.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()); !isNoScript(r.Error()) {
+		if r, acks, err = client.EvalWait(ctx, s.sha, "", keys, args, replicas, timeout); !isNoScript(r) {
 			return r, acks, err
 		}
 	}
-	return wait(client.B().Eval().Script(s.body).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	return client.EvalWait(ctx, "", s.body, keys, args, replicas, timeout)
 }
 
 // load sends SCRIPT LOAD of s to every node.
 func (s *Script) load(ctx context.Context) error {
-	var errs []error
-	for _, node := range s.c.client.Nodes() {
-		if err := node.Do(ctx, node.B().ScriptLoad().Script(s.body).Build()).Error(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return s.c.client.LoadScripts(ctx, s.body)
 }
 
 func (c *Cache) checkSlots(keys []string) error {
@@ -486,10 +393,7 @@ func (c *Cache) checkSlots(keys []string) error {
 	return nil
 }
 
-func isNoScript(err error) bool {
-	if err == nil {
-		return false
-	}
-	re, ok := rueidis.IsRedisErr(err)
-	return ok && re.IsNoScript()
+// isNoScript reports whether r is a NOSCRIPT error reply.
+func isNoScript(r Reply) bool {
+	return r.ServerError() && strings.HasPrefix(r.Error().Error(), "NOSCRIPT")
 }

@@ -230,8 +230,9 @@ func TestRestart(t *testing.T) {
 	// (NOSCRIPT above all) may reach the caller, and once the client has
 	// reconnected every call must succeed.
 	for i := range 30 {
-		got, err := s.Exec(ctx, []string{"a"}, []string{strconv.Itoa(i)}).ToString()
-		if _, isServerErr := rueidis.IsRedisErr(err); isServerErr {
+		r := s.Exec(ctx, []string{"a"}, []string{strconv.Itoa(i)})
+		got, err := r.ToString()
+		if _, isServerErr := rueidis.IsRedisErr(err); isServerErr || r.ServerError() {
 			t.Fatalf("call %d after restart: server error reached the caller: %v", i, err)
 		}
 		if i >= 10 && (err != nil || got != "a"+strconv.Itoa(i)) {
@@ -370,7 +371,7 @@ func TestExecOrLate(t *testing.T) {
 	late := make(chan int64, 1)
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	err = s.ExecOrLate(short, []string{"late"}, nil, func(r rueidis.RedisResult) {
+	err = s.ExecOrLate(short, []string{"late"}, nil, func(r scriptcache.Reply) {
 		n, _ := r.AsInt64()
 		late <- n
 	}).Error()
@@ -408,7 +409,7 @@ func TestExecWaitReturnsWithContext(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, _, err = s.ExecWaitOrLate(short, []string{"wait"}, nil, 0, 100*time.Millisecond, func(r rueidis.RedisResult, _ int64, _ error) {
+	_, _, err = s.ExecWaitOrLate(short, []string{"wait"}, nil, 0, 100*time.Millisecond, func(r scriptcache.Reply, _ int64, _ error) {
 		n, _ := r.AsInt64()
 		late <- n
 	})

@@ -166,7 +166,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/redis/rueidis"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/lease"
@@ -594,7 +593,7 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (
 	}
 	if acks := int64(s.m.opts.ReplicaAcks); acks > 0 && n > 0 {
 		res, got, err := script.ExecWaitOrLate(ctx, keys, args, acks, s.m.opts.ReplicaTimeout,
-			func(r rueidis.RedisResult, _ int64, _ error) { s.releaseLate(r, id, mode) })
+			func(r scriptcache.Reply, _ int64, _ error) { s.releaseLate(r, id, mode) })
 		if err != nil {
 			// If the script ran and only WAIT failed, attempt releases the
 			// grant, as after any failure other than ctx ending.
@@ -608,13 +607,13 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (
 		}
 		return r, err
 	}
-	var late func(rueidis.RedisResult)
+	var late func(scriptcache.Reply)
 	switch {
 	case n > 0 && mode == "":
 		// mode is not captured: the closure is allocated on every call.
-		late = func(r rueidis.RedisResult) { s.releaseLate(r, id, "") }
+		late = func(r scriptcache.Reply) { s.releaseLate(r, id, "") }
 	case n > 0:
-		late = func(r rueidis.RedisResult) { s.releaseLate(r, id, mode) }
+		late = func(r scriptcache.Reply) { s.releaseLate(r, id, mode) }
 	}
 	return s.parse(script.ExecOrLate(ctx, keys, args, late))
 }
@@ -623,9 +622,9 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (
 // releases id unless the reply says nothing was granted (and, in a fair
 // mode, nothing queued either). An unknown outcome (no reply at all) is
 // released too; releasing an id that is not held frees nothing.
-func (s *Semaphore) releaseLate(r rueidis.RedisResult, id, mode string) {
+func (s *Semaphore) releaseLate(r scriptcache.Reply, id, mode string) {
 	if err := r.Error(); err != nil {
-		if _, ok := rueidis.IsRedisErr(err); ok {
+		if r.ServerError() {
 			return // the script failed: nothing granted
 		}
 	} else if got, err := s.parse(r); err == nil && got.status != 1 && (mode == "" || got.status < 0) {
@@ -635,17 +634,17 @@ func (s *Semaphore) releaseLate(r rueidis.RedisResult, id, mode string) {
 }
 
 // parse reads the acquire script's reply.
-func (s *Semaphore) parse(res rueidis.RedisResult) (reply, error) {
+func (s *Semaphore) parse(res scriptcache.Reply) (reply, error) {
 	vs, err := res.ToArray()
 	if err != nil {
 		return reply{}, err
 	}
-	if len(vs) != 4 {
-		return reply{}, fmt.Errorf("unexpected reply of %d values", len(vs))
+	if vs.Len() != 4 {
+		return reply{}, fmt.Errorf("unexpected reply of %d values", vs.Len())
 	}
 	var r reply
 	for i, dst := range []*int64{&r.status, &r.used, &r.capacity, &r.wait} {
-		if *dst, err = vs[i].AsInt64(); err != nil {
+		if *dst, err = vs.At(i).AsInt64(); err != nil {
 			return reply{}, fmt.Errorf("unexpected reply: %w", err)
 		}
 	}
@@ -742,7 +741,7 @@ func (s *Semaphore) cleanup(ctx context.Context, id string) {
 // releaseCall runs the release script for id: on a fair semaphore the
 // queue script, which also takes id out of the queue and grants what it
 // frees to the waiters.
-func (s *Semaphore) releaseCall(ctx context.Context, id string) rueidis.RedisResult {
+func (s *Semaphore) releaseCall(ctx context.Context, id string) scriptcache.Reply {
 	if s.m.opts.Fair {
 		return s.m.queue.Exec(ctx, s.keys, []string{"r", s.capArg, "0", id, "0", s.m.pubMode})
 	}
@@ -784,8 +783,8 @@ func (s *Semaphore) SetCapacity(ctx context.Context, n int64) error {
 	if err != nil {
 		return fmt.Errorf("semaphore: set capacity %q: %w", s.name, err)
 	}
-	if len(vs) != 2 {
-		return fmt.Errorf("semaphore: set capacity %q: unexpected reply of %d values", s.name, len(vs))
+	if vs.Len() != 2 {
+		return fmt.Errorf("semaphore: set capacity %q: unexpected reply of %d values", s.name, vs.Len())
 	}
 	return nil
 }
@@ -807,14 +806,14 @@ func (s *Semaphore) Holders(ctx context.Context) ([]Holder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("semaphore: holders %q: %w", s.name, err)
 	}
-	if len(vs)%3 != 0 {
-		return nil, fmt.Errorf("semaphore: holders %q: unexpected reply of %d values", s.name, len(vs))
+	if vs.Len()%3 != 0 {
+		return nil, fmt.Errorf("semaphore: holders %q: unexpected reply of %d values", s.name, vs.Len())
 	}
-	out := make([]Holder, 0, len(vs)/3)
-	for i := 0; i < len(vs); i += 3 {
-		id, err1 := vs[i].ToString()
-		ws, err2 := vs[i+1].ToString()
-		ms, err3 := vs[i+2].AsInt64()
+	out := make([]Holder, 0, vs.Len()/3)
+	for i := 0; i < vs.Len(); i += 3 {
+		id, err1 := vs.At(i).ToString()
+		ws, err2 := vs.At(i + 1).ToString()
+		ms, err3 := vs.At(i + 2).AsInt64()
 		w, err4 := strconv.ParseInt(ws, 10, 64)
 		if err := errors.Join(err1, err2, err3, err4); err != nil {
 			return nil, fmt.Errorf("semaphore: holders %q: unexpected reply: %w", s.name, err)
@@ -886,8 +885,8 @@ func (p *Permit) Release(ctx context.Context) error {
 	lse.Stop()
 	vs, err := p.s.releaseCall(ctx, p.id).ToArray()
 	held := int64(-1)
-	if err == nil && len(vs) == 2 {
-		held, _ = vs[0].AsInt64()
+	if err == nil && vs.Len() == 2 {
+		held, _ = vs.At(0).AsInt64()
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -49,7 +49,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/rueidis"
+	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // Errors of this package; check them with errors.Is.
@@ -68,7 +68,7 @@ const DefaultLinger = 2 * time.Second
 
 // Hub shares subscriptions between local waiters.
 type Hub struct {
-	client  rueidis.Client
+	client  scriptcache.Client
 	sharded bool
 	linger  time.Duration
 	ctx     context.Context
@@ -96,7 +96,7 @@ type channel struct {
 
 // New returns a hub that subscribes through client; sharded selects
 // SSUBSCRIBE (Redis 7 cluster) over SUBSCRIBE.
-func New(client rueidis.Client, sharded bool) *Hub {
+func New(client scriptcache.Client, sharded bool) *Hub {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Hub{client: client, sharded: sharded, linger: DefaultLinger, ctx: ctx, cancel: cancel, chans: make(map[string]*channel)}
 }
@@ -424,21 +424,6 @@ func (h *Hub) refused(ch *channel, err error) {
 	}
 }
 
-// isRefusal reports whether err, returned by Receive, is Redis refusing the
-// subscription (NOPERM, an unknown command) rather than a failure that
-// retrying can fix: connection errors, and the replies of a cluster that is
-// moving slots or electing a primary.
-func isRefusal(err error) bool {
-	re, ok := rueidis.IsRedisErr(err)
-	if !ok || re.IsNil() || re.IsTryAgain() || re.IsLoading() || re.IsClusterDown() {
-		return false
-	}
-	if _, ok := re.IsRedirect(); ok {
-		return false
-	}
-	return true
-}
-
 // run keeps ch subscribed until ctx is cancelled, re-subscribing with
 // backoff when the connection drops. It ends, reporting to the waiters of
 // ch, if Redis refuses the subscription.
@@ -447,38 +432,14 @@ func (h *Hub) run(ctx context.Context, ch *channel) {
 	defer ch.cancel()
 	backoff := 10 * time.Millisecond
 	for ctx.Err() == nil {
-		rctx := rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
-			if s.Kind == "subscribe" || s.Kind == "ssubscribe" {
-				h.confirmed(ch)
-			}
-		})
-		// Receive leaves the server-side subscription in place when its
-		// context ends; unsubscribe on the same connection so a process
-		// that waited on many names does not stay subscribed to all.
-		rctx = rueidis.WithOnReceiveReturnHook(rctx, func(err error, cc rueidis.CommandClient) error {
-			if ctx.Err() != nil {
-				uctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				defer cancel()
-				if h.sharded {
-					cc.Do(uctx, cc.B().Sunsubscribe().Channel(ch.name).Build())
-				} else {
-					cc.Do(uctx, cc.B().Unsubscribe().Channel(ch.name).Build())
-				}
-			}
-			return err
-		})
-		var sub rueidis.Completed
-		if h.sharded {
-			sub = h.client.B().Ssubscribe().Channel(ch.name).Build()
-		} else {
-			sub = h.client.B().Subscribe().Channel(ch.name).Build()
-		}
 		start := time.Now()
-		err := h.client.Receive(rctx, sub, func(m rueidis.PubSubMessage) { h.deliver(ch, m.Message) })
+		err := h.client.Subscribe(ctx, ch.name, h.sharded,
+			func() { h.confirmed(ch) },
+			func(payload string) { h.deliver(ch, payload) })
 		if ctx.Err() != nil {
 			return
 		}
-		if isRefusal(err) {
+		if errors.Is(err, scriptcache.ErrRefused) {
 			h.refused(ch, err)
 			return
 		}

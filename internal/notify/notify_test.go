@@ -12,6 +12,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/scriptcache"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -58,7 +59,7 @@ func setups() []setup {
 		{
 			name: "single",
 			hub: func(t *testing.T) *Hub {
-				h := New(redistest.Client(t, redistest.Single(t).Addr()), false)
+				h := New(hubClient(t, redistest.Client(t, redistest.Single(t).Addr())), false)
 				t.Cleanup(h.Close)
 				return h
 			},
@@ -71,7 +72,7 @@ func setups() []setup {
 		{
 			name: "cluster-sharded",
 			hub: func(t *testing.T) *Hub {
-				h := New(redistest.Client(t, redistest.SharedCluster(t).Addrs()...), true)
+				h := New(hubClient(t, redistest.Client(t, redistest.SharedCluster(t).Addrs()...)), true)
 				t.Cleanup(h.Close)
 				return h
 			},
@@ -189,7 +190,7 @@ func waitLen(w *Waiter) bool {
 // subscriber; after the last leaves and the linger passes, none.
 func TestOneSubscriptionPerChannel(t *testing.T) {
 	srv := redistest.Single(t)
-	h := New(redistest.Client(t, srv.Addr()), false)
+	h := New(hubClient(t, redistest.Client(t, srv.Addr())), false)
 	defer h.Close()
 	h.linger = 50 * time.Millisecond
 	ch := "{n}:numsub"
@@ -247,7 +248,7 @@ func TestResubscribeWakesAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	h := New(client, false)
+	h := New(hubClient(t, client), false)
 	defer h.Close()
 	ch := "{n}:drop"
 	w1, _ := h.Subscribe(ch, 1)
@@ -286,7 +287,7 @@ func TestClosedHub(t *testing.T) {
 // at once instead of after their timeouts.
 func TestCloseInterruptsWaiters(t *testing.T) {
 	srv := redistest.NewServer(t)
-	h := New(redistest.Client(t, srv.Addr()), false)
+	h := New(hubClient(t, redistest.Client(t, srv.Addr())), false)
 	defer h.Close()
 	waiting, _ := h.Subscribe("{n}:close-wait", 1)
 	defer waiting.Close()
@@ -384,7 +385,7 @@ func TestSubscribeRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	h := New(client, false)
+	h := New(hubClient(t, client), false)
 	defer h.Close()
 	ch := "{n}:refused"
 	for i := range 2 { // not cached: the second Subscribe is refused anew
@@ -444,4 +445,14 @@ func TestLeavePassesUsedWakeUp(t *testing.T) {
 	}
 	w3.Leave()
 	notWoken(t, w4)
+}
+
+// hubClient returns the scriptcache.Client of a rueidis client.
+func hubClient(t testing.TB, c rueidis.Client) scriptcache.Client {
+	t.Helper()
+	sc, err := scriptcache.New(context.Background(), c)
+	if err != nil {
+		t.Fatalf("scriptcache.New: %v", err)
+	}
+	return sc.Client()
 }

@@ -1,0 +1,11 @@
+-- ratelimit_reset: forget a key's state, so its next request starts afresh.
+--
+-- A script rather than a plain DEL so that every client reaches Redis the
+-- same way (scriptcache.Client runs scripts only).
+--
+-- KEYS     the key's state under the Limiter's limit and under each set
+--          of policies (all with the key's hash tag: one slot)
+-- ARGV     none
+-- Returns  how many of KEYS existed.
+-- Complexity: O(len(KEYS)).
+return redis.call('DEL', unpack(KEYS))

@@ -1,0 +1,192 @@
+package scriptcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// rueidisClient is the Client of a rueidis.Client.
+type rueidisClient struct {
+	c rueidis.Client
+}
+
+func (r rueidisClient) Cluster() bool { return r.c.Mode() == rueidis.ClientModeCluster }
+
+// Eval hides ctx's deadline from rueidis and retries calls that were never
+// sent.
+//
+// rueidis sees ctx's cancellation but not its deadline. With a deadline it
+// would set a socket deadline and close the connection other callers share
+// when it passed mid-command; without one it queues the call on its
+// pipelining connection and abandons only this call when ctx ends. One
+// weakness remains: rueidis dials a connection lazily, under the context of
+// the call that needs it first, and every call waiting on that dial fails
+// if that context ends. Such a call was never sent, so Eval retries it (up to
+// three times). The handshake of a new connection, though, is bounded by the
+// client's dial timeout (ClientOption.Dialer.Timeout, 5 s by default), not by
+// ctx: a call that must wait for one against a server that accepts
+// connections but does not answer can outlive ctx by that much. Lower the
+// dial timeout where that matters.
+func (r rueidisClient) Eval(ctx context.Context, sha, body string, keys, args []string) Reply {
+	var rctx context.Context
+	var hidden *cancelOnly
+	switch {
+	case ctx == context.Background():
+		rctx = background // no allocation on the commonest path
+	case ctx.Done() == nil:
+		rctx = pipelined{ctx}
+	default:
+		if _, ok := ctx.Deadline(); !ok {
+			rctx = ctx // nothing to hide
+			break
+		}
+		hidden = cancelOnlyPool.Get().(*cancelOnly)
+		hidden.Context = ctx
+		rctx = hidden
+	}
+	res := r.do(rctx, sha, body, keys, args)
+	for range 3 {
+		if err := res.Error(); err == nil || ctx.Err() != nil || !neverSent(err) {
+			break
+		}
+		res = r.do(rctx, sha, body, keys, args)
+	}
+	if hidden != nil && ctx.Err() == nil {
+		// A call that ended without ctx ending left nothing in rueidis
+		// that still refers to the wrapper; an abandoned one may have, so
+		// its wrapper is not reused.
+		hidden.Context = nil
+		cancelOnlyPool.Put(hidden)
+	}
+	return Reply{rr: res}
+}
+
+func (r rueidisClient) eval(sha, body string, keys, args []string) rueidis.Completed {
+	if body != "" {
+		return r.c.B().Eval().Script(body).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	}
+	return r.c.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+}
+
+func (r rueidisClient) do(ctx context.Context, sha, body string, keys, args []string) rueidis.RedisResult {
+	return r.c.Do(ctx, r.eval(sha, body, keys, args))
+}
+
+// EvalWait sends the pair with DoMulti: rueidis runs a pipeline holding a
+// blocking command (WAIT) on a dedicated connection, so the call can carry
+// ctx's deadline without harming other callers, and a deadline that passes
+// closes that connection.
+func (r rueidisClient) EvalWait(ctx context.Context, sha, body string, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
+	// On a cluster a keyless command goes to the node of the keyed one.
+	res := r.c.DoMulti(ctx, r.eval(sha, body, keys, args),
+		r.c.B().Wait().Numreplicas(replicas).Timeout(max(timeout.Milliseconds(), 1)).Build())
+	if err := res[0].Error(); err != nil {
+		return Reply{rr: res[0]}, 0, err
+	}
+	acks, err := res[1].AsInt64()
+	if err != nil {
+		return Reply{rr: res[0]}, 0, fmt.Errorf("scriptcache: wait: %w", err)
+	}
+	return Reply{rr: res[0]}, acks, nil
+}
+
+// LoadScripts pipelines the loads per node.
+func (r rueidisClient) LoadScripts(ctx context.Context, bodies ...string) error {
+	cmds := make(rueidis.Commands, 0, len(bodies))
+	var errs []error
+	for _, node := range r.c.Nodes() {
+		cmds = cmds[:0]
+		for _, b := range bodies {
+			cmds = append(cmds, node.B().ScriptLoad().Script(b).Build())
+		}
+		for _, res := range node.DoMulti(ctx, cmds...) {
+			if err := res.Error(); err != nil {
+				errs = append(errs, err)
+				break
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Subscribe runs Receive. Receive leaves the server-side subscription in
+// place when its context ends; Subscribe unsubscribes on the same
+// connection, so a process that waited on many names does not stay
+// subscribed to all.
+func (r rueidisClient) Subscribe(ctx context.Context, channel string, sharded bool, subscribed func(), message func(string)) error {
+	rctx := rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
+		if s.Kind == "subscribe" || s.Kind == "ssubscribe" {
+			subscribed()
+		}
+	})
+	rctx = rueidis.WithOnReceiveReturnHook(rctx, func(err error, cc rueidis.CommandClient) error {
+		if ctx.Err() != nil {
+			uctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			if sharded {
+				cc.Do(uctx, cc.B().Sunsubscribe().Channel(channel).Build())
+			} else {
+				cc.Do(uctx, cc.B().Unsubscribe().Channel(channel).Build())
+			}
+		}
+		return err
+	})
+	var sub rueidis.Completed
+	if sharded {
+		sub = r.c.B().Ssubscribe().Channel(channel).Build()
+	} else {
+		sub = r.c.B().Subscribe().Channel(channel).Build()
+	}
+	err := r.c.Receive(rctx, sub, func(m rueidis.PubSubMessage) { message(m.Message) })
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if re, ok := rueidis.IsRedisErr(err); ok && !re.IsNil() {
+		if _, redirect := re.IsRedirect(); !redirect && !Retryable(re.Error()) {
+			return fmt.Errorf("%w: %w", ErrRefused, err)
+		}
+	}
+	return err
+}
+
+// cancelOnly is ctx without its deadline (see Eval). Eval reuses them: a
+// wrapper costs an allocation per call otherwise.
+type cancelOnly struct{ context.Context }
+
+func (*cancelOnly) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+var cancelOnlyPool = sync.Pool{New: func() any { return new(cancelOnly) }}
+
+// neverSent reports whether err says a call failed before it was sent: the
+// connection it waited for could not be dialled, possibly because another
+// caller's context ended (the caller's own has not).
+func neverSent(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		(errors.As(err, &op) && op.Op == "dial")
+}
+
+// pipelined is a context that is never done but has a Done channel. Given
+// one, rueidis queues the call on its pipelining connection instead of
+// running it in its synchronous mode, which it uses when a call has no Done
+// channel and no other call is in flight. In that mode a second call that
+// starts meanwhile waits for the first one's reply before it is even sent:
+// a watchdog renewal issued while the holder's own Lock or Acquire is in
+// flight then takes two or three round trips instead of one, and on a link
+// whose round trip is a quarter of the lease that is enough for the
+// watchdog to declare a lease lost that the server still holds (found by
+// internal/faulttest's latency scenario).
+type pipelined struct{ context.Context }
+
+var neverDone = make(chan struct{})
+
+// background is pipelined{context.Background()}, made once.
+var background context.Context = pipelined{context.Background()}
+
+func (pipelined) Done() <-chan struct{} { return neverDone }
