@@ -1,0 +1,381 @@
+// Package goredis runs sluice's primitives (mutex, semaphore, ratelimit) on
+// a go-redis v9 client, so that an application already using go-redis does
+// not need a second Redis client. It lives in a module of its own: the core
+// module runs on rueidis and does not depend on go-redis.
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+//	sc, err := goredis.New(ctx, rdb)
+//	locks, err := mutex.NewLocker(sc, mutex.Options{})
+//
+// Wrap adapts a *redis.Client (including the Sentinel failover client of
+// redis.NewFailoverClient) or a *redis.ClusterClient to scriptcache.Client;
+// New wraps it and loads the scripts. A *redis.Ring is refused: it shards
+// keys by consistent hashing on the client, so a lock's keys would move
+// between servers whenever a shard is added or removed, and its pub/sub
+// would not reach the shard that holds the keys.
+//
+// # How go-redis is driven
+//
+// Scripts are sent as commands go-redis never retries. go-redis retries a
+// command whose connection broke after it was sent (MaxRetries, 3 by
+// default); for a script that takes a lock or a permit, running it a second
+// time is not harmless (a reentrant lock would count two holds), so the
+// adapter marks its EVAL and EVALSHA calls as not retryable. MOVED and ASK
+// redirections, which mean the script did not run, are still followed.
+//
+// go-redis sees a context's deadline only with Options.ContextTimeoutEnabled,
+// and never its cancellation: a read waits for the reply or for ReadTimeout.
+// The primitives, though, must return when their context ends (Lock gives up
+// when asked to). So when ctx can end, Eval runs the call in a goroutine and
+// returns ctx.Err() as soon as ctx ends; the call itself goes on until the
+// reply comes or go-redis's own ReadTimeout (3 s by default) ends it, and
+// the primitive treats the outcome as unknown, as it does with rueidis.
+package goredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/big"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// Errors returned by Wrap and New; check them with errors.Is.
+var (
+	// ErrNilClient means Wrap was given a nil client.
+	ErrNilClient = errors.New("goredis: nil client")
+	// ErrRing means Wrap was given a *redis.Ring, whose client-side
+	// sharding cannot keep a lock's keys and its wake-ups on one server.
+	ErrRing = errors.New("goredis: *redis.Ring is not supported (use a *redis.Client or a *redis.ClusterClient)")
+	// ErrUnsupported means Wrap was given a redis.UniversalClient that is
+	// neither a *redis.Client nor a *redis.ClusterClient.
+	ErrUnsupported = errors.New("goredis: unsupported client type")
+)
+
+// Client adapts a go-redis client to scriptcache.Client. It is safe for
+// concurrent use. It does not own the go-redis client: closing that is the
+// caller's business, after the primitives using it are closed.
+type Client struct {
+	single  *redis.Client        // set unless cluster
+	cluster *redis.ClusterClient // set for a Redis Cluster
+	cmd     interface {
+		Process(ctx context.Context, cmd redis.Cmder) error
+	} // whichever is set
+}
+
+var _ scriptcache.Client = (*Client)(nil)
+
+// Wrap adapts c, a *redis.Client (plain or a Sentinel failover client) or
+// a *redis.ClusterClient.
+func Wrap(c redis.UniversalClient) (*Client, error) {
+	switch x := c.(type) {
+	case nil:
+		return nil, ErrNilClient
+	case *redis.Client:
+		if x == nil {
+			return nil, ErrNilClient
+		}
+		return &Client{single: x, cmd: x}, nil
+	case *redis.ClusterClient:
+		if x == nil {
+			return nil, ErrNilClient
+		}
+		return &Client{cluster: x, cmd: x}, nil
+	case *redis.Ring:
+		return nil, ErrRing
+	default:
+		return nil, fmt.Errorf("%w: %T", ErrUnsupported, c)
+	}
+}
+
+// New wraps c (see Wrap) and loads sluice's scripts into every node it
+// knows: the script cache every primitive's constructor takes.
+func New(ctx context.Context, c redis.UniversalClient, opts ...scriptcache.Option) (*scriptcache.Cache, error) {
+	w, err := Wrap(c)
+	if err != nil {
+		return nil, err
+	}
+	return scriptcache.NewFrom(ctx, w, opts...)
+}
+
+// Cluster reports whether the wrapped client is a *redis.ClusterClient.
+func (c *Client) Cluster() bool { return c.cluster != nil }
+
+// noRetry is a command go-redis must not send twice: a script whose reply
+// was lost may have run, and running it again would act twice. go-redis
+// asks every command whether it may be retried after a network failure;
+// embedding *redis.Cmd keeps everything else about it.
+type noRetry struct{ *redis.Cmd }
+
+func (noRetry) NoRetry() bool { return true }
+
+// evalCmd builds EVALSHA sha (body empty) or EVAL body with keys and args.
+func evalCmd(ctx context.Context, sha, body string, keys, args []string) noRetry {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	if body == "" {
+		a = append(a, "evalsha", sha)
+	} else {
+		a = append(a, "eval", body)
+	}
+	a = append(a, len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	for _, v := range args {
+		a = append(a, v)
+	}
+	cmd := redis.NewCmd(ctx, a...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3) // route by the first key on a cluster
+	}
+	return noRetry{cmd}
+}
+
+// Eval sends EVALSHA or EVAL. When ctx can end, the call runs in a
+// goroutine of its own and Eval returns ctx.Err() once ctx ends, leaving
+// the call to finish (see the package doc).
+func (c *Client) Eval(ctx context.Context, sha, body string, keys, args []string) scriptcache.Reply {
+	cmd := evalCmd(ctx, sha, body, keys, args)
+	if ctx.Done() == nil {
+		_ = c.cmd.Process(ctx, cmd)
+		return reply(cmd.Cmd)
+	}
+	if err := ctx.Err(); err != nil {
+		return scriptcache.ErrorReply(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.cmd.Process(ctx, cmd)
+	}()
+	select {
+	case <-done:
+		return reply(cmd.Cmd)
+	case <-ctx.Done():
+		select {
+		case <-done: // it came at the same moment
+			return reply(cmd.Cmd)
+		default:
+		}
+		return scriptcache.ErrorReply(ctx.Err())
+	}
+}
+
+// reply maps a finished command to a Reply: redis.Nil is a nil value, an
+// error reply from the server is a server error, anything else an error
+// that leaves the outcome unknown.
+func reply(cmd *redis.Cmd) scriptcache.Reply {
+	v, err := cmd.Result()
+	switch {
+	case err == nil:
+		return scriptcache.NewReply(value(v), nil, false)
+	case errors.Is(err, redis.Nil):
+		return scriptcache.NewReply(nil, nil, false)
+	case isServerError(err):
+		return scriptcache.NewReply(nil, err, true)
+	default:
+		return scriptcache.NewReply(nil, err, false)
+	}
+}
+
+// isServerError reports whether err is an error reply from the server.
+func isServerError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && !errors.Is(err, redis.Nil)
+}
+
+// value converts a reply value to the types of scriptcache.NewReply:
+// int64, string, nil and []any. Under RESP2 (Protocol: 2) go-redis returns
+// only those. Under RESP3, go-redis's default, Redis converts a Lua
+// boolean to a RESP3 boolean and a table with a double, map or set field to
+// the RESP3 type; value turns them back into what RESP2 gives (false is
+// nil, true is 1, a double its decimal text, a map its flat array of keys
+// and values), so the primitives read the same replies whatever the
+// protocol. Arrays are converted in place: the command is ours.
+func value(v any) any {
+	switch x := v.(type) {
+	case nil, int64, string:
+		return x
+	case []any:
+		for i, e := range x {
+			x[i] = value(e)
+		}
+		return x
+	case bool:
+		if x {
+			return int64(1)
+		}
+		return nil
+	case float64:
+		return strconv.FormatFloat(x, 'f', -1, 64)
+	case *big.Int:
+		return x.String()
+	case map[any]any:
+		out := make([]any, 0, 2*len(x))
+		for k, e := range x {
+			out = append(out, value(k), value(e))
+		}
+		return out
+	case map[string]any:
+		out := make([]any, 0, 2*len(x))
+		for k, e := range x {
+			out = append(out, k, value(e))
+		}
+		return out
+	default:
+		// An error reply nested in an array, or a type go-redis may add:
+		// kept, so reading it fails with an unexpected-type error.
+		return x
+	}
+}
+
+// EvalWait sends the script call and then WAIT replicas timeout on one
+// connection taken from the pool for the pair (redis.Conn), so that WAIT
+// counts the acknowledgements of the script's writes and of nothing else.
+// On a cluster that connection is to the primary of keys[0]'s slot.
+//
+// The two are sent one after the other, not pipelined: go-redis reads a
+// pipeline's replies under its ReadTimeout (3 s by default), which would
+// cut off a WAIT whose timeout is longer, while a WAIT sent alone is read
+// under its own timeout (plus 10 s). A MULTI/EXEC transaction is no way
+// out either: inside it WAIT does not block. The cost is one more round
+// trip, in a call that waits for replicas anyway.
+//
+// Neither call is retried on another connection: a WAIT on a fresh
+// connection would count none of the script's writes and report every
+// replica as acknowledging. If ctx has ended by the time the script's reply
+// comes, WAIT is not sent and ctx.Err() is returned with the reply. Unlike
+// Eval, EvalWait does not return before go-redis does: a server that stops
+// answering ends it after ReadTimeout (the script) or timeout plus 10 s
+// (WAIT), when go-redis closes the connection; sluice's scriptcache, which
+// calls it from a goroutine of its own, returns to its caller when ctx
+// ends in any case.
+func (c *Client) EvalWait(ctx context.Context, sha, body string, keys, args []string, replicas int64, timeout time.Duration) (scriptcache.Reply, int64, error) {
+	node := c.single
+	if c.cluster != nil {
+		key := ""
+		if len(keys) > 0 {
+			key = keys[0]
+		}
+		var err error
+		if node, err = c.cluster.MasterForKey(ctx, key); err != nil {
+			return scriptcache.ErrorReply(err), 0, err
+		}
+	}
+	conn := node.Conn()
+	defer conn.Close()
+	cmd := evalCmd(ctx, sha, body, keys, args)
+	_ = conn.Process(ctx, cmd)
+	r := reply(cmd.Cmd)
+	if err := r.Error(); err != nil {
+		return r, 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return r, 0, err
+	}
+	// WAIT takes whole milliseconds; 0 would mean forever.
+	timeout = max(timeout.Truncate(time.Millisecond), time.Millisecond)
+	acks, err := conn.Wait(ctx, int(replicas), timeout).Result()
+	if err != nil {
+		return r, 0, fmt.Errorf("goredis: wait: %w", err)
+	}
+	return r, acks, nil
+}
+
+// LoadScripts sends SCRIPT LOAD of every body to every node: on a cluster
+// to every primary and replica go-redis knows (ForEachShard), else to the
+// client's server (for a Sentinel failover client, the current primary).
+// Each node gets its loads in one pipeline.
+func (c *Client) LoadScripts(ctx context.Context, bodies ...string) error {
+	load := func(ctx context.Context, node *redis.Client) error {
+		cmds, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, b := range bodies {
+				p.ScriptLoad(ctx, b)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("goredis: script load on %s: %w", node.Options().Addr, err)
+		}
+		for _, cmd := range cmds {
+			if err := cmd.Err(); err != nil {
+				return fmt.Errorf("goredis: script load on %s: %w", node.Options().Addr, err)
+			}
+		}
+		return nil
+	}
+	if c.cluster != nil {
+		return c.cluster.ForEachShard(ctx, load)
+	}
+	return load(ctx, c.single)
+}
+
+// Subscribe subscribes to channel on a connection of its own (go-redis's
+// PubSub) and reads it until ctx ends or the connection fails. go-redis's
+// Receive does not return when a context without a deadline is cancelled,
+// so the end of ctx closes the PubSub, which closes its connection: the
+// server drops the subscription with it. Subscribe waits for that close
+// before returning, so nothing it started outlives it.
+//
+// An error reply to the subscription that retrying cannot fix (NOPERM for
+// an ACL user without access to the channel) is returned wrapping
+// scriptcache.ErrRefused; any other failure is returned as it is, for the
+// caller to retry.
+func (c *Client) Subscribe(ctx context.Context, channel string, sharded bool, subscribed func(), message func(payload string)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var ps *redis.PubSub
+	switch {
+	case c.cluster != nil && sharded:
+		ps = c.cluster.SSubscribe(ctx, channel) // routed by the channel's slot
+	case c.cluster != nil:
+		ps = c.cluster.Subscribe(ctx, channel)
+	case sharded:
+		ps = c.single.SSubscribe(ctx, channel)
+	default:
+		ps = c.single.Subscribe(ctx, channel)
+	}
+	closed := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(closed)
+		ps.Close()
+	})
+	defer func() {
+		if stop() {
+			ps.Close() // ctx did not end: close it here
+		} else {
+			<-closed // ctx ended: wait for its close to finish
+		}
+	}()
+	for {
+		msg, err := ps.Receive(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if isServerError(err) && !scriptcache.Retryable(err.Error()) {
+				return fmt.Errorf("%w: subscribe %q: %w", scriptcache.ErrRefused, channel, err)
+			}
+			return fmt.Errorf("goredis: subscribe %q: %w", channel, err)
+		}
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			switch m.Kind {
+			case "subscribe", "ssubscribe":
+				subscribed()
+			case "unsubscribe", "sunsubscribe":
+				// The server ended the subscription (a sharded
+				// channel's slot moved): the caller subscribes again.
+				return fmt.Errorf("goredis: subscription to %q ended by the server", channel)
+			}
+		case *redis.Message:
+			message(m.Payload)
+		}
+	}
+}

@@ -1,0 +1,64 @@
+package goredis_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicekit/sluice/goredis"
+	"github.com/sluicekit/sluice/internal/clienttest"
+	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// newClient returns a go-redis client of addrs, closed when t ends: a
+// *redis.Client for one address, a *redis.ClusterClient for several.
+func newClient(protocol int) clienttest.NewClient {
+	return func(t testing.TB, addrs []string) scriptcache.Client {
+		t.Helper()
+		var rdb redis.UniversalClient
+		if len(addrs) == 1 {
+			rdb = redis.NewClient(&redis.Options{Addr: addrs[0], Protocol: protocol})
+		} else {
+			rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Protocol: protocol})
+		}
+		t.Cleanup(func() { rdb.Close() })
+		c, err := goredis.Wrap(rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+}
+
+// TestClient runs the client suite on go-redis with RESP3, go-redis's
+// default, where Lua booleans and doubles come back as RESP3 types.
+func TestClient(t *testing.T) { clienttest.Run(t, newClient(3)) }
+
+// TestClientRESP2 runs it with RESP2.
+func TestClientRESP2(t *testing.T) {
+	if testing.Short() {
+		t.Skip("RESP3 is enough in short mode")
+	}
+	clienttest.Run(t, newClient(2))
+}
+
+func TestWrapRefuses(t *testing.T) {
+	if _, err := goredis.Wrap(nil); !errors.Is(err, goredis.ErrNilClient) {
+		t.Errorf("Wrap(nil) = %v, want ErrNilClient", err)
+	}
+	if _, err := goredis.Wrap((*redis.Client)(nil)); !errors.Is(err, goredis.ErrNilClient) {
+		t.Errorf("Wrap(nil *Client) = %v, want ErrNilClient", err)
+	}
+	if _, err := goredis.Wrap((*redis.ClusterClient)(nil)); !errors.Is(err, goredis.ErrNilClient) {
+		t.Errorf("Wrap(nil *ClusterClient) = %v, want ErrNilClient", err)
+	}
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+	defer ring.Close()
+	if _, err := goredis.Wrap(ring); !errors.Is(err, goredis.ErrRing) {
+		t.Errorf("Wrap(ring) = %v, want ErrRing", err)
+	}
+}

@@ -1,0 +1,3 @@
+package clienttest
+
+var primitiveTests = []test{}
