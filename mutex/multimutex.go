@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
+	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // MaxMultiNames is the most names one MultiMutex may lock.
@@ -53,6 +54,7 @@ func (l *Locker) NewMultiMutex(names []string, opts ...MutexOption) (*MultiMutex
 		if err != nil {
 			return nil, err
 		}
+		mu.prim = scriptcache.PrimitiveMultiMutex // its events name each member
 		mm.ms = append(mm.ms, mu)
 	}
 	return mm, nil

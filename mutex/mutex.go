@@ -133,6 +133,7 @@ import (
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/internal/notify"
+	"github.com/sluicekit/sluice/internal/obs"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
@@ -235,6 +236,7 @@ type Locker struct {
 	hub    *notify.Hub
 	keeper *lease.Keeper
 	closed atomic.Bool
+	obs    scriptcache.Observer // nil: nothing reported
 
 	// groups renew the watchdog leases together, one group per cluster
 	// slot (a script's keys must share one), or one on a single server.
@@ -267,7 +269,8 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 			return nil, fmt.Errorf("mutex: %w", err)
 		}
 	}
-	l.hub = notify.New(sc.Client(), sc.ShardedPubSub())
+	l.obs = sc.Observer()
+	l.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), l.obs, scriptcache.PrimitiveMutex)
 	l.keeper = lease.NewKeeper()
 	l.groups = make(map[uint16]*lease.Group)
 	return l, nil
@@ -377,6 +380,7 @@ func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
 		keys: []string{keyspace.Key(l.opts.Prefix, name, ""), keyspace.Key(l.opts.Prefix, name, ":w"), keyspace.Key(l.opts.Prefix, name, ":x"),
 			keyspace.Key(l.opts.Prefix, name, ":q"), keyspace.Key(l.opts.Prefix, name, ":e")},
 		fair: l.opts.Fair,
+		prim: scriptcache.PrimitiveMutex,
 	}
 	m.lockKeys = []string{m.keys[0], m.keys[2], m.keys[3], m.keys[4]}
 	m.releaseKeys = []string{m.keys[0], m.keys[1], m.keys[3], m.keys[4], m.keys[2]}
@@ -405,6 +409,7 @@ type Mutex struct {
 	lockKeys []string // KEYS of mutex_lock
 	fair     bool
 	recheck  time.Duration // how often a fair waiter refreshes its entry
+	prim     string        // Event.Primitive: mutex, or multimutex for a MultiMutex's
 
 	releaseKeys []string // KEYS of mutex_release
 	owner       string
@@ -424,8 +429,9 @@ type Mutex struct {
 	mu       sync.Mutex // guards the fields below; never held across a call
 	holds    int64
 	token    int64
-	tokenArg string // token as sent to the scripts
-	gen      uint64 // counts outermost acquisitions; tells stale loss reports apart
+	tokenArg string    // token as sent to the scripts
+	gen      uint64    // counts outermost acquisitions; tells stale loss reports apart
+	since    time.Time // when the request of the current hold was sent
 	lse      *lease.Lease
 	lost     chan struct{} // made on demand by Lost; closedChan once lost
 	err      error
@@ -466,16 +472,43 @@ func (m *Mutex) Owner() string { return m.owner }
 // it, waiting as long as ctx allows. If ctx ends first it returns an error
 // wrapping ErrNotObtained and ctx.Err(), and holds nothing more.
 func (m *Mutex) Lock(ctx context.Context) error {
+	o := m.l.obs
+	if o == nil {
+		_, _, err := m.lock(ctx)
+		return err
+	}
+	start := time.Now()
+	outer, handoff, err := m.lock(ctx)
+	m.observeAcquire(o, start, outer, handoff, err, scriptcache.ReasonError)
+	return err
+}
+
+// observeAcquire reports the outcome of an acquisition started at start:
+// an outermost hold (handed over or not), or err with its reason (busy
+// when it is none of the known ones).
+func (m *Mutex) observeAcquire(o scriptcache.Observer, start time.Time, outer, handoff bool, err error, busy string) {
+	switch {
+	case err != nil:
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquireFailed, Primitive: m.prim, Name: m.name, Wait: time.Since(start), Weight: 1,
+			Reason: obs.FailReason(err, ErrClosed, ErrNotReplicated, busy), Err: err})
+	case outer:
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquired, Primitive: m.prim, Name: m.name, Wait: time.Since(start), Weight: 1, Handoff: handoff})
+	}
+}
+
+// lock is Lock; it also reports whether the lock was acquired as an
+// outermost hold (not nested) and whether a fair release handed it over.
+func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 	var id string
 	res, err := m.attempt(ctx, &id, false)
 	if res.ok || err != nil {
-		return ctxErr(ctx, m.name, err)
+		return res.ok && !res.nested, false, ctxErr(ctx, m.name, err)
 	}
 	queued := res.queued
 	w, err := m.l.hub.SubscribeID(m.keys[1], 1, id)
 	if err != nil {
 		m.leaveQueue(queued, id)
-		return ErrClosed
+		return false, false, ErrClosed
 	}
 	ok := false
 	defer func() {
@@ -487,7 +520,7 @@ func (m *Mutex) Lock(ctx context.Context) error {
 		}
 	}()
 	if err := w.Ready(ctx, m.waitFor(res.wait)); err != nil {
-		return waitErr(ctx, m.name, err)
+		return false, false, waitErr(ctx, m.name, err)
 	}
 	for {
 		if res, err = m.attempt(ctx, &id, false); res.ok {
@@ -497,24 +530,24 @@ func (m *Mutex) Lock(ctx context.Context) error {
 				// meanwhile; this Lock nested in it.
 				m.leaveQueue(queued, id)
 			}
-			return nil
+			return !res.nested, false, nil
 		}
 		if err != nil {
-			return ctxErr(ctx, m.name, err)
+			return false, false, ctxErr(ctx, m.name, err)
 		}
 		queued = queued || res.queued
 		if err := w.Wait(ctx, m.waitFor(res.wait)); err != nil {
-			return waitErr(ctx, m.name, err)
+			return false, false, waitErr(ctx, m.name, err)
 		}
 		if grant, got := w.Granted(); got && m.l.opts.ReplicaAcks == 0 {
 			// The release handed the lock to this waiter directly. (With
 			// ReplicaAcks the next attempt confirms it through WAIT.)
 			if ok, err = m.takeGrant(ctx, id, grant, res.sent); ok || err != nil {
-				return err
+				return ok, ok, err
 			}
 		}
 		if m.l.closed.Load() {
-			return ErrClosed
+			return false, false, ErrClosed
 		}
 	}
 }
@@ -604,12 +637,32 @@ func ctxErr(ctx context.Context, name string, err error) error {
 // Mutex, or an error wrapping ErrNotObtained if another owner holds it (or,
 // for a fair Mutex, if the lock is free but others wait in its queue).
 func (m *Mutex) TryLock(ctx context.Context) error {
+	o := m.l.obs
+	if o == nil {
+		_, err := m.tryLock(ctx)
+		return err
+	}
+	start := time.Now()
+	outer, err := m.tryLock(ctx)
+	busy := scriptcache.ReasonError
+	if errors.Is(err, errHeld) {
+		busy = scriptcache.ReasonBusy
+	}
+	m.observeAcquire(o, start, outer, false, err, busy)
+	return err
+}
+
+// errHeld is wrapped by TryLock's error when another owner holds the lock.
+var errHeld = errors.New("is held")
+
+// tryLock is TryLock; it also reports whether it took an outermost hold.
+func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 	var id string
 	res, err := m.attempt(ctx, &id, true)
 	if res.ok || err != nil {
-		return ctxErr(ctx, m.name, err)
+		return res.ok && !res.nested, ctxErr(ctx, m.name, err)
 	}
-	return fmt.Errorf("%w: %q is held", ErrNotObtained, m.name)
+	return false, fmt.Errorf("%w: %q %w", ErrNotObtained, m.name, errHeld)
 }
 
 // attemptResult is what one run of the lock script found.
@@ -740,6 +793,7 @@ func (m *Mutex) startHold(ctx context.Context, sent time.Time, token, n int64) e
 	m.gen++
 	gen := m.gen
 	m.holds, m.token, m.err, m.lost, m.orphan = n, token, nil, nil, ""
+	m.since = sent
 	m.tokenArg = strconv.FormatInt(token, 10)
 	m.mu.Unlock()
 	onLost := func(err error) { m.lose(gen, err) }
@@ -876,6 +930,10 @@ func (m *Mutex) loseLocked(cause error) {
 	m.holds, m.lse = 0, nil
 	m.orphan = m.tokenArg
 	m.err = fmt.Errorf("%w: %q: %w", ErrLost, m.name, cause)
+	if o := m.l.obs; o != nil { // before the holder is told
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: m.prim, Name: m.name, Hold: time.Since(m.since), Weight: 1,
+			Reason: obs.LossReason(cause), Err: m.err})
+	}
 	m.closeLost()
 	m.endScopedLocked(m.err)
 }
@@ -956,6 +1014,9 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		m.token, m.lost = 0, nil
 		if len(m.scoped) > 0 {
 			m.endScopedLocked(fmt.Errorf("%w: %q: released", ErrNotHeld, m.name))
+		}
+		if o := m.l.obs; o != nil {
+			o.Observe(scriptcache.Event{Kind: scriptcache.EventReleased, Primitive: m.prim, Name: m.name, Hold: time.Since(m.since), Weight: 1})
 		}
 	}
 	return nil

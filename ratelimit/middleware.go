@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // ErrNoClientIP means the client address of a request could not be parsed.
@@ -402,16 +404,24 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 	var d Decision
 	var one [1]Result // Results of the Limiter's own Limit, kept off the heap
-	decided := false
+	decided, asked := false, false
 	if err == nil {
 		d, err = m.decide(r.Context(), key, ps, &one, func(err error) { m.opts.OnError(r, err) })
-		decided = err == nil
+		decided, asked = err == nil, true
 	}
 	if !decided {
 		m.opts.OnError(r, err)
 		// A client that is gone gets no fail-open: it may only have
 		// half-closed, and would read what the handler writes.
-		if m.opts.Fallback != FallbackOpen || r.Context().Err() != nil {
+		open := m.opts.Fallback == FallbackOpen && r.Context().Err() == nil
+		if asked && m.l.obs != nil {
+			src := scriptcache.SourceFailClosed
+			if open {
+				src = scriptcache.SourceFailOpen
+			}
+			m.l.fallback(m.obsName(ps), src, err)
+		}
+		if !open {
 			if m.retry != "" {
 				w.Header().Set("Retry-After", m.retry)
 			}
@@ -495,7 +505,7 @@ func (m *checker) decide(parent context.Context, key string, ps *Policies, one *
 			one[0] = res
 			return Decision{RetryAfter: res.RetryAfter, Results: one[:]}, nil
 		}
-	} else if d, ok := m.l.cachedDecision(key, ps, now); ok {
+	} else if d, ok := m.l.cachedDecision(key, ps, now, 1); ok {
 		return d, nil
 	}
 	var probe int64 // the localUntil this request set to probe Redis, or 0
@@ -507,7 +517,9 @@ func (m *checker) decide(parent context.Context, key string, ps *Policies, one *
 			// Timeout for a Redis that may still be slow.
 			probe = now.Add(m.hold).UnixNano()
 			if now.UnixNano() < until || !m.localUntil.CompareAndSwap(until, probe) {
-				return m.decideLocally(key, ps, now, one), nil
+				d := m.decideLocally(key, ps, now, one)
+				m.observeLocal(ps, d)
+				return d, nil
 			}
 		}
 	}
@@ -535,9 +547,29 @@ func (m *checker) decide(parent context.Context, key string, ps *Policies, one *
 		report(err)
 		now = m.l.now()
 		m.localUntil.Store(now.Add(m.hold).UnixNano())
-		return m.decideLocally(key, ps, now, one), nil
+		d = m.decideLocally(key, ps, now, one)
+		if m.l.obs != nil {
+			m.l.fallback(m.obsName(ps), scriptcache.SourceLocal, err)
+			m.observeLocal(ps, d)
+		}
+		return d, nil
 	}
 	return d, err
+}
+
+// obsName is the Event.Name of decisions under ps.
+func (m *checker) obsName(ps *Policies) string {
+	if ps == nil {
+		return m.l.obsName
+	}
+	return ps.names
+}
+
+// observeLocal reports a decision of the local fallback.
+func (m *checker) observeLocal(ps *Policies, d Decision) {
+	if m.l.obs != nil {
+		m.l.observe(m.obsName(ps), d.Allowed, 1, scriptcache.SourceLocal)
+	}
 }
 
 // decideLocally is the FallbackLocal decision for key under ps at now.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
+	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // MaxPolicies is the most policies one Policies may hold.
@@ -49,6 +50,7 @@ type Policies struct {
 	local    []localPolicy
 	header   string   // RateLimit-Policy value
 	quoted   []string // quoted names
+	names    string   // the names, comma-separated: Event.Name of its decisions
 }
 
 // NewPolicies validates ps and returns them as a set. It returns an error
@@ -92,6 +94,12 @@ func NewPolicies(ps ...Policy) (*Policies, error) {
 		fmt.Fprintf(&id, "%s;%s;%s;%s,", pol.Name, c.code, c.arg0, c.arg1)
 	}
 	p.id = id.String()
+	for i, pol := range ps {
+		if i > 0 {
+			p.names += ","
+		}
+		p.names += pol.Name
+	}
 	// The state key names the whole set with its limits, so sets with
 	// different policies or limits never read each other's state.
 	h := fnv.New64a()
@@ -167,8 +175,8 @@ func (l *Limiter) AllowPolicies(ctx context.Context, key string, n int, ps *Poli
 	start := l.now()
 	var gen uint64
 	if n > 0 && l.deny != nil {
-		if d, ok := l.cachedDecision(key, ps, start); ok {
-			return d, nil
+		if d, ok := l.cachedDecision(key, ps, start, n); ok {
+			return d, nil // reported by cachedDecision
 		}
 		gen = l.deny.generation(key)
 	}
@@ -214,6 +222,9 @@ func (l *Limiter) AllowPolicies(ctx context.Context, key string, n int, ps *Poli
 	if !d.Allowed && l.deny != nil && d.RetryAfter > 0 && (n == 1 || everyDenialCovers(ps, d)) {
 		l.deny.put(ps.id, key, start, denyEntryOf(d, start), gen)
 	}
+	if l.obs != nil && n > 0 {
+		l.observe(ps.names, d.Allowed, n, scriptcache.SourceRedis)
+	}
 	return d, nil
 }
 
@@ -245,9 +256,10 @@ func denyEntryOf(d Decision, start time.Time) *denyEntry {
 }
 
 // cachedDecision returns the deny cache's answer for a request of cost >= 1
-// for key under ps at now, if it has one. Policies that had room report
+// for key under ps at now, if it has one, and reports it as a decision of
+// cost n. Policies that had room report
 // what Redis last said of them.
-func (l *Limiter) cachedDecision(key string, ps *Policies, now time.Time) (Decision, bool) {
+func (l *Limiter) cachedDecision(key string, ps *Policies, now time.Time, n int) (Decision, bool) {
 	if l.deny == nil {
 		return Decision{}, false
 	}
@@ -263,6 +275,9 @@ func (l *Limiter) cachedDecision(key string, ps *Policies, now time.Time) (Decis
 			r.ResetAfter = max(r.ResetAfter, r.RetryAfter)
 		}
 		d.Results[i] = r
+	}
+	if l.obs != nil {
+		l.observe(ps.names, false, n, scriptcache.SourceDenyCache)
 	}
 	return d, true
 }

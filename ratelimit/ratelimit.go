@@ -239,6 +239,8 @@ type Limiter struct {
 	unit     time.Duration // of the script's time replies
 	deny     *denyCache    // nil when disabled
 	now      func() time.Time
+	obs      scriptcache.Observer // nil: nothing reported
+	obsName  string               // Event.Name of its own Limit: the prefix
 	// afterReply, when not nil, runs after a script's reply is decoded and
 	// before a denial is cached: a seam for tests of that window.
 	afterReply func(key string, res Result)
@@ -305,6 +307,8 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 		arg1:     c.arg1,
 		suffix:   c.suffix,
 		unit:     c.unit,
+		obs:      sc.Observer(),
+		obsName:  prefix,
 	}
 	name := c.script
 	if l.multi, err = sc.Script("ratelimit_multi"); err != nil {
@@ -423,6 +427,9 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 	var gen uint64
 	if n > 0 && l.deny != nil {
 		if res, ok := l.deny.lookup(key, start, l.capacity); ok {
+			if l.obs != nil {
+				l.observe(l.obsName, false, n, scriptcache.SourceDenyCache)
+			}
 			return res, nil
 		}
 		// Read before the request is sent: a Reset of key from now on
@@ -466,7 +473,23 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 	if !res.Allowed && l.deny != nil && res.RetryAfter > 0 && l.denialCoversAll(res, n) {
 		l.deny.add(key, start, res, gen)
 	}
+	if l.obs != nil && n > 0 {
+		l.observe(l.obsName, res.Allowed, n, scriptcache.SourceRedis)
+	}
 	return res, nil
+}
+
+// observe reports a decision of cost n under the limit called name. Call
+// it only when l.obs is set.
+func (l *Limiter) observe(name string, allowed bool, n int, src scriptcache.Source) {
+	l.obs.Observe(scriptcache.Event{Kind: scriptcache.EventDecision, Primitive: scriptcache.PrimitiveRateLimit, Name: name, Allowed: allowed, Weight: int64(n), Source: src})
+}
+
+// fallback reports that src answered for Redis, which failed with err.
+func (l *Limiter) fallback(name string, src scriptcache.Source, err error) {
+	if l.obs != nil {
+		l.obs.Observe(scriptcache.Event{Kind: scriptcache.EventFallback, Primitive: scriptcache.PrimitiveRateLimit, Name: name, Source: src, Err: err})
+	}
 }
 
 // cachedDenial returns the local deny cache's answer for a request of cost
@@ -475,7 +498,11 @@ func (l *Limiter) cachedDenial(key string, now time.Time) (Result, bool) {
 	if l.deny == nil {
 		return Result{}, false
 	}
-	return l.deny.lookup(key, now, l.capacity)
+	res, ok := l.deny.lookup(key, now, l.capacity)
+	if ok && l.obs != nil {
+		l.observe(l.obsName, false, 1, scriptcache.SourceDenyCache)
+	}
+	return res, ok
 }
 
 // denialCoversAll reports whether a denial of cost n means that every cost

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"path"
 	"sort"
 	"strconv"
@@ -62,7 +63,9 @@ var (
 type Option func(*options)
 
 type options struct {
-	fsys fs.FS
+	fsys     fs.FS
+	observer Observer
+	logger   *slog.Logger
 }
 
 // WithFS makes New read scripts from fsys instead of package lua.
@@ -79,6 +82,9 @@ type Cache struct {
 	scripts map[string]*Script
 	bodies  []string // every script's body, for loadAll
 	loads   singleflight.Group
+	// observer gets the primitives' events; nil when neither WithObserver
+	// nor WithLogger was given.
+	observer Observer
 }
 
 // New reads the scripts and loads them into every node of client.
@@ -100,9 +106,10 @@ func NewFrom(ctx context.Context, client Client, opts ...Option) (*Cache, error)
 		opt(&o)
 	}
 	c := &Cache{
-		client:  client,
-		cluster: client.Cluster(),
-		scripts: make(map[string]*Script),
+		client:   client,
+		cluster:  client.Cluster(),
+		scripts:  make(map[string]*Script),
+		observer: newObserver(o.observer, o.logger),
 	}
 	names, err := fs.Glob(o.fsys, "*.lua")
 	if err != nil {
@@ -272,6 +279,7 @@ func (s *Script) exec(ctx context.Context, keys, args []string) Reply {
 			if err == nil {
 				s.loads.Add(1)
 			}
+			s.reloaded(err)
 			return nil, err
 		})
 	}
@@ -367,12 +375,21 @@ func (s *Script) execWait(ctx context.Context, keys, args []string, replicas int
 	if !isNoScript(r) {
 		return r, acks, err
 	}
-	if s.load(ctx) == nil {
+	lerr := s.load(ctx)
+	s.reloaded(lerr)
+	if lerr == nil {
 		if r, acks, err = client.EvalWait(ctx, s.sha, "", keys, args, replicas, timeout); !isNoScript(r) {
 			return r, acks, err
 		}
 	}
 	return client.EvalWait(ctx, "", s.body, keys, args, replicas, timeout)
+}
+
+// reloaded reports a reload after NOSCRIPT, which failed if err is set.
+func (s *Script) reloaded(err error) {
+	if o := s.c.observer; o != nil {
+		o.Observe(Event{Kind: EventScriptReload, Primitive: PrimitiveScript, Name: s.name, Err: err})
+	}
 }
 
 // load sends SCRIPT LOAD of s to every node.

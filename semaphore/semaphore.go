@@ -170,6 +170,7 @@ import (
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/internal/notify"
+	"github.com/sluicekit/sluice/internal/obs"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
@@ -299,6 +300,7 @@ type Manager struct {
 	hub    *notify.Hub
 	keeper *lease.Keeper
 	closed atomic.Bool
+	obs    scriptcache.Observer // nil: nothing reported
 
 	bgMu     sync.Mutex
 	bgClosed bool           // guarded by bgMu
@@ -331,7 +333,8 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 			return nil, fmt.Errorf("semaphore: %w", err)
 		}
 	}
-	m.hub = notify.New(sc.Client(), sc.ShardedPubSub())
+	m.obs = sc.Observer()
+	m.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), m.obs, scriptcache.PrimitiveSemaphore)
 	m.keeper = lease.NewKeeper()
 	return m, nil
 }
@@ -425,6 +428,30 @@ func (s *Semaphore) Capacity() int64 { return s.capacity }
 // nothing. n must be at least 1 and at most the capacity (ErrInvalidWeight):
 // this Semaphore's, or the one SetCapacity set.
 func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Permit, error) {
+	o := s.m.obs
+	if o == nil {
+		return s.acquireAny(ctx, n)
+	}
+	start := time.Now()
+	p, err := s.acquireAny(ctx, n)
+	s.observeAcquire(o, start, n, p, err, scriptcache.ReasonError)
+	return p, err
+}
+
+// observeAcquire reports the outcome of an acquisition of n started at
+// start: the permit p, or err with its reason (busy when it is none of the
+// known ones).
+func (s *Semaphore) observeAcquire(o scriptcache.Observer, start time.Time, n int64, p *Permit, err error, busy string) {
+	if p != nil {
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquired, Primitive: scriptcache.PrimitiveSemaphore, Name: s.name, Wait: time.Since(start), Weight: n, Handoff: p.handoff})
+		return
+	}
+	o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquireFailed, Primitive: scriptcache.PrimitiveSemaphore, Name: s.name, Wait: time.Since(start), Weight: n,
+		Reason: obs.FailReason(err, ErrClosed, ErrNotReplicated, busy), Err: err})
+}
+
+// acquireAny is Acquire.
+func (s *Semaphore) acquireAny(ctx context.Context, n int64) (*Permit, error) {
 	if err := s.checkWeight(n); err != nil {
 		return nil, err
 	}
@@ -508,6 +535,9 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 			// A release granted the permits to this waiter. (With
 			// ReplicaAcks the next attempt confirms them through WAIT.)
 			if p, err = s.takeGrant(ctx, id, n, grant, res.sent); p != nil || err != nil {
+				if p != nil {
+					p.handoff = true
+				}
 				return p, err
 			}
 		}
@@ -546,6 +576,25 @@ func (s *Semaphore) waitErr(err error) error {
 // semaphore it also fails while earlier waiters are queued, unless the
 // weighted policy lets it pass them (see "Fair semaphores").
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*Permit, error) {
+	o := s.m.obs
+	if o == nil {
+		return s.tryAcquire(ctx, n)
+	}
+	start := time.Now()
+	p, err := s.tryAcquire(ctx, n)
+	busy := scriptcache.ReasonError
+	if errors.Is(err, errTooFew) {
+		busy = scriptcache.ReasonBusy
+	}
+	s.observeAcquire(o, start, n, p, err, busy)
+	return p, err
+}
+
+// errTooFew is wrapped by TryAcquire's error when too few permits are free.
+var errTooFew = errors.New("permits free")
+
+// tryAcquire is TryAcquire.
+func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (*Permit, error) {
 	if err := s.checkWeight(n); err != nil {
 		return nil, err
 	}
@@ -557,7 +606,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*Permit, error) {
 	if res.p != nil || err != nil {
 		return res.p, err
 	}
-	return nil, fmt.Errorf("%w: %q has fewer than %d permits free", ErrNotObtained, s.name, n)
+	return nil, fmt.Errorf("%w: %q has fewer than %d %w", ErrNotObtained, s.name, n, errTooFew)
 }
 
 // checkWeight refuses what no capacity allows; the scripts refuse a weight
@@ -712,7 +761,7 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64, mode string
 // newPermit starts tracking the permit id of weight n granted by a request
 // sent at sent.
 func (s *Semaphore) newPermit(ctx context.Context, id string, n int64, sent time.Time) (*Permit, error) {
-	p := &Permit{s: s, id: id, weight: n, lost: make(chan struct{})}
+	p := &Permit{s: s, id: id, weight: n, lost: make(chan struct{}), since: sent}
 	var renew lease.Renew
 	if s.m.watchdog {
 		renew = p.renew
@@ -826,10 +875,12 @@ func (s *Semaphore) Holders(ctx context.Context) ([]Holder, error) {
 // Permit is a number of permits taken by one Acquire. Its methods are safe
 // for concurrent use.
 type Permit struct {
-	s      *Semaphore
-	id     string
-	weight int64
-	lost   chan struct{} // closed on loss
+	s       *Semaphore
+	id      string
+	weight  int64
+	lost    chan struct{} // closed on loss
+	since   time.Time     // when the request that granted it was sent
+	handoff bool          // a fair release granted it; set before Acquire returns
 
 	op sync.Mutex // serializes Release
 
@@ -895,6 +946,9 @@ func (p *Permit) Release(ctx context.Context) error {
 	p.deferred = nil
 	if held == 1 {
 		p.released = true
+		if o := p.s.m.obs; o != nil {
+			o.Observe(scriptcache.Event{Kind: scriptcache.EventReleased, Primitive: scriptcache.PrimitiveSemaphore, Name: p.s.name, Hold: time.Since(p.since), Weight: p.weight})
+		}
 		return nil
 	}
 	if deferred != nil {
@@ -952,5 +1006,9 @@ func (p *Permit) loseLocked(err error) {
 		return
 	}
 	p.err = err
+	if o := p.s.m.obs; o != nil { // before the holder is told
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: scriptcache.PrimitiveSemaphore, Name: p.s.name, Hold: time.Since(p.since), Weight: p.weight,
+			Reason: obs.LossReason(err), Err: err})
+	}
 	close(p.lost)
 }

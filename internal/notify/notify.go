@@ -29,8 +29,9 @@
 // waiter of the channel is woken to try again, since a release published
 // while it was down was missed.
 //
-// Connection failures are retried with backoff and never reported: waiters
-// keep relying on their timeouts meanwhile. An error reply to the SUBSCRIBE
+// Connection failures are retried with backoff and never reported to
+// waiters, which keep relying on their timeouts meanwhile; a hub made with
+// NewObserved tells its observer about drops, resubscriptions and refusals. An error reply to the SUBSCRIBE
 // itself (an ACL user without access to the channel gets NOPERM; Redis 7
 // users default to resetchannels) is not retried: Ready and Wait of every
 // waiter of that channel return an error wrapping ErrSubscribe and the
@@ -71,6 +72,8 @@ type Hub struct {
 	client  scriptcache.Client
 	sharded bool
 	linger  time.Duration
+	obs     scriptcache.Observer // nil: nothing reported
+	prim    string               // Event.Primitive of what obs is told
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup // subscription goroutines
@@ -97,8 +100,22 @@ type channel struct {
 // New returns a hub that subscribes through client; sharded selects
 // SSUBSCRIBE (Redis 7 cluster) over SUBSCRIBE.
 func New(client scriptcache.Client, sharded bool) *Hub {
+	return NewObserved(client, sharded, nil, "")
+}
+
+// NewObserved is New with an observer told about refused, dropped and
+// re-established subscriptions (EventSubscription), with primitive as
+// their Event.Primitive; obs may be nil.
+func NewObserved(client scriptcache.Client, sharded bool, obs scriptcache.Observer, primitive string) *Hub {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Hub{client: client, sharded: sharded, linger: DefaultLinger, ctx: ctx, cancel: cancel, chans: make(map[string]*channel)}
+	return &Hub{client: client, sharded: sharded, linger: DefaultLinger, obs: obs, prim: primitive, ctx: ctx, cancel: cancel, chans: make(map[string]*channel)}
+}
+
+// report tells the observer, if any, about the subscription of channel.
+func (h *Hub) report(channel, reason string, err error) {
+	if h.obs != nil {
+		h.obs.Observe(scriptcache.Event{Kind: scriptcache.EventSubscription, Primitive: h.prim, Name: channel, Reason: reason, Err: err})
+	}
 }
 
 // Waiter is one local waiter on a channel.
@@ -397,15 +414,17 @@ func (h *Hub) deliver(ch *channel, payload string) {
 // confirmed runs when Redis confirms the subscription of ch.
 func (h *Hub) confirmed(ch *channel) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if !ch.ok {
 		ch.ok = true
 		close(ch.ready)
+		h.mu.Unlock()
 		return
 	}
 	// Re-subscribed after the connection dropped: anything published in
 	// between was missed, so every waiter tries again.
 	h.wakeAllLocked(ch)
+	h.mu.Unlock()
+	h.report(ch.name, scriptcache.ReasonResubscribed, nil)
 }
 
 // refused records that Redis refused the subscription of ch and forgets ch,
@@ -441,8 +460,10 @@ func (h *Hub) run(ctx context.Context, ch *channel) {
 		}
 		if errors.Is(err, scriptcache.ErrRefused) {
 			h.refused(ch, err)
+			h.report(ch.name, scriptcache.ReasonRefused, err)
 			return
 		}
+		h.report(ch.name, scriptcache.ReasonDropped, err)
 		if time.Since(start) > time.Second {
 			backoff = 10 * time.Millisecond
 		}
