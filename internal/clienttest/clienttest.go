@@ -26,6 +26,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -95,10 +96,11 @@ func each(t *testing.T, newClient NewClient, run func(t *testing.T, e *env)) {
 	}
 }
 
-// key returns a key unique to the test, with hash tag tag (so keys of one
-// call share a slot).
+// key returns a new key, unique to this run of the test (the suite runs
+// more than once against the same servers), with hash tag tag (so keys of
+// one call share a slot).
 func key(t testing.TB, tag, name string) string {
-	return "{" + tag + "}:clienttest:" + strings.NewReplacer("/", ":", " ", "_").Replace(t.Name()) + ":" + name
+	return fmt.Sprintf("{%s}:clienttest:%s:%s:%d", tag, strings.NewReplacer("/", ":", " ", "_").Replace(t.Name()), name, rand.Uint64())
 }
 
 func sha(body string) string {
