@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/lease"
+	"github.com/sluicekit/sluice/internal/obs"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
@@ -219,9 +220,10 @@ type rwSide struct {
 	renew lease.Renew // nil for a fixed lease; set once
 
 	holds int64
-	id    string // write: the token as sent; read: the acquisition id
-	token int64  // write only
-	gen   uint64 // of the current acquisition
+	since time.Time // when the current hold began; kept only with an observer
+	id    string    // write: the token as sent; read: the acquisition id
+	token int64     // write only
+	gen   uint64    // of the current acquisition
 	lse   *lease.Lease
 	// releasing is the gen whose final release is in flight; a loss
 	// reported meanwhile waits in pending (see Mutex.Unlock).
@@ -256,27 +258,58 @@ func (rw *RWMutex) Owner() string { return rw.owner }
 // already holds it, waiting as long as ctx allows. If ctx ends first it
 // returns an error wrapping ErrNotObtained and ctx.Err(), holds nothing
 // more, and withdraws its writer-waiting mark.
-func (rw *RWMutex) Lock(ctx context.Context) error { return rw.acquire(ctx, true) }
+func (rw *RWMutex) Lock(ctx context.Context) error { return rw.observed(ctx, true, rw.acquire) }
 
 // RLock takes a read hold, or one more if this RWMutex already has one,
 // waiting as long as ctx allows; errors as for Lock.
-func (rw *RWMutex) RLock(ctx context.Context) error { return rw.acquire(ctx, false) }
+func (rw *RWMutex) RLock(ctx context.Context) error { return rw.observed(ctx, false, rw.acquire) }
 
 // TryLock makes one attempt at the write lock: nil if it is now held by
 // this RWMutex, an error wrapping ErrNotObtained if readers or another
 // writer hold it. It leaves no writer-waiting mark.
-func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.try(ctx, true) }
+func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.observed(ctx, true, rw.try) }
 
 // TryRLock makes one attempt at a read hold: nil if granted, an error
 // wrapping ErrNotObtained if a writer holds the lock or waits for it.
-func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.try(ctx, false) }
+func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.observed(ctx, false, rw.try) }
+
+// observed runs acquire (acquire or try) and reports its outcome when the
+// Locker has an observer: an outermost hold of the kind, or the failure.
+func (rw *RWMutex) observed(ctx context.Context, write bool, acquire func(context.Context, bool) error) error {
+	o := rw.l.obs
+	if o == nil {
+		return acquire(ctx, write)
+	}
+	start := time.Now()
+	err := acquire(ctx, write)
+	if err != nil {
+		busy := scriptcache.ReasonError
+		if errors.Is(err, errHeld) {
+			busy = scriptcache.ReasonBusy
+		}
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquireFailed, Primitive: scriptcache.PrimitiveRWMutex, Name: rw.name, Wait: time.Since(start), Weight: 1,
+			Reason: obs.FailReason(err, ErrClosed, ErrNotReplicated, busy), Err: err})
+		return err
+	}
+	rw.mu.Lock()
+	sd := rw.side(write)
+	outer := sd.holds == 1
+	if outer {
+		sd.since = time.Now()
+	}
+	rw.mu.Unlock()
+	if outer {
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquired, Primitive: scriptcache.PrimitiveRWMutex, Name: rw.name, Wait: time.Since(start), Weight: 1})
+	}
+	return nil
+}
 
 func (rw *RWMutex) try(ctx context.Context, write bool) error {
 	ok, _, err := rw.attempt(ctx, write, false)
 	if ok || err != nil {
 		return ctxErr(ctx, rw.name, err)
 	}
-	return fmt.Errorf("%w: %q (%s) is held", ErrNotObtained, rw.name, kind(write))
+	return fmt.Errorf("%w: %q (%s) %w", ErrNotObtained, rw.name, kind(write), errHeld)
 }
 
 func (rw *RWMutex) acquire(ctx context.Context, write bool) (err error) {
@@ -574,6 +607,10 @@ func (rw *RWMutex) loseLocked(write bool, cause error) {
 	sd := rw.side(write)
 	sd.holds, sd.lse, sd.orphan = 0, nil, sd.id
 	rw.err = fmt.Errorf("%w: %q (%s): %w", ErrLost, rw.name, kind(write), cause)
+	if o := rw.l.obs; o != nil { // before the holder is told
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: scriptcache.PrimitiveRWMutex, Name: rw.name, Hold: time.Since(sd.since), Weight: 1,
+			Reason: obs.LossReason(cause), Err: rw.err})
+	}
 	if rw.lost != nil && rw.lost != closedChan {
 		close(rw.lost)
 	}
@@ -655,6 +692,9 @@ func (rw *RWMutex) release(ctx context.Context, write bool) error {
 			sd.lse = nil
 		}
 		sd.token = 0
+		if o := rw.l.obs; o != nil {
+			o.Observe(scriptcache.Event{Kind: scriptcache.EventReleased, Primitive: scriptcache.PrimitiveRWMutex, Name: rw.name, Hold: time.Since(sd.since), Weight: 1})
+		}
 		if rw.w.holds == 0 && rw.r.holds == 0 {
 			rw.lost = nil // Lost returns closedChan until the next hold
 			if len(rw.scoped) > 0 {
