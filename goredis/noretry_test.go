@@ -1,0 +1,83 @@
+package goredis_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicekit/sluice/goredis"
+	"github.com/sluicekit/sluice/internal/faultproxy"
+	"github.com/sluicekit/sluice/internal/redistest"
+)
+
+const incr = "return redis.call('INCR', KEYS[1])"
+
+// lostReply sends INCR through call while the proxy drops the server's
+// replies, resets the connection once the server has run it, and returns
+// the counter afterwards: 1 if the call ran once, more if the client sent
+// it again on a new connection.
+func lostReply(t *testing.T, call func(rdb *redis.Client, key string) error) string {
+	t.Helper()
+	srv := redistest.NewServer(t)
+	proxy, err := faultproxy.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), PoolSize: 1})
+	t.Cleanup(func() { rdb.Close() })
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const key = "noretry"
+	proxy.DropReplies(true)
+	done := make(chan error, 1)
+	go func() { done <- call(rdb, key) }()
+	if !redistest.WaitFor(context.Background(), 10*time.Second, func() bool {
+		n, _ := srv.Do("GET", key)
+		return n == "1"
+	}) {
+		t.Fatal("the script did not run")
+	}
+	// Reset before letting replies through again: the reply may still be
+	// on its way to the proxy, and must not reach the client.
+	proxy.ResetAll()
+	proxy.DropReplies(false)
+	select {
+	case err := <-done:
+		t.Logf("call after the lost reply: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the call did not return after its connection was reset")
+	}
+	n, err := srv.Do("GET", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestScriptNotRetried: a script whose reply was lost may have run, so the
+// adapter must not let go-redis send it again (a reentrant lock would count
+// two holds). Plain go-redis Eval, which go-redis retries, is the control.
+func TestScriptNotRetried(t *testing.T) {
+	got := lostReply(t, func(rdb *redis.Client, key string) error {
+		c, err := goredis.Wrap(rdb)
+		if err != nil {
+			return err
+		}
+		r := c.Eval(context.Background(), "", incr, []string{key}, nil)
+		if r.Error() != nil && r.ServerError() {
+			t.Errorf("lost reply reported as a server error: %v", r.Error())
+		}
+		return r.Error()
+	})
+	if got != "1" {
+		t.Errorf("counter after a lost reply = %s; the script ran more than once", got)
+	}
+	control := lostReply(t, func(rdb *redis.Client, key string) error {
+		return rdb.Eval(context.Background(), incr, []string{key}).Err()
+	})
+	t.Logf("plain go-redis Eval after a lost reply: counter %s (above 1: go-redis sent it again)", control)
+}
