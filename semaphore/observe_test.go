@@ -1,0 +1,108 @@
+package semaphore_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/scriptcache"
+	"github.com/sluicekit/sluice/semaphore"
+)
+
+// recorder keeps the events an Observer is told, but subscription ones.
+type recorder struct {
+	mu     sync.Mutex
+	events []scriptcache.Event
+}
+
+func (r *recorder) Observe(e scriptcache.Event) {
+	if e.Kind == scriptcache.EventSubscription {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+func (r *recorder) take() []scriptcache.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.events
+	r.events = nil
+	return out
+}
+
+func TestObserveSemaphore(t *testing.T) {
+	ctx := context.Background()
+	rec := &recorder{}
+	sc, err := scriptcache.New(ctx, redistest.Client(t, redistest.Single(t).Addr()), scriptcache.WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := semaphore.NewManager(sc, semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mgr.Close()
+	name := uniqueName(t)
+	s, err := mgr.NewSemaphore(name, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.Acquire(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.TryAcquire(ctx, 2); !errors.Is(err, semaphore.ErrNotObtained) {
+		t.Fatalf("TryAcquire = %v", err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = s.Acquire(tctx, 2)
+	cancel()
+	if !errors.Is(err, semaphore.ErrNotObtained) {
+		t.Fatalf("Acquire = %v", err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A permit held when the Manager closes is lost; the event comes
+	// before the holder is told.
+	p, err = s.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr.Close()
+	select {
+	case <-p.Lost():
+	case <-time.After(signalWait):
+		t.Fatal("loss not signalled")
+	}
+	ev := rec.take()
+	want := []struct {
+		kind   scriptcache.EventKind
+		weight int64
+		reason string
+	}{
+		{scriptcache.EventAcquired, 2, ""},
+		{scriptcache.EventAcquireFailed, 2, scriptcache.ReasonBusy},
+		{scriptcache.EventAcquireFailed, 2, scriptcache.ReasonTimeout},
+		{scriptcache.EventReleased, 2, ""},
+		{scriptcache.EventAcquired, 1, ""},
+		{scriptcache.EventLost, 1, scriptcache.ReasonClosed},
+	}
+	if len(ev) != len(want) {
+		t.Fatalf("events %+v; want %d", ev, len(want))
+	}
+	for i, e := range ev {
+		w := want[i]
+		if e.Kind != w.kind || e.Weight != w.weight || e.Reason != w.reason || e.Primitive != "semaphore" || e.Name != name {
+			t.Errorf("event %d = %+v; want %v of weight %d, reason %q", i, e, w.kind, w.weight, w.reason)
+		}
+	}
+	if ev[0].Wait <= 0 || ev[3].Hold <= 0 || !errors.Is(ev[5].Err, semaphore.ErrLost) {
+		t.Errorf("events %+v: want a wait, a hold and the loss's error", ev)
+	}
+}
