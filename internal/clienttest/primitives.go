@@ -637,9 +637,9 @@ func testRateLimit(t *testing.T, e *env) {
 // testAbandonedAttempt: a Lock whose context ends while its script call is
 // in flight (the server stopped) must not leave a grant nobody holds: once
 // the server answers again, another process gets the lock well before the
-// 30 s lease. It needs a server of its own to stop; on the cluster target
-// it runs on a one-node... no: the cluster client takes the same path once
-// a node is picked, so it runs on the single target only.
+// 30 s lease. It needs a server of its own to stop, so it runs on the
+// single target only: a cluster client takes the same path once it has
+// picked a node.
 func testAbandonedAttempt(t *testing.T, e *env) {
 	if e.cluster {
 		t.Skip("same path as single; stopping a node of the shared cluster would disturb it")
