@@ -65,8 +65,9 @@ const (
 	// EventSubscription: trouble with the pub/sub subscription waiters
 	// rely on. Name is the channel; Reason is ReasonRefused (the server
 	// refused it, Err says why: waiters fail), ReasonDropped (the
-	// connection failed, Err says why; it is retried with backoff) or
-	// ReasonResubscribed (back after a drop: waiters try again).
+	// connection failed, Err says why; it is retried with backoff; a
+	// client that re-subscribes by itself, as rueidis does, reports no
+	// drop) or ReasonResubscribed (back after a drop: waiters try again).
 	EventSubscription
 	// EventDecision: a rate limiter decided a request. Allowed, Weight (the
 	// cost), and Source (SourceRedis, SourceDenyCache or SourceLocal).

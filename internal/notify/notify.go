@@ -420,11 +420,14 @@ func (h *Hub) confirmed(ch *channel) {
 		h.mu.Unlock()
 		return
 	}
+	h.mu.Unlock()
 	// Re-subscribed after the connection dropped: anything published in
-	// between was missed, so every waiter tries again.
+	// between was missed, so every waiter tries again (told after the
+	// observer).
+	h.report(ch.name, scriptcache.ReasonResubscribed, nil)
+	h.mu.Lock()
 	h.wakeAllLocked(ch)
 	h.mu.Unlock()
-	h.report(ch.name, scriptcache.ReasonResubscribed, nil)
 }
 
 // refused records that Redis refused the subscription of ch and forgets ch,
@@ -459,8 +462,8 @@ func (h *Hub) run(ctx context.Context, ch *channel) {
 			return
 		}
 		if errors.Is(err, scriptcache.ErrRefused) {
+			h.report(ch.name, scriptcache.ReasonRefused, err) // before the waiters hear
 			h.refused(ch, err)
-			h.report(ch.name, scriptcache.ReasonRefused, err)
 			return
 		}
 		h.report(ch.name, scriptcache.ReasonDropped, err)
