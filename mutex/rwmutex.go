@@ -258,30 +258,39 @@ func (rw *RWMutex) Owner() string { return rw.owner }
 // already holds it, waiting as long as ctx allows. If ctx ends first it
 // returns an error wrapping ErrNotObtained and ctx.Err(), holds nothing
 // more, and withdraws its writer-waiting mark.
-func (rw *RWMutex) Lock(ctx context.Context) error { return rw.observed(ctx, true, rw.acquire) }
+func (rw *RWMutex) Lock(ctx context.Context) error { return rw.observed(ctx, true, false) }
 
 // RLock takes a read hold, or one more if this RWMutex already has one,
 // waiting as long as ctx allows; errors as for Lock.
-func (rw *RWMutex) RLock(ctx context.Context) error { return rw.observed(ctx, false, rw.acquire) }
+func (rw *RWMutex) RLock(ctx context.Context) error { return rw.observed(ctx, false, false) }
 
 // TryLock makes one attempt at the write lock: nil if it is now held by
 // this RWMutex, an error wrapping ErrNotObtained if readers or another
 // writer hold it. It leaves no writer-waiting mark.
-func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.observed(ctx, true, rw.try) }
+func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.observed(ctx, true, true) }
 
 // TryRLock makes one attempt at a read hold: nil if granted, an error
 // wrapping ErrNotObtained if a writer holds the lock or waits for it.
-func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.observed(ctx, false, rw.try) }
+func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.observed(ctx, false, true) }
 
-// observed runs acquire (acquire or try) and reports its outcome when the
-// Locker has an observer: an outermost hold of the kind, or the failure.
-func (rw *RWMutex) observed(ctx context.Context, write bool, acquire func(context.Context, bool) error) error {
+// observed runs acquire, or try if try is set, and reports its outcome
+// when the Locker has an observer: an outermost hold of the kind, or the
+// failure.
+func (rw *RWMutex) observed(ctx context.Context, write, try bool) error {
 	o := rw.l.obs
 	if o == nil {
-		return acquire(ctx, write)
+		if try {
+			return rw.try(ctx, write)
+		}
+		return rw.acquire(ctx, write)
 	}
 	start := time.Now()
-	err := acquire(ctx, write)
+	var err error
+	if try {
+		err = rw.try(ctx, write)
+	} else {
+		err = rw.acquire(ctx, write)
+	}
 	if err != nil {
 		busy := scriptcache.ReasonError
 		if errors.Is(err, errHeld) {

@@ -50,7 +50,7 @@ func (rw *RWMutex) RDo(ctx context.Context, fn func(ctx context.Context) error) 
 }
 
 func (rw *RWMutex) do(ctx context.Context, write bool, fn func(ctx context.Context) error) error {
-	if err := rw.observed(ctx, write, rw.acquire); err != nil {
+	if err := rw.observed(ctx, write, false); err != nil {
 		return err
 	}
 	hctx, cancel := rw.Context(ctx)
