@@ -2,7 +2,10 @@ module github.com/sluicekit/sluice/bench
 
 go 1.26.0
 
-replace github.com/sluicekit/sluice => ../
+replace (
+	github.com/sluicekit/sluice => ../
+	github.com/sluicekit/sluice/goredis => ../goredis
+)
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
@@ -20,6 +23,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
+	github.com/sluicekit/sluice/goredis v0.0.0-00010101000000-000000000000
 	github.com/yuin/gopher-lua v1.1.1 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
