@@ -20,7 +20,11 @@ import (
 //
 // Implementations report replies, not interpretations: an error reply from
 // the server goes into the Reply as an error for which ServerError is true,
-// and a Lua nil at the top level is a nil value, not an error.
+// and a Lua nil at the top level is a nil value, not an error. They must not
+// send a script call twice: a call whose connection broke after it was sent
+// may have run, and running it again would act twice (a reentrant Lock
+// would count two holds). Redirections (MOVED, ASK), which mean the call did
+// not run, may be followed.
 type Client interface {
 	// Cluster reports whether the client talks to a Redis Cluster, where all
 	// keys of one call must hash to one slot.
@@ -94,12 +98,16 @@ func ErrorReply(err error) Reply { return NewReply(nil, err, false) }
 
 func rueidisReply(r rueidis.RedisResult) Reply { return Reply{rr: r} }
 
-// Error returns the call's error, if any.
+// Error returns the call's error, if any. A nil reply is not an error.
 func (r Reply) Error() error {
 	if r.other {
 		return r.err
 	}
-	return r.rr.Error()
+	err := r.rr.Error()
+	if err != nil && rueidis.IsRedisNil(err) {
+		return nil
+	}
+	return err
 }
 
 // ServerError reports whether the reply is an error reply from the server:

@@ -199,11 +199,7 @@ func testEvalValues(t *testing.T, e *env) {
 	// clients must not leak booleans).
 	for _, body := range []string{"return nil", "return false", "return redis.call('GET', KEYS[1] .. ':missing')"} {
 		for _, r := range evalBoth(t, e, body, []string{k}, nil) {
-			// The Client doc says a top-level nil is a nil value, not an
-			// error; the rueidis Reply still reports rueidis.Nil ("redis nil
-			// message") from Error. Tolerated here, as long as it is not
-			// taken for a server error, until Reply maps it.
-			if err := r.Error(); err != nil && !strings.Contains(err.Error(), "nil") {
+			if err := r.Error(); err != nil {
 				t.Errorf("%s: Error() = %v, want nil", body, err)
 			}
 			if r.ServerError() {
