@@ -1,7 +1,7 @@
-// Package linearizability holds no code, only tests: they record histories of
-// mutex, semaphore and rate-limit operations made under contention by
-// several OS processes against a real Redis server and a Redis Cluster, and
-// check each history against a sequential model with porcupine.
+// Package linearizability records histories of mutex, semaphore and
+// rate-limit operations made under contention by several OS processes
+// against a real Redis server and a Redis Cluster, and checks each history
+// against a sequential model with porcupine.
 //
 // Counting tests (a counter that ends at the right value, a gauge that never
 // exceeds N) see only what the test thought to count. A linearizability
@@ -10,9 +10,15 @@
 // Two lock holders at once, fencing tokens that do not increase, more than
 // N semaphore permits held, a TryLock or TryAcquire turned away while there
 // was room, and a limiter that allowed too much or denied too early all fail
-// it. To show that the check is not vacuous, the same harness runs
-// deliberately broken implementations (check-then-act in two round trips)
-// and requires porcupine to call their histories illegal.
+// it.
+//
+// Run is the suite every client sluice runs on passes: the package's own
+// tests call it with rueidis, module github.com/sluicekit/sluice/goredis
+// with go-redis. To show that the check is not vacuous, the package's own
+// tests also run deliberately broken implementations (check-then-act in two
+// round trips) and the real primitives on mutated scripts, and require
+// porcupine to call their histories illegal; they check the checker, so
+// they run once, on rueidis.
 //
 // Operations from different processes are put on one time line with
 // CLOCK_MONOTONIC, which every process on a Linux machine shares.

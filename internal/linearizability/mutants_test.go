@@ -1,13 +1,10 @@
 package linearizability
 
 import (
-	"context"
 	"io/fs"
 	"strings"
 	"testing"
 	"testing/fstest"
-
-	"github.com/redis/rueidis"
 
 	"github.com/sluicekit/sluice/lua"
 	"github.com/sluicekit/sluice/ratelimit"
@@ -32,18 +29,15 @@ var mutants = map[string]mutant{
 	"fixed-window-off-by-one": {"ratelimit_fixed", "if count + cost > limit then", "if count + cost > limit + 1 then"},
 }
 
-// scriptCache returns the script cache a helper's primitives run on: the
-// real scripts, or with cfg.Mutant applied.
-func scriptCache(t *testing.T, c rueidis.Client, cfg config) *scriptcache.Cache {
-	var opts []scriptcache.Option
-	if cfg.Mutant != "" {
-		opts = append(opts, scriptcache.WithFS(mutatedFS(t, cfg.Mutant)))
+// The mutants check the checker, not a client: they run once, here, on
+// rueidis. A helper's cache loads the scripts with cfg.Mutant applied.
+func init() {
+	cacheOptions = func(t *testing.T, cfg config) []scriptcache.Option {
+		if cfg.Mutant == "" {
+			return nil
+		}
+		return []scriptcache.Option{scriptcache.WithFS(mutatedFS(t, cfg.Mutant))}
 	}
-	sc, err := scriptcache.New(context.Background(), c, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sc
 }
 
 // mutatedFS returns the scripts of package lua with mutant name applied. It
@@ -84,20 +78,24 @@ func mutatedFS(t *testing.T, name string) fs.FS {
 // TestMutantScriptsCaught runs the real primitives on mutated scripts and
 // requires the checker to reject their histories.
 func TestMutantScriptsCaught(t *testing.T) {
+	s, helper := begin(t, newRueidisCache)
+	if helper {
+		return
+	}
 	sc := brokenScale
 	n := sc.procs * sc.goroutines * sc.ops
 	for _, tg := range targets {
 		t.Run(tg.name+"/mutex-takeover", func(t *testing.T) {
-			hists := runHelpers(t, config{Role: "mutex", Mutant: "mutex-takeover", Addrs: tg.addrs(t), Name: uniqueName(t)}, sc)
+			hists := s.runHelpers(t, config{Role: "mutex", Mutant: "mutex-takeover", Addrs: tg.addrs(t), Name: uniqueName(t)}, sc)
 			wantIllegal(t, "lock", lockModel, hists[histLock], 2*n)
 			wantIllegal(t, "counter", counterModel, hists[histCounter], n)
 		})
 		t.Run(tg.name+"/semaphore-off-by-one", func(t *testing.T) {
-			hists := runHelpers(t, config{Role: "semaphore", Mutant: "semaphore-off-by-one", Addrs: tg.addrs(t), Name: uniqueName(t), Capacity: semCapacity}, sc)
+			hists := s.runHelpers(t, config{Role: "semaphore", Mutant: "semaphore-off-by-one", Addrs: tg.addrs(t), Name: uniqueName(t), Capacity: semCapacity}, sc)
 			wantIllegal(t, "semaphore", semaphoreModel(semCapacity), hists[histSemaphore], 2*n)
 		})
 		t.Run(tg.name+"/fixed-window-off-by-one", func(t *testing.T) {
-			hists := runHelpers(t, config{
+			hists := s.runHelpers(t, config{
 				Role: "ratelimit", Mutant: "fixed-window-off-by-one", Addrs: tg.addrs(t), Name: uniqueName(t),
 				Limit: brokenLimit, PeriodMs: limiterPeriod().Milliseconds(),
 			}, sc)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/redis/rueidis"
 
@@ -88,18 +87,17 @@ func semaphoreWorker(t *testing.T, c rueidis.Client, cfg config, sem acquirer) f
 // semaphoreRole runs the real semaphore: one Manager per process, as the
 // package doc asks, with the default watchdog lease so that no permit
 // expires during the run.
-func semaphoreRole(t *testing.T, c rueidis.Client, cfg config, start func(func(*recorder)) []record) []record {
-	sc := scriptCache(t, c, cfg)
-	mgr, err := semaphore.NewManager(sc, semaphore.Options{})
+func semaphoreRole(t *testing.T, p proc, start func(func(*recorder)) []record) []record {
+	mgr, err := semaphore.NewManager(p.cache(t), semaphore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer mgr.Close()
-	sem, err := mgr.NewSemaphore(cfg.Name, cfg.Capacity)
+	sem, err := mgr.NewSemaphore(p.cfg.Name, p.cfg.Capacity)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return start(semaphoreWorker(t, c, cfg, realSemaphore{sem}))
+	return start(semaphoreWorker(t, p.c, p.cfg, realSemaphore{sem}))
 }
 
 // realSemaphore adapts *semaphore.Semaphore to acquirer.
@@ -122,77 +120,4 @@ func (s realSemaphore) TryAcquire(ctx context.Context, n int64) (permit, error) 
 		return nil, err
 	}
 	return p, nil
-}
-
-// checkThenIncrSemaphore is a broken semaphore: it reads how many permits
-// are in use and, if n more fit, adds n in a second round trip. Clients
-// that read the same count all add theirs, past the capacity.
-type checkThenIncrSemaphore struct {
-	c        rueidis.Client
-	key      string
-	capacity int64
-}
-
-type counterPermit struct {
-	s checkThenIncrSemaphore
-	n int64
-}
-
-func (s checkThenIncrSemaphore) Acquire(ctx context.Context, n int64) (permit, error) {
-	for {
-		p, err := s.TryAcquire(ctx, n)
-		if p != nil || err != nil {
-			return p, err
-		}
-		time.Sleep(pollInterval)
-	}
-}
-
-func (s checkThenIncrSemaphore) TryAcquire(ctx context.Context, n int64) (permit, error) {
-	used, err := s.c.Do(ctx, s.c.B().Get().Key(s.key).Build()).AsInt64()
-	if rueidis.IsRedisNil(err) {
-		used, err = 0, nil
-	}
-	if err != nil || used+n > s.capacity {
-		return nil, err
-	}
-	time.Sleep(raceWindow)
-	if err := s.c.Do(ctx, s.c.B().Incrby().Key(s.key).Increment(n).Build()).Error(); err != nil {
-		return nil, err
-	}
-	return counterPermit{s, n}, nil
-}
-
-func (p counterPermit) Release(ctx context.Context) error {
-	return p.s.c.Do(ctx, p.s.c.B().Decrby().Key(p.s.key).Decrement(p.n).Build()).Error()
-}
-
-func brokenSemaphoreRole(t *testing.T, c rueidis.Client, cfg config, start func(func(*recorder)) []record) []record {
-	s := checkThenIncrSemaphore{c: c, key: cfg.Name + ":used", capacity: cfg.Capacity}
-	return start(semaphoreWorker(t, c, cfg, s))
-}
-
-// TestSemaphoreLinearizable records Acquire and Release of
-// semaphore.Semaphore from several processes and checks that at no point
-// more than the capacity was held.
-func TestSemaphoreLinearizable(t *testing.T) {
-	sc := histScale()
-	for _, tg := range targets {
-		t.Run(tg.name, func(t *testing.T) {
-			hists := runHelpers(t, config{Role: "semaphore", Addrs: tg.addrs(t), Name: uniqueName(t), Capacity: semCapacity}, sc)
-			wantLinearizable(t, "semaphore", semaphoreModel(semCapacity), hists[histSemaphore], 2*sc.procs*sc.goroutines*sc.ops)
-		})
-	}
-}
-
-// TestBrokenSemaphoreCaught requires the checker to reject the history of a
-// semaphore that checks and increments in two round trips.
-func TestBrokenSemaphoreCaught(t *testing.T) {
-	sc := brokenScale
-	for _, tg := range targets {
-		t.Run(tg.name, func(t *testing.T) {
-			hists := runHelpers(t, config{Role: "broken-semaphore", Addrs: tg.addrs(t), Name: uniqueName(t), Capacity: semCapacity}, sc)
-			wantIllegal(t, "semaphore", semaphoreModel(semCapacity), hists[histSemaphore], 2*sc.procs*sc.goroutines*sc.ops)
-		})
-	}
 }

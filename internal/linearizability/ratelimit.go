@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/sluicekit/sluice/ratelimit"
 )
 
@@ -78,8 +76,9 @@ func limiterWorker(t *testing.T, cfg config, hists []string, limiters []limiterF
 
 // ratelimitRole runs a ratelimit.Limiter per setup, all on key cfg.Name
 // (the algorithms and the two prefixes keep their keys apart).
-func ratelimitRole(t *testing.T, c rueidis.Client, cfg config, start func(func(*recorder)) []record) []record {
-	sc := scriptCache(t, c, cfg)
+func ratelimitRole(t *testing.T, p proc, start func(func(*recorder)) []record) []record {
+	cfg := p.cfg
+	sc := p.cache(t)
 	var hists []string
 	var limiters []limiterFunc
 	for _, s := range limiterSetups {
@@ -105,76 +104,7 @@ func ratelimitRole(t *testing.T, c rueidis.Client, cfg config, start func(func(*
 	return start(limiterWorker(t, cfg, hists, limiters))
 }
 
-// readThenIncrLimiter is a broken fixed-window limiter: it reads the count
-// and, if the request fits, adds its cost in a second round trip. Clients
-// that read the same count near the limit are all allowed.
-type readThenIncrLimiter struct {
-	c     rueidis.Client
-	key   string
-	limit int64
-}
-
-func (l readThenIncrLimiter) allow(ctx context.Context, n int64) (bool, error) {
-	used, err := l.c.Do(ctx, l.c.B().Get().Key(l.key).Build()).AsInt64()
-	if rueidis.IsRedisNil(err) {
-		used, err = 0, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	time.Sleep(raceWindow)
-	if used+n > l.limit {
-		return false, nil
-	}
-	return true, l.c.Do(ctx, l.c.B().Incrby().Key(l.key).Increment(n).Build()).Error()
-}
-
-const histBrokenLimiter = "broken-limiter"
-
-// brokenLimit is the broken limiter's limit: low, so that it is overrun
-// early in the history. To prove a history illegal porcupine must rule out
-// every order of the operations before the overrun, and that work grows
-// with how many there are and how many run at once.
-const brokenLimit = 30
-
-func brokenRatelimitRole(t *testing.T, c rueidis.Client, cfg config, start func(func(*recorder)) []record) []record {
-	l := readThenIncrLimiter{c: c, key: cfg.Name + ":count", limit: int64(cfg.Limit)}
-	return start(limiterWorker(t, cfg, []string{histBrokenLimiter}, []limiterFunc{l.allow}))
-}
-
 // limiterLimit is the limit for a run of sc: half the number of requests,
 // under 40% of their total cost, so the limit is reached early and most of
 // the run is spent at it, where a limiter can go wrong.
 func limiterLimit(sc scale) int { return sc.procs * sc.goroutines * sc.ops / 2 }
-
-// TestRateLimitLinearizable records the decisions of every algorithm from
-// several processes, with all requests inside one window, and checks that
-// no more than the limit was allowed and nothing was denied while there
-// was room.
-func TestRateLimitLinearizable(t *testing.T) {
-	sc := histScale()
-	limit := limiterLimit(sc)
-	for _, tg := range targets {
-		t.Run(tg.name, func(t *testing.T) {
-			hists := runHelpers(t, config{
-				Role: "ratelimit", Addrs: tg.addrs(t), Name: uniqueName(t),
-				Limit: limit, PeriodMs: limiterPeriod().Milliseconds(),
-			}, sc)
-			for _, s := range limiterSetups {
-				wantLinearizable(t, s.hist, limiterModel(int64(limit)), hists[s.hist], sc.procs*sc.goroutines*sc.ops)
-			}
-		})
-	}
-}
-
-// TestBrokenRateLimitCaught requires the checker to reject the history of a
-// limiter that reads and then increments in two round trips.
-func TestBrokenRateLimitCaught(t *testing.T) {
-	for _, tg := range targets {
-		t.Run(tg.name, func(t *testing.T) {
-			sc := brokenScale
-			hists := runHelpers(t, config{Role: "broken-ratelimit", Addrs: tg.addrs(t), Name: uniqueName(t), Limit: brokenLimit}, sc)
-			wantIllegal(t, "limiter", limiterModel(brokenLimit), hists[histBrokenLimiter], sc.procs*sc.goroutines*sc.ops)
-		})
-	}
-}
