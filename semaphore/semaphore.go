@@ -53,11 +53,13 @@
 //
 // Every permit has a lease. With Options.Lease zero it is a WatchdogLease
 // (30 s) that the Manager renews every third of it while the permit is held,
-// so a crashed process frees its permits within one lease. With a Lease set
-// there is no renewal: a permit expires that long after it was granted.
-// Expired permits are reclaimed by the acquire and release scripts, at most
-// 16 per call, so no call does unbounded work; their capacity is then
-// announced to waiters.
+// so a crashed process frees its permits within one lease. The renewals of
+// many permits, of one semaphore or several in one cluster slot, go out
+// together, up to 512 per script call, and each permit is answered on its
+// own: one found gone is lost alone. With a Lease set there is no renewal:
+// a permit expires that long after it was granted. Expired permits are
+// reclaimed by the acquire and release scripts, at most 16 per call, so no
+// call does unbounded work; their capacity is then announced to waiters.
 //
 // A holder can lose its permit: it expired (renewals failed for a whole
 // lease, a paused process, a fixed lease ran out), its keys were deleted, or
@@ -295,12 +297,18 @@ type Manager struct {
 	pubMode  string        // "s" (SPUBLISH) or "p"
 	recheck  time.Duration // how often a fair waiter refreshes its entry
 
-	acquire, release, renew, holders, queue *scriptcache.Script
+	acquire, release, renewBatch, holders, queue *scriptcache.Script
+	cluster                                      bool // renewal groups are per slot
 
 	hub    *notify.Hub
 	keeper *lease.Keeper
 	closed atomic.Bool
 	obs    scriptcache.Observer // nil: nothing reported
+
+	// groups renew the watchdog leases together, one group per cluster
+	// slot (a script's keys must share one), or one on a single server.
+	groupsMu sync.Mutex
+	groups   map[uint16]*lease.Group // guarded by groupsMu
 
 	bgMu     sync.Mutex
 	bgClosed bool           // guarded by bgMu
@@ -327,7 +335,7 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 	}
 	for name, dst := range map[string]**scriptcache.Script{
 		"semaphore_acquire": &m.acquire, "semaphore_release": &m.release,
-		"semaphore_renew": &m.renew, "semaphore_holders": &m.holders, "semaphore_queue": &m.queue,
+		"semaphore_renew_batch": &m.renewBatch, "semaphore_holders": &m.holders, "semaphore_queue": &m.queue,
 	} {
 		if *dst, err = sc.Script(name); err != nil {
 			return nil, fmt.Errorf("semaphore: %w", err)
@@ -336,7 +344,26 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 	m.obs = sc.Observer()
 	m.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), m.obs, scriptcache.PrimitiveSemaphore)
 	m.keeper = lease.NewKeeper()
+	m.cluster = sc.Cluster()
+	m.groups = make(map[uint16]*lease.Group)
 	return m, nil
+}
+
+// group returns the renewal group of the semaphore whose permits hash is
+// key.
+func (m *Manager) group(key string) *lease.Group {
+	var slot uint16
+	if m.cluster {
+		slot = keyspace.Slot(key)
+	}
+	m.groupsMu.Lock()
+	defer m.groupsMu.Unlock()
+	g := m.groups[slot]
+	if g == nil {
+		g = m.keeper.NewGroup(m.renewPermits)
+		m.groups[slot] = g
+	}
+	return g
 }
 
 // Close stops the watchdog and the subscriptions and waits for their
@@ -396,14 +423,18 @@ func (m *Manager) NewSemaphore(name string, capacity int64) (*Semaphore, error) 
 		return nil, fmt.Errorf("%w: %d outside [1, %d]", ErrInvalidCapacity, capacity, int64(MaxCapacity))
 	}
 	p := m.opts.Prefix
-	return &Semaphore{
+	s := &Semaphore{
 		m:        m,
 		name:     name,
 		capacity: capacity,
 		capArg:   strconv.FormatInt(capacity, 10),
 		keys: []string{keyspace.Key(p, name, ""), keyspace.Key(p, name, ":e"), keyspace.Key(p, name, ":w"),
 			keyspace.Key(p, name, ":q"), keyspace.Key(p, name, ":qe")},
-	}, nil
+	}
+	if m.watchdog {
+		s.group = m.group(s.keys[0])
+	}
+	return s, nil
 }
 
 // Semaphore is one named counting semaphore seen with one capacity. It
@@ -413,7 +444,8 @@ type Semaphore struct {
 	name     string
 	capacity int64
 	capArg   string
-	keys     []string // permits hash, expiry set, wake-up channel, queue, queue entries
+	keys     []string     // permits hash, expiry set, wake-up channel, queue, queue entries
+	group    *lease.Group // renews its permits' watchdog leases with others; nil for a fixed lease
 }
 
 // Name returns the semaphore's name.
@@ -762,11 +794,12 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64, mode string
 // sent at sent.
 func (s *Semaphore) newPermit(ctx context.Context, id string, n int64, sent time.Time) (*Permit, error) {
 	p := &Permit{s: s, id: id, weight: n, lost: make(chan struct{}), since: sent}
-	var renew lease.Renew
-	if s.m.watchdog {
-		renew = p.renew
+	var lse *lease.Lease
+	if s.group != nil {
+		lse = s.m.keeper.AddBatched(sent, s.m.lease, s.group, p, p.lose)
+	} else {
+		lse = s.m.keeper.Add(sent, s.m.lease, nil, p.lose) // a fixed lease: never renewed
 	}
-	lse := s.m.keeper.Add(sent, s.m.lease, renew, p.lose)
 	p.mu.Lock()
 	p.lse = lse
 	closed := p.err != nil && errors.Is(p.err, ErrClosed)
@@ -970,17 +1003,53 @@ func (p *Permit) Release(ctx context.Context) error {
 	return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
 }
 
-// renew is the watchdog's renewal of this permit.
-func (p *Permit) renew(ctx context.Context) error {
-	ok, err := p.s.m.renew.Exec(ctx, p.s.keys[:2], []string{p.id, p.s.m.leaseMs}).AsInt64()
+// renewPermits is the watchdog's renewal of items (*Permit, all with the
+// watchdog lease, in one group) in one call. Each semaphore's keys are
+// sent once, with the permits of it in the call pointing at them.
+func (m *Manager) renewPermits(ctx context.Context, items []any, errs []error) error {
+	keys := make([]string, 0, 8)
+	args := make([]string, 1+2*len(items))
+	args[0] = m.leaseMs
+	var index map[string]string // permits hash -> its position in keys, as sent
+	var prev *Semaphore
+	var j string
+	for i, it := range items {
+		p := it.(*Permit)
+		// Permits of one semaphore often come together: no lookup then.
+		if s := p.s; s != prev {
+			prev = s
+			var ok bool
+			if j, ok = index[s.keys[0]]; !ok {
+				keys = append(keys, s.keys[0], s.keys[1])
+				j = strconv.Itoa(len(keys) / 2)
+				if index == nil {
+					index = make(map[string]string)
+				}
+				index[s.keys[0]] = j
+			}
+		}
+		args[1+2*i], args[2+2*i] = j, p.id
+	}
+	vals, err := m.renewBatch.Exec(ctx, keys, args).ToArray()
 	if err != nil {
 		return err
 	}
-	if ok == 0 {
-		return fmt.Errorf("%w: expired or deleted", lease.ErrGone)
+	if vals.Len() != len(items) {
+		return fmt.Errorf("semaphore: renewal of %d permits answered %d", len(items), vals.Len())
+	}
+	for i := range len(items) {
+		switch ok, err := vals.At(i).AsInt64(); {
+		case err != nil:
+			errs[i] = err
+		case ok == 0:
+			errs[i] = errRenewGone
+		}
 	}
 	return nil
 }
+
+// errRenewGone is the loss reason when the watchdog finds a permit gone.
+var errRenewGone = fmt.Errorf("%w: expired or deleted", lease.ErrGone)
 
 // lose records the loss of the permit; called by the lease keeper.
 func (p *Permit) lose(cause error) {

@@ -1,0 +1,58 @@
+-- semaphore_renew_batch: extend the leases of many live permits, of one or
+-- more semaphores, in one call (the watchdog's batched renewal). Each
+-- permit is checked and answered on its own, exactly as semaphore_renew
+-- did: a permit that is gone or already expired is not brought back, since
+-- its capacity may have been counted as free already.
+--
+-- Layout as in semaphore_acquire. Each semaphore's two keys are sent once,
+-- however many of its permits the call renews; on a cluster every key of
+-- the call is in one slot (semaphores whose hash tags share a slot). After
+-- its permits, each semaphore that had one renewed gets both keys' expiry
+-- set to its latest permit expiry, or ':set' ms from now if SetCapacity
+-- set the capacity and that is later. Time is the server's (TIME).
+--
+-- KEYS[2j-1]   permits hash of the j-th semaphore
+-- KEYS[2j]     expiry sorted set of the j-th semaphore
+-- ARGV[1]      lease in milliseconds (integer >= 1), for every permit
+-- ARGV[2i]     j: the semaphore of the i-th permit (1 .. #KEYS/2)
+-- ARGV[2i+1]   id of the i-th permit
+--
+-- Returns  an array with one entry per permit: 1 if it was renewed, 0 if
+--          it is not held.
+-- Complexity: O(N log M + S) for N permits of S semaphores holding at most
+--          M permits each; the caller sends at most lease.MaxBatch (512)
+--          permits per call.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local exp = now + tonumber(ARGV[1])
+local exps = string.format('%.0f', exp)
+
+local out = {}
+local renewed = {} -- j -> true once a permit of semaphore j is renewed
+for i = 1, (#ARGV - 1) / 2 do
+  local j = tonumber(ARGV[2 * i])
+  local id = ARGV[2 * i + 1]
+  local score = redis.call('ZSCORE', KEYS[2 * j], id)
+  if score and tonumber(score) > now and redis.call('HEXISTS', KEYS[2 * j - 1], id) == 1 then
+    redis.call('ZADD', KEYS[2 * j], exps, id)
+    renewed[j] = true
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+
+for j = 1, #KEYS / 2 do
+  if renewed[j] then
+    local last = redis.call('ZRANGE', KEYS[2 * j], -1, -1, 'WITHSCORES')
+    local at = math.max(tonumber(last[2]), exp)
+    local keep = tonumber(redis.call('HGET', KEYS[2 * j - 1], ':set'))
+    if keep then
+      at = math.max(at, now + keep)
+    end
+    at = string.format('%.0f', at)
+    redis.call('PEXPIREAT', KEYS[2 * j - 1], at)
+    redis.call('PEXPIREAT', KEYS[2 * j], at)
+  end
+end
+return out
