@@ -11,7 +11,7 @@ import (
 	"github.com/sluicekit/sluice/mutex"
 )
 
-// TestBlackholeLossBeforeExpiry partitions a lock holder from Redis for
+// blackholeLossBeforeExpiry partitions a lock holder from Redis for
 // longer than its lease, over several trials.
 //
 // Pass criteria, in every trial: the key does disappear (checked on a
@@ -40,12 +40,12 @@ import (
 // absolute Unix time, in milliseconds, after which the key is gone, on the
 // same machine clock as the client's. The last value read before the key
 // vanished is the deadline.
-func TestBlackholeLossBeforeExpiry(t *testing.T) {
+func blackholeLossBeforeExpiry(t *testing.T, newCache NewCache) {
 	const watchdog = time.Second
 	margin := lease.Margin(watchdog)
 	trials := pick(5, 50)
-	r := newRig(t)
-	locks := newLocker(t, r.proxied, mutex.Options{WatchdogLease: watchdog})
+	r := newRig(t, newCache)
+	locks := newLocker(t, r.proxied(t, ClientOptions{}), mutex.Options{WatchdogLease: watchdog})
 	ctx := context.Background()
 	probe := startProbe(t)
 

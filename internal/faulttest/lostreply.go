@@ -9,23 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/sluicekit/sluice/mutex"
 )
-
-// quietConn makes the proxied client use one pipelining connection with no
-// background PING, so the call under test is the one whose reply is lost:
-//   - rueidis PINGs a connection idle for Dialer.KeepAlive (1 s by
-//     default); when that PING's reply is the one dropped, later calls wait
-//     behind it and never reach Redis (a dead connection, not a lost reply);
-//   - with several pipelining connections rueidis picks one at random per
-//     call, and one dialed while replies are dropped never finishes its
-//     handshake, so the request would never be sent.
-func quietConn(o *rueidis.ClientOption) {
-	o.Dialer.KeepAlive = -1
-	o.PipelineMultiplex = -1 // 2^0: one connection
-}
 
 // warm makes sure the proxied client's connection is up before a fault.
 func warm(t *testing.T, m *mutex.Mutex) {
@@ -36,7 +21,7 @@ func warm(t *testing.T, m *mutex.Mutex) {
 }
 
 // retry calls f until it returns something other than a connection error.
-// The connection reset that ends a lost reply reaches rueidis
+// The connection reset that ends a lost reply reaches the client
 // asynchronously, so the first call after it may still be written into the
 // dead connection and fail; the API says such calls are safe to repeat, and
 // that is what a caller does.
@@ -80,7 +65,7 @@ func lostReplyCall(t *testing.T, r *rig, call func(ctx context.Context) error, r
 	return err
 }
 
-// TestLostAcquireReply drops the reply of an outermost Lock.
+// lostAcquireReply drops the reply of an outermost Lock.
 //
 // Pass criterion: never a lock that nobody believes it holds for longer
 // than the lease. Either the owner finds its own hold (a later Lock by the
@@ -88,7 +73,7 @@ func lostReplyCall(t *testing.T, r *rig, call func(ctx context.Context) error, r
 // within one lease of the request: its TTL is at most the lease, and a
 // contender acquires no later than the lease after the lost request was
 // sent (plus scheduling slack).
-func TestLostAcquireReply(t *testing.T) {
+func lostAcquireReply(t *testing.T, newCache NewCache) {
 	const lease = 500 * time.Millisecond
 	for _, tc := range []struct {
 		name string
@@ -98,9 +83,9 @@ func TestLostAcquireReply(t *testing.T) {
 		{"fixed", mutex.Options{Lease: lease}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newRig(t, quietConn)
-			locks := newLocker(t, r.proxied, tc.opts)
-			other := newLocker(t, r.direct, tc.opts)
+			r := newRig(t, newCache)
+			locks := newLocker(t, r.proxied(t, ClientOptions{Quiet: true}), tc.opts)
+			other := newLocker(t, r.directCache(t), tc.opts)
 			ctx := context.Background()
 
 			t.Run("owner finds its hold", func(t *testing.T) {
@@ -191,18 +176,18 @@ func TestLostAcquireReply(t *testing.T) {
 	}
 }
 
-// TestLostUnlockReply drops the reply of Unlock and retries it.
+// lostUnlockReply drops the reply of Unlock and retries it.
 //
 // Pass criterion: a retried Unlock never removes two holds. With two holds,
 // a lost reply and a retry leave exactly one (HGET n on the server), and the
 // next Unlock frees the lock. A retried final Unlock whose first try did
 // release the lock succeeds without touching the hold of the owner who took
 // the lock in between.
-func TestLostUnlockReply(t *testing.T) {
+func lostUnlockReply(t *testing.T, newCache NewCache) {
 	const lease = time.Second
-	r := newRig(t, quietConn)
-	locks := newLocker(t, r.proxied, mutex.Options{WatchdogLease: lease})
-	other := newLocker(t, r.direct, mutex.Options{WatchdogLease: lease})
+	r := newRig(t, newCache)
+	locks := newLocker(t, r.proxied(t, ClientOptions{Quiet: true}), mutex.Options{WatchdogLease: lease})
+	other := newLocker(t, r.directCache(t), mutex.Options{WatchdogLease: lease})
 	ctx := context.Background()
 
 	t.Run("nested", func(t *testing.T) {

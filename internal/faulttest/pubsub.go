@@ -12,7 +12,7 @@ import (
 	"github.com/sluicekit/sluice/mutex"
 )
 
-// TestPubSubResetWaiters resets the connections of a process whose 50
+// pubSubResetWaiters resets the connections of a process whose 50
 // waiters wait on one lock, and releases the lock while that process is
 // not subscribed, so the release message is surely lost.
 //
@@ -21,12 +21,12 @@ import (
 // lost message, or on a hand-off that did not come, would wait for a lease
 // per turn). Calls that were in flight on the reset connection may fail
 // with a connection error; the waiter then calls Lock again (counted).
-func TestPubSubResetWaiters(t *testing.T) {
+func pubSubResetWaiters(t *testing.T, newCache NewCache) {
 	const lease = 2 * time.Second
 	waiters := pick(50, 200)
-	r := newRig(t)
-	locks := newLocker(t, r.proxied, mutex.Options{WatchdogLease: lease})
-	holderLocks := newLocker(t, r.direct, mutex.Options{WatchdogLease: lease})
+	r := newRig(t, newCache)
+	locks := newLocker(t, r.proxied(t, ClientOptions{}), mutex.Options{WatchdogLease: lease})
+	holderLocks := newLocker(t, r.directCache(t), mutex.Options{WatchdogLease: lease})
 	ctx := context.Background()
 	name := uniqueName(t)
 	channel := lockKey(name) + ":w"

@@ -14,7 +14,7 @@ import (
 	"github.com/sluicekit/sluice/semaphore"
 )
 
-// TestScriptFlushStorm empties Redis's script cache every 50 ms while
+// scriptFlushStorm empties Redis's script cache every 50 ms while
 // goroutines hammer every primitive: mutex Lock/Unlock, semaphore
 // Acquire/Release, and Allow on all three rate limit algorithms.
 //
@@ -23,13 +23,12 @@ import (
 // lock and semaphore, whose waits are generous). The test also checks that
 // the storm bit: the server answered NOSCRIPT at least once per primitive
 // family's worth of flushes, and every primitive made progress.
-func TestScriptFlushStorm(t *testing.T) {
+func scriptFlushStorm(t *testing.T, newCache NewCache) {
 	run := pick(2*time.Second, 20*time.Second)
 	srv := redistest.NewServer(t)
-	client := newClient(t, srv.Addr())
-	locks := newLocker(t, client, mutex.Options{WatchdogLease: time.Second})
-	sems := newManager(t, client, semaphore.Options{WatchdogLease: time.Second})
-	sc := newCache(t, client)
+	sc := newCache(t, srv.Addr(), ClientOptions{})
+	locks := newLocker(t, sc, mutex.Options{WatchdogLease: time.Second})
+	sems := newManager(t, sc, semaphore.Options{WatchdogLease: time.Second})
 	ctx := context.Background()
 	noscriptBefore := errorStat(t, srv, "NOSCRIPT")
 

@@ -15,7 +15,7 @@ import (
 	"github.com/sluicekit/sluice/semaphore"
 )
 
-// TestRedisRestart kills redis-server with SIGKILL (no persistence: every
+// redisRestart kills redis-server with SIGKILL (no persistence: every
 // key is gone) in the middle of a run and starts it again on the same port.
 //
 // Pass criteria:
@@ -39,17 +39,18 @@ import (
 //     that time is back to at least half the median before the kill.
 //
 // Calls that fail with connection errors while the server is down are
-// expected (rueidis does not retry writes) and only counted.
-func TestRedisRestart(t *testing.T) {
+// expected (a client must not retry a script call: scriptcache.Client) and
+// only counted.
+func redisRestart(t *testing.T, newCache NewCache) {
 	const lease = 1500 * time.Millisecond
 	const renewal = lease / 3
 	const rttAllowance = lease / 6
 	const bucket = 100 * time.Millisecond
 	before, after := pick(1500*time.Millisecond, 10*time.Second), pick(2500*time.Millisecond, 10*time.Second)
 	srv := redistest.NewServer(t)
-	client := newClient(t, srv.Addr())
-	locks := newLocker(t, client, mutex.Options{WatchdogLease: lease})
-	sems := newManager(t, client, semaphore.Options{WatchdogLease: lease})
+	sc := newCache(t, srv.Addr(), ClientOptions{})
+	locks := newLocker(t, sc, mutex.Options{WatchdogLease: lease})
+	sems := newManager(t, sc, semaphore.Options{WatchdogLease: lease})
 	ctx := context.Background()
 
 	// Holders that keep their locks and permits across the restart.

@@ -19,10 +19,6 @@ import (
 	"github.com/sluicekit/sluice/semaphore"
 )
 
-// TestMain stops the servers and then fails the run if any goroutine of a
-// proxy, client, Locker or Manager outlived its test (goleak).
-func TestMain(m *testing.M) { redistest.Main(m) }
-
 // signalWait bounds waits for things that must happen. It is generous: CI
 // shares two cores between redis-server, the tests and the race detector,
 // and a wait that times out is a failure, not a measurement.
@@ -39,18 +35,20 @@ func pick[T any](short, long_ T) T {
 	return short
 }
 
-// rig is one private redis-server, a fault proxy in front of it, a client
-// through the proxy (the one under test) and a direct client (the
-// observer, which sees the server's truth whatever the proxy does).
+// rig is one private redis-server, a fault proxy in front of it, and a
+// direct rueidis client (the observer, which sees the server's truth
+// whatever the proxy does). The clients under test come from newCache:
+// through the proxy (proxied) or straight to the server (direct, for the
+// other side of a scenario: a contender, a holder).
 type rig struct {
-	srv     *redistest.Server
-	proxy   *faultproxy.Proxy
-	proxied rueidis.Client
-	direct  rueidis.Client
+	srv      *redistest.Server
+	proxy    *faultproxy.Proxy
+	direct   rueidis.Client
+	newCache NewCache
 }
 
-// newRig starts a rig. opts, if given, adjust the proxied client's options.
-func newRig(t *testing.T, opts ...func(*rueidis.ClientOption)) *rig {
+// newRig starts a rig.
+func newRig(t *testing.T, newCache NewCache) *rig {
 	t.Helper()
 	srv := redistest.NewServer(t)
 	p, err := faultproxy.New(srv.Addr())
@@ -58,18 +56,28 @@ func newRig(t *testing.T, opts ...func(*rueidis.ClientOption)) *rig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	return &rig{srv: srv, proxy: p, proxied: newClient(t, p.Addr(), opts...), direct: newClient(t, srv.Addr())}
+	return &rig{srv: srv, proxy: p, direct: newClient(t, srv.Addr()), newCache: newCache}
 }
 
-// newClient returns a rueidis client closed when t ends. Client-side
-// caching is off so every read reaches the server.
-func newClient(t *testing.T, addr string, opts ...func(*rueidis.ClientOption)) rueidis.Client {
+// proxied returns a cache on a new client under test that reaches the
+// server through the proxy.
+func (r *rig) proxied(t *testing.T, o ClientOptions) *scriptcache.Cache {
 	t.Helper()
-	o := rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true}
-	for _, f := range opts {
-		f(&o)
-	}
-	c, err := rueidis.NewClient(o)
+	return r.newCache(t, r.proxy.Addr(), o)
+}
+
+// directCache returns a cache on a new client under test that reaches the
+// server directly.
+func (r *rig) directCache(t *testing.T) *scriptcache.Cache {
+	t.Helper()
+	return r.newCache(t, r.srv.Addr(), ClientOptions{})
+}
+
+// newClient returns the observer: a rueidis client closed when t ends,
+// with client-side caching off so every read reaches the server.
+func newClient(t *testing.T, addr string) rueidis.Client {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
 	if err != nil {
 		t.Fatalf("client for %s: %v", addr, err)
 	}
@@ -77,20 +85,9 @@ func newClient(t *testing.T, addr string, opts ...func(*rueidis.ClientOption)) r
 	return c
 }
 
-func newCache(t *testing.T, c rueidis.Client) *scriptcache.Cache {
+func newLocker(t *testing.T, sc *scriptcache.Cache, opts mutex.Options) *mutex.Locker {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), signalWait)
-	defer cancel()
-	sc, err := scriptcache.New(ctx, c)
-	if err != nil {
-		t.Fatalf("scriptcache.New: %v", err)
-	}
-	return sc
-}
-
-func newLocker(t *testing.T, c rueidis.Client, opts mutex.Options) *mutex.Locker {
-	t.Helper()
-	l, err := mutex.NewLocker(newCache(t, c), opts)
+	l, err := mutex.NewLocker(sc, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,9 +95,9 @@ func newLocker(t *testing.T, c rueidis.Client, opts mutex.Options) *mutex.Locker
 	return l
 }
 
-func newManager(t *testing.T, c rueidis.Client, opts semaphore.Options) *semaphore.Manager {
+func newManager(t *testing.T, sc *scriptcache.Cache, opts semaphore.Options) *semaphore.Manager {
 	t.Helper()
-	m, err := semaphore.NewManager(newCache(t, c), opts)
+	m, err := semaphore.NewManager(sc, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,34 @@
+package goredis_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicekit/sluice/goredis"
+	"github.com/sluicekit/sluice/internal/faulttest"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// newFaultCache returns a cache on a go-redis client of the server (or
+// fault proxy) at addr, closed when t ends, with go-redis's defaults.
+// ClientOptions.Quiet needs nothing more: go-redis sends nothing on an
+// idle connection (its health check before reuse only peeks at the
+// socket), and it sends a call on a connection of its pool that no other
+// call is using.
+func newFaultCache(t testing.TB, addr string, _ faulttest.ClientOptions) *scriptcache.Cache {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { rdb.Close() })
+	sc, err := goredis.New(context.Background(), rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
+// TestFaults runs the fault scenarios (latency, blackhole, lost replies,
+// pub/sub reset, SCRIPT FLUSH storm, kill -9 restart) with the primitives
+// on go-redis: the suite the core runs on rueidis.
+func TestFaults(t *testing.T) { faulttest.Run(t, newFaultCache) }
