@@ -34,45 +34,58 @@ local floor, ceil, max = math.floor, math.ceil, math.max
 -- rawget: embedded test servers have no cmsgpack, and raise an error on
 -- reading a global that does not exist.
 local msgpack = rawget(_G, 'cmsgpack')
-local cost = tonumber(ARGV[1])
+local argv = ARGV
+local cost = tonumber(argv[1])
+local n = (#argv - 1) / 3
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
 local now = (sec - 1704067200) * 1000000 + usec -- GCRA, fixed window
 local abs = sec * 1000000 + usec -- sliding windows align on the Unix epoch
 local now_ms = floor(now / 1000)
 
+-- Tables are what this script spends most on after the calls themselves
+-- (allocation, growth, garbage collection), so it makes two, each at its
+-- final size at once: {string.byte(zeros, 1, k)} is k zeros in one
+-- allocation, where filling {} one by one would grow it several times.
+local zeros = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
+-- reply[1 .. 4n+1] is the reply; reply[4n+2i] and reply[4n+2i+1] hold
+-- policy i's remaining and reset if the request is not counted, until
+-- reply[4n+2] is set to nil before returning: a reply ends at its first
+-- nil.
+local reply = {string.byte(zeros, 1, 6 * n + 1)}
+-- st: three numbers per policy, the state read and, once a policy has
+-- room, the state to write. Zeros stand for a fresh state: a TAT, window
+-- end or window index of 0 is long past.
+--
 -- The numbers are MessagePack where the server has cmsgpack (every Redis
 -- since 2.6): decoded and encoded in C, which keeps this script cheap.
 -- Embedded test servers without it get text, the numbers in '%.17g'
 -- separated by spaces. One server never writes both.
-local state
+local st
 local v = redis.call('GET', KEYS[1])
 if not v then
-  state = {}
+  st = {string.byte(zeros, 1, 3 * n)}
 elseif msgpack then
-  state = {msgpack.unpack(v)}
+  st = {msgpack.unpack(v)}
 else
-  state = {}
-  for x in string.gmatch(v, '%S+') do state[#state + 1] = tonumber(x) end
+  st = {}
+  for x in string.gmatch(v, '%S+') do st[#st + 1] = tonumber(x) end
 end
 
-local n = (#ARGV - 1) / 3
 local all = true
-local reply = {0}
-local kept = {} -- per policy: remaining and reset if the request is not counted
-local new = {} -- the state to write if every policy has room
 local ttl = 1 -- milliseconds the written state must live
 for i = 1, n do
-  local kind, a, b = ARGV[3 * i - 1], tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
+  local kind, a, b = argv[3 * i - 1], tonumber(argv[3 * i]), tonumber(argv[3 * i + 1])
   local j = 3 * i - 2
-  local s1, s2, s3 = state[j], state[j + 1], state[j + 2]
+  local s1, s2, s3 = st[j], st[j + 1], st[j + 2]
+  local r = 4 * i - 2 -- this policy's first reply value
   -- room; remaining and reset if allowed; retry if not; remaining and
   -- reset if the request is not counted.
   local room, rem, reset, retry, rem0, reset0
   if kind == 'g' then
     local interval, burst = a, b
     local tolerance = burst * interval
-    local ahead = max((s1 or now) - now, 0)
+    local ahead = max((s1 or 0) - now, 0)
     local after = ahead + cost * interval
     rem0 = max(floor((tolerance - ahead) / interval + 1e-9), 0)
     reset0 = ceil(ahead)
@@ -80,7 +93,7 @@ for i = 1, n do
     if room then
       rem = max(floor((tolerance - after) / interval + 1e-9), 0)
       reset = ceil(after)
-      new[j], new[j + 1], new[j + 2] = now + after, 0, 0
+      st[j], st[j + 1], st[j + 2] = now + after, 0, 0
       ttl = max(ttl, ceil(after / 1000))
     else
       retry = ceil(after - tolerance)
@@ -98,7 +111,7 @@ for i = 1, n do
       rem = limit - count - cost
       reset = reset0
       if count + cost > 0 then reset = left end
-      new[j], new[j + 1], new[j + 2] = count + cost, window_end, 0
+      st[j], st[j + 1], st[j + 2] = count + cost, window_end, 0
       ttl = max(ttl, window_end - now_ms)
     else
       retry = left
@@ -114,17 +127,19 @@ for i = 1, n do
       prev = s2 or 0
     end
     local estimate = prev * (window - elapsed) / window + cur
-    local function reset_after(c)
-      if c > 0 then return 2 * window - elapsed elseif prev > 0 then return window - elapsed end
-      return 0
-    end
+    -- Microseconds until the window is back to its full limit, with a
+    -- count of c in the current window.
+    reset0 = 0
+    if cur > 0 then reset0 = 2 * window - elapsed elseif prev > 0 then reset0 = window - elapsed end
+    reset0 = ceil(reset0)
     rem0 = max(floor(limit - estimate), 0)
-    reset0 = ceil(reset_after(cur))
     room = estimate + cost <= limit
     if room then
       rem = max(floor(limit - estimate - cost), 0)
-      reset = ceil(reset_after(cur + cost))
-      new[j], new[j + 1], new[j + 2] = idx, cur + cost, prev
+      reset = 0
+      if cur + cost > 0 then reset = 2 * window - elapsed elseif prev > 0 then reset = window - elapsed end
+      reset = ceil(reset)
+      st[j], st[j + 1], st[j + 2] = idx, cur + cost, prev
       ttl = max(ttl, ceil((2 * window - elapsed) / 1000))
     elseif cur + cost <= limit then
       -- The previous window's share has to shrink to limit - cur - cost.
@@ -135,13 +150,13 @@ for i = 1, n do
       retry = max(ceil(window - elapsed + max(window - (limit - cost) * window / cur, 0)), 1)
     end
   end
-  all = all and room
   if room then
-    reply[4 * i - 2], reply[4 * i - 1], reply[4 * i], reply[4 * i + 1] = 1, rem, 0, reset
+    reply[r], reply[r + 1], reply[r + 3] = 1, rem, reset -- reply[r + 2] stays 0
   else
-    reply[4 * i - 2], reply[4 * i - 1], reply[4 * i], reply[4 * i + 1] = 0, rem0, retry, reset0
+    all = false
+    reply[r + 1], reply[r + 2], reply[r + 3] = rem0, retry, reset0 -- reply[r] stays 0
   end
-  kept[2 * i - 1], kept[2 * i] = rem0, reset0
+  reply[4 * n + 2 * i], reply[4 * n + 2 * i + 1] = rem0, reset0
 end
 
 if all then
@@ -151,19 +166,22 @@ if all then
     -- form ("1e+08"), which PX rejects.
     local value
     if msgpack then
-      value = msgpack.pack(unpack(new))
+      value = msgpack.pack(unpack(st, 1, 3 * n))
     else
-      for k = 1, #new do new[k] = string.format('%.17g', new[k]) end
-      value = table.concat(new, ' ')
+      local text = {}
+      for k = 1, 3 * n do text[k] = string.format('%.17g', st[k]) end
+      value = table.concat(text, ' ')
     end
     redis.call('SET', KEYS[1], value, 'PX', string.format('%d', ttl))
   end
 else
   -- Not counted: the policies with room report what they have now.
   for i = 1, n do
-    if reply[4 * i - 2] == 1 then
-      reply[4 * i - 1], reply[4 * i + 1] = kept[2 * i - 1], kept[2 * i]
+    local r = 4 * i - 2
+    if reply[r] == 1 then
+      reply[r + 1], reply[r + 3] = reply[4 * n + 2 * i], reply[4 * n + 2 * i + 1]
     end
   end
 end
+reply[4 * n + 2] = nil
 return reply
