@@ -14,7 +14,8 @@ import (
 )
 
 // commandCalls returns the calls= count of each command in INFO
-// commandstats (commands scripts run are counted too).
+// commandstats (commands scripts run are counted too), and as NAME:usec
+// the microseconds the server spent in it.
 func commandCalls(t testing.TB, srv *redistest.Server) map[string]int64 {
 	t.Helper()
 	info, err := srv.Do("INFO", "commandstats")
@@ -27,8 +28,13 @@ func commandCalls(t testing.TB, srv *redistest.Server) map[string]int64 {
 		if !ok {
 			continue
 		}
+		name = strings.TrimPrefix(name, "cmdstat_")
 		n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-		calls[strings.TrimPrefix(name, "cmdstat_")] = n
+		calls[name] = n
+		if _, usec, ok := strings.Cut(rest, "usec="); ok {
+			n, _ = strconv.ParseInt(usec[:strings.IndexByte(usec, ',')], 10, 64)
+			calls[name+":usec"] = n
+		}
 	}
 	return calls
 }
@@ -112,9 +118,12 @@ func TestHeldPermits(t *testing.T) {
 	lost := lostPermits(ps)
 	scripts := after["evalsha"] + after["eval"] - before["evalsha"] - before["eval"]
 	renewed := after["zadd"] - before["zadd"] // one ZADD per permit renewed, nothing else runs
+	usec := after["evalsha:usec"] + after["eval:usec"] - before["evalsha:usec"] - before["eval:usec"]
 	t.Logf("held %d permits at a %v watchdog lease for %v: %.0f renewal script calls/s, %.0f permits renewed/s (%.0f per call), %d false losses; goroutines %d",
 		n, watchdog, held.Round(time.Millisecond), float64(scripts)/held.Seconds(), float64(renewed)/held.Seconds(),
 		float64(renewed)/max(1, float64(scripts)), len(lost), runtime.NumGoroutine())
+	t.Logf("server time in renewal scripts: %.0f us per call, %.1f%% of the period",
+		float64(usec)/max(1, float64(scripts)), float64(usec)/float64(held.Microseconds())*100)
 	if len(lost) > 0 {
 		t.Errorf("%d of %d held permits lost, first %s: %v", len(lost), n, ps[lost[0]].ID(), ps[lost[0]].Err())
 	}
