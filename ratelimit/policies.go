@@ -189,28 +189,45 @@ func (l *Limiter) AllowPolicies(ctx context.Context, key string, n int, ps *Poli
 	if err != nil {
 		return Decision{}, fmt.Errorf("ratelimit: %w", err)
 	}
-	if reply.Len() != 1+4*len(ps.capacity) {
-		return Decision{}, fmt.Errorf("%w: %d values", ErrUnexpectedReply, reply.Len())
-	}
+	// Allowed: {1, then remaining and reset per policy}; denied: {0, then
+	// room, remaining, retry and reset per policy}.
+	np := len(ps.capacity)
 	var v [1 + 4*MaxPolicies]int64 // on the stack
+	if m := reply.Len(); m != 1+2*np && m != 1+4*np {
+		return Decision{}, fmt.Errorf("%w: %d values", ErrUnexpectedReply, m)
+	}
 	for i := range reply.Len() {
 		if v[i], err = reply.At(i).AsInt64(); err != nil {
 			return Decision{}, fmt.Errorf("%w: %w", ErrUnexpectedReply, err)
 		}
 	}
-	d := Decision{Allowed: v[0] == 1, Results: make([]Result, len(ps.capacity))}
-	for i := range d.Results {
-		w := v[1+4*i:]
-		r := Result{
-			Allowed:    w[0] == 1,
-			Limit:      ps.capacity[i],
-			Remaining:  max(int(w[1]), 0),
-			RetryAfter: time.Duration(w[2]) * time.Microsecond,
-			ResetAfter: time.Duration(w[3]) * time.Microsecond,
+	d := Decision{Allowed: v[0] == 1, Results: make([]Result, np)}
+	if d.Allowed != (reply.Len() == 1+2*np) {
+		return Decision{}, fmt.Errorf("%w: %d values, allowed %d", ErrUnexpectedReply, reply.Len(), v[0])
+	}
+	if d.Allowed {
+		for i := range d.Results {
+			d.Results[i] = Result{
+				Allowed:    true,
+				Limit:      ps.capacity[i],
+				Remaining:  max(int(v[1+2*i]), 0),
+				ResetAfter: time.Duration(v[2+2*i]) * time.Microsecond,
+			}
 		}
-		d.Results[i] = r
-		if !r.Allowed {
-			d.RetryAfter = max(d.RetryAfter, r.RetryAfter)
+	} else {
+		for i := range d.Results {
+			w := v[1+4*i:]
+			r := Result{
+				Allowed:    w[0] == 1,
+				Limit:      ps.capacity[i],
+				Remaining:  max(int(w[1]), 0),
+				RetryAfter: time.Duration(w[2]) * time.Microsecond,
+				ResetAfter: time.Duration(w[3]) * time.Microsecond,
+			}
+			d.Results[i] = r
+			if !r.Allowed {
+				d.RetryAfter = max(d.RetryAfter, r.RetryAfter)
+			}
 		}
 	}
 	if l.afterReply != nil {
