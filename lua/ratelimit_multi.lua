@@ -50,15 +50,14 @@ local now_ms = floor(now / 1000)
 -- (allocation, growth, garbage collection), so it makes two, each at its
 -- final size at once: {string.byte(zeros, 1, k)} is k zeros in one
 -- allocation, where filling {} one by one would grow it several times.
-local zeros = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
--- reply[1 .. 4n+1] is the denied reply as it is built; reply[4n+2i]
--- and reply[4n+2i+1] hold policy i's remaining and reset if the request
--- is counted. Whichever reply is returned, it ends at a nil set just
--- after it: Redis ends a reply at its first nil.
-local reply = {string.byte(zeros, 1, 6 * n + 1)}
--- st: three numbers per policy, the state read and, once a policy has
--- room, the state to write. Zeros stand for a fresh state: a TAT, window
--- end or window index of 0 is long past.
+local zeros = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
+-- reply[1 .. 4n+1] is the denied reply as it is built; reply[4n+2 ..
+-- 7n+1] the state to write, three numbers per policy. Whichever reply is
+-- returned, it ends at a nil set just after it: Redis ends a reply at its
+-- first nil.
+local reply = {string.byte(zeros, 1, 7 * n + 1)}
+-- st: the state read, three numbers per policy. Zeros stand for a fresh
+-- state: a TAT, window end or window index of 0 is long past.
 --
 -- The numbers are MessagePack where the server has cmsgpack (every Redis
 -- since 2.6): decoded and encoded in C, which keeps this script cheap.
@@ -75,96 +74,107 @@ else
   for x in string.gmatch(v, '%S+') do st[#st + 1] = tonumber(x) end
 end
 
+-- Pass 1 decides every policy for the cost. Only if some policy has no
+-- room, pass 2 decides again, for a cost of 0, the policies that had: a
+-- request that is not counted leaves them as they are now, and that is
+-- what they report. (A cost of 0 always has room where the cost had.) So
+-- an allowed request computes each policy's figures once.
 local all = true
 local ttl = 1 -- milliseconds the written state must live
-for i = 1, n do
-  local kind, a, b = argv[3 * i - 1], tonumber(argv[3 * i]), tonumber(argv[3 * i + 1])
-  local j = 3 * i - 2
-  local s1, s2, s3 = st[j], st[j + 1], st[j + 2]
-  local r = 4 * i - 2 -- this policy's first value in the denied reply
-  -- room; remaining and reset if allowed; retry if not; remaining and
-  -- reset if the request is not counted.
-  local room, rem, reset, retry, rem0, reset0
-  if kind == 'g' then
-    local interval, burst = a, b
-    local tolerance = burst * interval
-    local ahead = max((s1 or 0) - now, 0)
-    local after = ahead + cost * interval
-    rem0 = max(floor((tolerance - ahead) / interval + 1e-9), 0)
-    reset0 = ceil(ahead)
-    room = after <= tolerance
-    if room then
-      rem = max(floor((tolerance - after) / interval + 1e-9), 0)
-      reset = ceil(after)
-      st[j], st[j + 1], st[j + 2] = now + after, 0, 0
-      ttl = max(ttl, ceil(after / 1000))
-    else
-      retry = ceil(after - tolerance)
-    end
-  elseif kind == 'f' then
-    local limit, window = a, b
-    local count, window_end = s1 or 0, s2 or 0
-    if window_end <= now_ms then count, window_end = 0, now_ms + window end
-    local left = (window_end - now_ms) * 1000
-    rem0 = max(limit - count, 0)
-    reset0 = 0
-    if count > 0 then reset0 = left end
-    room = count + cost <= limit
-    if room then
-      rem = limit - count - cost
-      reset = reset0
-      if count + cost > 0 then reset = left end
-      st[j], st[j + 1], st[j + 2] = count + cost, window_end, 0
-      ttl = max(ttl, window_end - now_ms)
-    else
-      retry = left
-    end
-  else -- 's'
-    local limit, window = a, b * 1000
-    local idx = floor(abs / window)
-    local elapsed = abs - idx * window
-    local cur, prev = 0, 0
-    if s1 == idx then
-      cur, prev = s2 or 0, s3 or 0
-    elseif s1 == idx - 1 then
-      prev = s2 or 0
-    end
-    local estimate = prev * (window - elapsed) / window + cur
-    -- Microseconds until the window is back to its full limit, with a
-    -- count of c in the current window.
-    reset0 = 0
-    if cur > 0 then reset0 = 2 * window - elapsed elseif prev > 0 then reset0 = window - elapsed end
-    reset0 = ceil(reset0)
-    rem0 = max(floor(limit - estimate), 0)
-    room = estimate + cost <= limit
-    if room then
-      rem = max(floor(limit - estimate - cost), 0)
-      reset = 0
-      if cur + cost > 0 then reset = 2 * window - elapsed elseif prev > 0 then reset = window - elapsed end
-      reset = ceil(reset)
-      st[j], st[j + 1], st[j + 2] = idx, cur + cost, prev
-      ttl = max(ttl, ceil((2 * window - elapsed) / 1000))
-    elseif cur + cost <= limit then
-      -- The previous window's share has to shrink to limit - cur - cost.
-      retry = max(ceil(window - (limit - cur - cost) * window / prev - elapsed), 1)
-    else
-      -- Wait for the next window, where this one's count has to shrink
-      -- to limit - cost.
-      retry = max(ceil(window - elapsed + max(window - (limit - cost) * window / cur, 0)), 1)
+for pass = 1, 2 do
+  for i = 1, n do
+    local r = 4 * i - 2 -- this policy's first value in the denied reply
+    if pass == 1 or reply[r] == 1 then
+      local c = cost
+      if pass == 2 then c = 0 end
+      local kind, a, b = argv[3 * i - 1], tonumber(argv[3 * i]), tonumber(argv[3 * i + 1])
+      local j = 3 * i - 2
+      local s1, s2, s3 = st[j], st[j + 1], st[j + 2]
+      local w = 4 * n + 1 + j -- this policy's state to write, in reply
+      -- If there is room: remaining and reset after the request.
+      -- If not: remaining and reset now, and the wait.
+      local room, rem, reset, retry
+      if kind == 'g' then
+        local interval, burst = a, b
+        local tolerance = burst * interval
+        local ahead = max((s1 or 0) - now, 0)
+        local after = ahead + c * interval
+        room = after <= tolerance
+        if room then
+          rem = max(floor((tolerance - after) / interval + 1e-9), 0)
+          reset = ceil(after)
+          reply[w], reply[w + 1], reply[w + 2] = now + after, 0, 0
+          ttl = max(ttl, ceil(after / 1000))
+        else
+          rem = max(floor((tolerance - ahead) / interval + 1e-9), 0)
+          reset = ceil(ahead)
+          retry = ceil(after - tolerance)
+        end
+      elseif kind == 'f' then
+        local limit, window = a, b
+        local count, window_end = s1 or 0, s2 or 0
+        if window_end <= now_ms then count, window_end = 0, now_ms + window end
+        local left = (window_end - now_ms) * 1000
+        room = count + c <= limit
+        if room then
+          rem = limit - count - c
+          reset = 0
+          if count + c > 0 then reset = left end
+          reply[w], reply[w + 1], reply[w + 2] = count + c, window_end, 0
+          ttl = max(ttl, window_end - now_ms)
+        else
+          rem = max(limit - count, 0)
+          reset = 0
+          if count > 0 then reset = left end
+          retry = left
+        end
+      else -- 's'
+        local limit, window = a, b * 1000
+        local idx = floor(abs / window)
+        local elapsed = abs - idx * window
+        local cur, prev = 0, 0
+        if s1 == idx then
+          cur, prev = s2 or 0, s3 or 0
+        elseif s1 == idx - 1 then
+          prev = s2 or 0
+        end
+        local estimate = prev * (window - elapsed) / window + cur
+        room = estimate + c <= limit
+        -- The count of the current window that the reset is for.
+        local counted = cur
+        if room then
+          rem = max(floor(limit - estimate - c), 0)
+          counted = cur + c
+          reply[w], reply[w + 1], reply[w + 2] = idx, cur + c, prev
+          ttl = max(ttl, ceil((2 * window - elapsed) / 1000))
+        else
+          rem = max(floor(limit - estimate), 0)
+          if cur + c <= limit then
+            -- The previous window's share has to shrink to limit - cur - c.
+            retry = max(ceil(window - (limit - cur - c) * window / prev - elapsed), 1)
+          else
+            -- Wait for the next window, where this one's count has to
+            -- shrink to limit - c.
+            retry = max(ceil(window - elapsed + max(window - (limit - c) * window / cur, 0)), 1)
+          end
+        end
+        -- Until the window is back to its full limit.
+        reset = 0
+        if counted > 0 then reset = 2 * window - elapsed elseif prev > 0 then reset = window - elapsed end
+        reset = ceil(reset)
+      end
+      if room then
+        reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 1, rem, 0, reset
+      else
+        all = false
+        reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 0, rem, retry, reset
+      end
     end
   end
-  if room then
-    -- reply[r + 2], the wait, stays 0.
-    reply[r], reply[r + 1], reply[r + 3] = 1, rem0, reset0
-    reply[4 * n + 2 * i], reply[4 * n + 2 * i + 1] = rem, reset
-  else
-    all = false
-    reply[r + 1], reply[r + 2], reply[r + 3] = rem0, retry, reset0
-  end
+  if all then break end
 end
 
 if not all then
-  -- Not counted: every policy reports what it has now.
   reply[4 * n + 2] = nil
   return reply
 end
@@ -173,15 +183,20 @@ if cost > 0 then
   -- form ("1e+08"), which PX rejects.
   local value
   if msgpack then
-    value = msgpack.pack(unpack(st, 1, 3 * n))
+    value = msgpack.pack(unpack(reply, 4 * n + 2, 7 * n + 1))
   else
     local text = {}
-    for k = 1, 3 * n do text[k] = string.format('%.17g', st[k]) end
+    for k = 1, 3 * n do text[k] = string.format('%.17g', reply[4 * n + 1 + k]) end
     value = table.concat(text, ' ')
   end
   redis.call('SET', KEYS[1], value, 'PX', string.format('%d', ttl))
 end
+-- The allowed reply: remaining and reset of each policy, moved forward
+-- over the has-room and wait values (each source lies beyond every
+-- value written before it).
 reply[1] = 1
-for k = 2, 2 * n + 1 do reply[k] = reply[4 * n + k] end
+for i = 1, n do
+  reply[2 * i], reply[2 * i + 1] = reply[4 * i - 1], reply[4 * i + 1]
+end
 reply[2 * n + 2] = nil
 return reply
