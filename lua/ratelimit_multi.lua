@@ -97,14 +97,18 @@ for pass = 1, 2 do
       if kind == 'g' then
         local interval, burst = a, b
         local tolerance = burst * interval
-        local ahead = max((s1 or 0) - now, 0)
+        local ahead = (s1 or 0) - now
+        if ahead < 0 then ahead = 0 end
         local after = ahead + c * interval
         room = after <= tolerance
         if room then
-          rem = max(floor((tolerance - after) / interval + 1e-9), 0)
+          -- after <= tolerance: rem >= 0. Comparisons rather than
+          -- max where they read as well: a call costs more.
+          rem = floor((tolerance - after) / interval + 1e-9)
           reset = ceil(after)
           reply[w], reply[w + 1], reply[w + 2] = now + after, 0, 0
-          ttl = max(ttl, ceil(after / 1000))
+          local live = ceil(after / 1000)
+          if live > ttl then ttl = live end
         else
           rem = max(floor((tolerance - ahead) / interval + 1e-9), 0)
           reset = ceil(ahead)
@@ -121,7 +125,7 @@ for pass = 1, 2 do
           reset = 0
           if count + c > 0 then reset = left end
           reply[w], reply[w + 1], reply[w + 2] = count + c, window_end, 0
-          ttl = max(ttl, window_end - now_ms)
+          if window_end - now_ms > ttl then ttl = window_end - now_ms end
         else
           rem = max(limit - count, 0)
           reset = 0
