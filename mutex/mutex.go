@@ -242,6 +242,7 @@ type Locker struct {
 	// slot (a script's keys must share one), or one on a single server.
 	groupsMu sync.Mutex
 	groups   map[uint16]*lease.Group // guarded by groupsMu
+	rwGroups map[uint16]*lease.Group // the RWMutexes' (see rwGroup); guarded by groupsMu
 
 	bgMu     sync.Mutex
 	bgClosed bool           // guarded by bgMu

@@ -33,14 +33,14 @@ const maxWriterMark = 2 * time.Second
 
 // rwScripts are the read-write lock's scripts, looked up once per RWMutex.
 type rwScripts struct {
-	lock, rlock, unlock, runlock, renew, abandon, force, info *scriptcache.Script
+	lock, rlock, unlock, runlock, renewBatch, abandon, force, info *scriptcache.Script
 }
 
 func (l *Locker) rwScripts() (*rwScripts, error) {
 	s := &rwScripts{}
 	for name, dst := range map[string]**scriptcache.Script{
 		"rwmutex_lock": &s.lock, "rwmutex_rlock": &s.rlock, "rwmutex_unlock": &s.unlock,
-		"rwmutex_runlock": &s.runlock, "rwmutex_renew": &s.renew, "rwmutex_abandon": &s.abandon,
+		"rwmutex_runlock": &s.runlock, "rwmutex_renew_batch": &s.renewBatch, "rwmutex_abandon": &s.abandon,
 		"rwmutex_force": &s.force, "rwmutex_info": &s.info,
 	} {
 		var err error
@@ -104,10 +104,36 @@ func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) 
 		rw.owner = uuid.NewString()
 	}
 	rw.nonce = strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
+	rw.w.rw, rw.w.write, rw.r.rw = rw, true, rw
 	if rw.watchdog {
-		rw.w.renew, rw.r.renew = rw.renewWrite, rw.renewRead
+		rw.group = l.rwGroup(h)
 	}
 	return rw, nil
+}
+
+// rwGroup returns the renewal group of the read-write lock whose state
+// hash is key: one per cluster slot, or one on a single server, as for
+// Mutex. The RWMutexes' groups are not the Mutexes' (Locker.group): a
+// batch is one script call, and the two kinds of lock are renewed by
+// different scripts (a Mutex's hold lasts as long as its key's TTL; an
+// RWMutex's write and read holds end at times stored in keys shared with
+// other holders), so a group of both would still take a call per kind.
+func (l *Locker) rwGroup(key string) *lease.Group {
+	var slot uint16
+	if l.sc.Cluster() {
+		slot = keyspace.Slot(key)
+	}
+	l.groupsMu.Lock()
+	defer l.groupsMu.Unlock()
+	g := l.rwGroups[slot]
+	if g == nil {
+		if l.rwGroups == nil {
+			l.rwGroups = make(map[uint16]*lease.Group)
+		}
+		g = l.keeper.NewGroup(l.renewRW)
+		l.rwGroups[slot] = g
+	}
+	return g
 }
 
 // RWMutex is one owner of one named read-write lock: any number of readers
@@ -151,7 +177,10 @@ func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) 
 // The write lock and every read acquisition have a lease of their own,
 // renewed by the Locker's watchdog (or a fixed lease, WithLease), and the
 // server judges each from its own end time: a crashed reader's hold ends
-// with its lease and no longer keeps writers out. Expired readers are
+// with its lease and no longer keeps writers out. The watchdog renews the
+// write and read holds of all read-write locks of one cluster slot
+// together, up to 512 per script call, and each hold is answered on its
+// own: one found gone is lost alone. Expired readers are
 // removed at most 16 at a time by later acquisitions, so no call's work
 // grows with a crowd of dead readers; until then they are only ignored.
 //
@@ -195,6 +224,7 @@ type RWMutex struct {
 	owner                                                     string
 	lease                                                     time.Duration
 	watchdog                                                  bool
+	group                                                     *lease.Group // renews the watchdog's leases with others; nil for a fixed lease
 	leaseMs, keepMs, markMs                                   string
 	mark                                                      time.Duration // writer-waiting mark
 	lockKeys, unlockKeys, runlockKeys, renewKeys, abandonKeys []string
@@ -214,10 +244,12 @@ type RWMutex struct {
 	scoped []context.CancelCauseFunc
 }
 
-// rwSide is the state of one kind of hold (write or read) of an RWMutex.
-// Its fields, except renew, are guarded by RWMutex.mu.
+// rwSide is the state of one kind of hold (write or read) of an RWMutex,
+// and what the watchdog renews for its current hold. Its fields, except rw
+// and write, are guarded by RWMutex.mu.
 type rwSide struct {
-	renew lease.Renew // nil for a fixed lease; set once
+	rw    *RWMutex // set once
+	write bool     // set once
 
 	holds int64
 	since time.Time // when the current hold began; kept only with an observer
@@ -496,7 +528,13 @@ func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Du
 	}
 	sd.gen, sd.holds, sd.id, sd.token, sd.orphan = gen, 1, newID, token, ""
 	rw.mu.Unlock()
-	lse := rw.l.keeper.Add(sent, rw.lease, sd.renew, func(err error) { rw.lose(write, gen, err) })
+	onLost := func(err error) { rw.lose(write, gen, err) }
+	var lse *lease.Lease
+	if rw.group != nil {
+		lse = rw.l.keeper.AddBatched(sent, rw.lease, rw.group, sd, onLost)
+	} else {
+		lse = rw.l.keeper.Add(sent, rw.lease, nil, onLost) // a fixed lease: never renewed
+	}
 	rw.mu.Lock()
 	if sd.gen == gen && sd.holds > 0 {
 		sd.lse = lse
@@ -568,30 +606,64 @@ func (rw *RWMutex) foundNotHeld(write bool, gen uint64) error {
 	return fmt.Errorf("%w: %q (%s): %w", ErrLost, rw.name, kind(write), errFoundNotHeld)
 }
 
-func (rw *RWMutex) renewWrite(ctx context.Context) error {
-	rw.mu.Lock()
-	args := []string{"w", rw.owner, rw.w.id, rw.leaseMs}
-	rw.mu.Unlock()
-	return rw.renew(ctx, args)
-}
-
-func (rw *RWMutex) renewRead(ctx context.Context) error {
-	rw.mu.Lock()
-	args := []string{"r", rw.r.id, "", rw.leaseMs}
-	rw.mu.Unlock()
-	return rw.renew(ctx, args)
-}
-
-func (rw *RWMutex) renew(ctx context.Context, args []string) error {
-	ok, err := rw.s.renew.Exec(ctx, rw.renewKeys, args).AsInt64()
+// renewRW is the watchdog's renewal of the current holds of items
+// (*rwSide, of RWMutexes with the watchdog lease, in one group) in one
+// call. Each lock's keys are sent once, with the holds of it in the call
+// pointing at them.
+func (l *Locker) renewRW(ctx context.Context, items []any, errs []error) error {
+	first := items[0].(*rwSide).rw
+	keys := make([]string, 0, 8)
+	args := make([]string, 1+3*len(items))
+	args[0] = first.leaseMs     // the Locker's WatchdogLease, as every watchdog hold has
+	var index map[string]string // state hash -> its lock's position in keys, as sent
+	var prev *RWMutex
+	var j string
+	for i, it := range items {
+		sd := it.(*rwSide)
+		rw := sd.rw
+		// Holds of one lock often come together: no lookup then.
+		if rw != prev {
+			prev = rw
+			var ok bool
+			if j, ok = index[rw.renewKeys[0]]; !ok {
+				keys = append(keys, rw.renewKeys[0], rw.renewKeys[1])
+				j = strconv.Itoa(len(keys) / 2)
+				if index == nil {
+					index = make(map[string]string)
+				}
+				index[rw.renewKeys[0]] = j
+			}
+		}
+		owner := "" // a read hold
+		if sd.write {
+			owner = rw.owner
+		}
+		rw.mu.Lock()
+		id := sd.id
+		rw.mu.Unlock()
+		args[1+3*i], args[2+3*i], args[3+3*i] = j, owner, id
+	}
+	vals, err := first.s.renewBatch.Exec(ctx, keys, args).ToArray() // every RWMutex of l has the same scripts
 	if err != nil {
 		return err
 	}
-	if ok == 0 {
-		return fmt.Errorf("%w: deleted, expired or forced", lease.ErrGone)
+	if vals.Len() != len(items) {
+		return fmt.Errorf("mutex: renewal of %d read-write holds answered %d", len(items), vals.Len())
+	}
+	for i := range len(items) {
+		switch ok, err := vals.At(i).AsInt64(); {
+		case err != nil:
+			errs[i] = err
+		case ok == 0:
+			errs[i] = errRWRenewGone
+		}
 	}
 	return nil
 }
+
+// errRWRenewGone is the loss reason when the watchdog finds a write or read
+// hold gone.
+var errRWRenewGone = fmt.Errorf("%w: deleted, expired or forced", lease.ErrGone)
 
 // lose records the loss of acquisition gen of the given kind.
 func (rw *RWMutex) lose(write bool, gen uint64, cause error) {
