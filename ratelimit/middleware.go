@@ -392,6 +392,14 @@ func requestKeyFunc(kf func(*http.Request) (string, error), trustedProxies []net
 	}, nil
 }
 
+// The canonical forms of the header field names the middleware sets on
+// every answer (http.CanonicalHeaderKey("RateLimit-Policy") and of
+// "RateLimit"), as Header.Set would store them.
+const (
+	headerPolicy    = "Ratelimit-Policy"
+	headerRateLimit = "Ratelimit"
+)
+
 func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
 	key, err := m.opts.KeyFunc(r)
 	if err == nil && key == "" {
@@ -462,8 +470,11 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		for i := 1; i < len(d.Results); i++ {
 			value += ", " + item(i)
 		}
-		h.Set("RateLimit-Policy", policy)
-		h.Set("RateLimit", value)
+		// Set would make the canonical form of each name (an allocation,
+		// for these two) and a slice of each value; this is the same,
+		// with one slice for both.
+		vs := []string{policy, value}
+		h[headerPolicy], h[headerRateLimit] = vs[0:1:1], vs[1:2:2]
 		if m.opts.XRateLimitHeaders {
 			res := d.Results[top]
 			h.Set("X-RateLimit-Limit", strconv.Itoa(res.Limit))

@@ -653,3 +653,13 @@ func TestMiddlewareUnavailableRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// TestHeaderNamesCanonical: the names the middleware stores directly in
+// the header map are the canonical forms Header.Set would use.
+func TestHeaderNamesCanonical(t *testing.T) {
+	for name, want := range map[string]string{"RateLimit-Policy": headerPolicy, "RateLimit": headerRateLimit} {
+		if got := http.CanonicalHeaderKey(name); got != want {
+			t.Errorf("CanonicalHeaderKey(%q) = %q; the middleware uses %q", name, got, want)
+		}
+	}
+}
