@@ -22,7 +22,11 @@ func TestNoObserverAllocs(t *testing.T) {
 	l := newLocker(t, redistest.Client(t, redistest.Single(t).Addr()), mutex.Options{})
 	m := newMutex(t, l, "observe:"+t.Name())
 	var err error
-	allocs := testing.AllocsPerRun(200, func() {
+	// AllocsPerRun counts the whole process's allocations, other
+	// goroutines' too (the client's, the watchdog's, earlier tests'
+	// stragglers), which can only add: the fewest of several runs is the
+	// pair's own.
+	allocs := fewestAllocs(func() {
 		if err = m.Lock(ctx); err == nil {
 			err = m.Unlock(ctx)
 		}
@@ -33,4 +37,14 @@ func TestNoObserverAllocs(t *testing.T) {
 	if allocs > 5 {
 		t.Errorf("Lock+Unlock without an observer: %v allocations, want at most 5", allocs)
 	}
+}
+
+// fewestAllocs is the fewest allocations per call of f over five runs of
+// testing.AllocsPerRun.
+func fewestAllocs(f func()) float64 {
+	best := testing.AllocsPerRun(200, f)
+	for range 4 {
+		best = min(best, testing.AllocsPerRun(200, f))
+	}
+	return best
 }

@@ -19,7 +19,10 @@ func TestNoObserverAllocs(t *testing.T) {
 	ctx := context.Background()
 	l := newLimiter(t, newCache(t, redistest.Single(t).Addr()), Options{Limit: PerSecond(maxRate), DisableDenyCache: true})
 	var err error
-	allocs := testing.AllocsPerRun(200, func() {
+	// AllocsPerRun counts the whole process's allocations, other
+	// goroutines' too (the client's, earlier tests' stragglers), which can
+	// only add: the fewest of several runs is Allow's own.
+	allocs := fewestAllocs(func() {
 		_, err = l.Allow(ctx, "k")
 	})
 	if err != nil {
@@ -28,4 +31,14 @@ func TestNoObserverAllocs(t *testing.T) {
 	if allocs > 3 {
 		t.Errorf("Allow without an observer: %v allocations, want at most 3", allocs)
 	}
+}
+
+// fewestAllocs is the fewest allocations per call of f over five runs of
+// testing.AllocsPerRun.
+func fewestAllocs(f func()) float64 {
+	best := testing.AllocsPerRun(200, f)
+	for range 4 {
+		best = min(best, testing.AllocsPerRun(200, f))
+	}
+	return best
 }
