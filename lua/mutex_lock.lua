@@ -33,7 +33,8 @@
 -- A call that repeats the attempt id of the current hold (a hand-off from
 -- mutex_release granted it to this waiting Lock, or a retry of a call whose
 -- reply was lost) is told it holds the lock, with its token, and the lease
--- starts again from now.
+-- starts again from now. Its first value is 2, not 1, so that the client can
+-- tell a hold handed over by a release from one it took.
 --
 -- Fair Locks (ARGV[6] = "f") queue: a fair Lock takes a free lock only if no
 -- live waiter is queued before it; otherwise it adds (or refreshes) its
@@ -60,7 +61,8 @@
 -- ARGV[6]  "f" for a fair Lock, "t" for a fair TryLock (respects the queue
 --          but does not join it), else ""
 --
--- Returns  {1, holds, token} when the owner holds the lock now;
+-- Returns  {1, holds, token} when the owner holds the lock now ({2, holds,
+--          token} when it already held it under this attempt id);
 --          {0, remaining lease in ms (-1: no TTL), 0} when another owner
 --          (or a newer attempt of the same Mutex) does, or the attempt was
 --          abandoned ({0, 0, 0} if the lock is free);
@@ -89,7 +91,7 @@ if dead and tonumber(as) <= tonumber(dead) then
 end
 if h[1] == ARGV[1] and h[3] == ARGV[4] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(h[4]), tonumber(h[2])}
+  return {2, tonumber(h[4]), tonumber(h[2])}
 end
 local fair = ARGV[6] == 'f' or ARGV[6] == 't'
 local now

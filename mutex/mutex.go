@@ -531,7 +531,10 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 				// meanwhile; this Lock nested in it.
 				m.leaveQueue(queued, id)
 			}
-			return !res.nested, false, nil
+			// handed: a fair release granted it before this waiter
+			// heard of the grant (its message came before the
+			// subscription, or was lost).
+			return !res.nested, res.handed, nil
 		}
 		if err != nil {
 			return false, false, ctxErr(ctx, m.name, err)
@@ -670,6 +673,7 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 type attemptResult struct {
 	ok     bool          // held now
 	nested bool          // ... as one more hold of an outer one
+	handed bool          // ... because a release handed it to this attempt
 	queued bool          // not held; a fair Lock is in the queue
 	wait   time.Duration // not held: the holder's remaining lease, or 0
 	sent   time.Time     // when the request was sent
@@ -783,7 +787,7 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 	if err := m.startHold(ctx, res.sent, token, n); err != nil {
 		return res, err
 	}
-	res.ok = true
+	res.ok, res.handed = true, got == 2
 	return res, nil
 }
 
@@ -869,7 +873,7 @@ func grantedOrUnknown(r scriptcache.Reply) bool {
 		return false
 	}
 	got, _ := vals.At(0).AsInt64()
-	return got == 1
+	return got >= 1
 }
 
 // renewLeases is the watchdog's renewal of the current holds of items
