@@ -33,6 +33,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"path"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -260,9 +261,8 @@ func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(
 }
 
 func (s *Script) exec(ctx context.Context, keys, args []string) Reply {
-	client := s.c.client
 	seen := s.loads.Load()
-	r := client.Eval(ctx, s.sha, "", keys, args)
+	r := s.c.eval(ctx, s.sha, "", keys, args)
 	if !isNoScript(r) {
 		return r
 	}
@@ -284,13 +284,25 @@ func (s *Script) exec(ctx context.Context, keys, args []string) Reply {
 		})
 	}
 	if err == nil {
-		if r = client.Eval(ctx, s.sha, "", keys, args); !isNoScript(r) {
+		if r = s.c.eval(ctx, s.sha, "", keys, args); !isNoScript(r) {
 			return r
 		}
 	}
 	// Flushed again in between, or the load failed: EVAL carries the body
 	// and caches it on the node that runs it.
-	return client.Eval(ctx, "", s.body, keys, args)
+	return s.c.eval(ctx, "", s.body, keys, args)
+}
+
+// eval sends one script call. rueidis, the client of New, is called
+// directly: through the interface, keys and args would escape to the heap
+// on every call, costing callers that build them on the stack (a
+// Limiter's key) an allocation. Other clients get copies, for the same
+// reason.
+func (c *Cache) eval(ctx context.Context, sha, body string, keys, args []string) Reply {
+	if rc, ok := c.client.(rueidisClient); ok {
+		return rc.Eval(ctx, sha, body, keys, args)
+	}
+	return c.client.Eval(ctx, sha, body, slices.Clone(keys), slices.Clone(args))
 }
 
 // ExecWait runs the script and then WAIT replicas timeout on the same
