@@ -238,11 +238,14 @@ type Locker struct {
 	closed atomic.Bool
 	obs    scriptcache.Observer // nil: nothing reported
 
-	// groups renew the watchdog leases together, one group per cluster
-	// slot (a script's keys must share one), or one on a single server.
-	groupsMu sync.Mutex
-	groups   map[uint16]*lease.Group // guarded by groupsMu
-	rwGroups map[uint16]*lease.Group // the RWMutexes' (see rwGroup); guarded by groupsMu
+	// groups renew the Mutexes' watchdog leases together, one group per
+	// cluster slot (a script's keys must share one). rwGroups do the same
+	// for the RWMutexes, apart: a batch is one script call, and the two
+	// kinds of lock are renewed by different scripts (a Mutex's hold lasts
+	// as long as its key's TTL; an RWMutex's write and read holds end at
+	// times stored in keys shared with other holders), so a group of both
+	// would still take a call per kind.
+	groups, rwGroups *lease.Slots
 
 	bgMu     sync.Mutex
 	bgClosed bool           // guarded by bgMu
@@ -273,24 +276,9 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	l.obs = sc.Observer()
 	l.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), l.obs, scriptcache.PrimitiveMutex)
 	l.keeper = lease.NewKeeper()
-	l.groups = make(map[uint16]*lease.Group)
+	l.groups = l.keeper.NewSlots(sc.Cluster(), l.renewLeases)
+	l.rwGroups = l.keeper.NewSlots(sc.Cluster(), l.renewRW)
 	return l, nil
-}
-
-// group returns the renewal group of the lock hash key.
-func (l *Locker) group(key string) *lease.Group {
-	var slot uint16
-	if l.sc.Cluster() {
-		slot = keyspace.Slot(key)
-	}
-	l.groupsMu.Lock()
-	defer l.groupsMu.Unlock()
-	g := l.groups[slot]
-	if g == nil {
-		g = l.keeper.NewGroup(l.renewLeases)
-		l.groups[slot] = g
-	}
-	return g
 }
 
 // Close stops the watchdog and the subscriptions and waits for their
@@ -396,7 +384,7 @@ func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
 	}
 	m.nonce = strings.ReplaceAll(uuid.NewString(), "-", "")[:16] + "."
 	if m.watchdog {
-		m.group = l.group(m.keys[0])
+		m.group = l.groups.Group(m.keys[0])
 	}
 	return m, nil
 }

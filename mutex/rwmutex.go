@@ -106,34 +106,9 @@ func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) 
 	rw.nonce = strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
 	rw.w.rw, rw.w.write, rw.r.rw = rw, true, rw
 	if rw.watchdog {
-		rw.group = l.rwGroup(h)
+		rw.group = l.rwGroups.Group(h)
 	}
 	return rw, nil
-}
-
-// rwGroup returns the renewal group of the read-write lock whose state
-// hash is key: one per cluster slot, or one on a single server, as for
-// Mutex. The RWMutexes' groups are not the Mutexes' (Locker.group): a
-// batch is one script call, and the two kinds of lock are renewed by
-// different scripts (a Mutex's hold lasts as long as its key's TTL; an
-// RWMutex's write and read holds end at times stored in keys shared with
-// other holders), so a group of both would still take a call per kind.
-func (l *Locker) rwGroup(key string) *lease.Group {
-	var slot uint16
-	if l.sc.Cluster() {
-		slot = keyspace.Slot(key)
-	}
-	l.groupsMu.Lock()
-	defer l.groupsMu.Unlock()
-	g := l.rwGroups[slot]
-	if g == nil {
-		if l.rwGroups == nil {
-			l.rwGroups = make(map[uint16]*lease.Group)
-		}
-		g = l.keeper.NewGroup(l.renewRW)
-		l.rwGroups[slot] = g
-	}
-	return g
 }
 
 // RWMutex is one owner of one named read-write lock: any number of readers

@@ -298,7 +298,6 @@ type Manager struct {
 	recheck  time.Duration // how often a fair waiter refreshes its entry
 
 	acquire, release, renewBatch, holders, queue *scriptcache.Script
-	cluster                                      bool // renewal groups are per slot
 
 	hub    *notify.Hub
 	keeper *lease.Keeper
@@ -306,9 +305,8 @@ type Manager struct {
 	obs    scriptcache.Observer // nil: nothing reported
 
 	// groups renew the watchdog leases together, one group per cluster
-	// slot (a script's keys must share one), or one on a single server.
-	groupsMu sync.Mutex
-	groups   map[uint16]*lease.Group // guarded by groupsMu
+	// slot (a script's keys must share one).
+	groups *lease.Slots
 
 	bgMu     sync.Mutex
 	bgClosed bool           // guarded by bgMu
@@ -344,26 +342,8 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 	m.obs = sc.Observer()
 	m.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), m.obs, scriptcache.PrimitiveSemaphore)
 	m.keeper = lease.NewKeeper()
-	m.cluster = sc.Cluster()
-	m.groups = make(map[uint16]*lease.Group)
+	m.groups = m.keeper.NewSlots(sc.Cluster(), m.renewPermits)
 	return m, nil
-}
-
-// group returns the renewal group of the semaphore whose permits hash is
-// key.
-func (m *Manager) group(key string) *lease.Group {
-	var slot uint16
-	if m.cluster {
-		slot = keyspace.Slot(key)
-	}
-	m.groupsMu.Lock()
-	defer m.groupsMu.Unlock()
-	g := m.groups[slot]
-	if g == nil {
-		g = m.keeper.NewGroup(m.renewPermits)
-		m.groups[slot] = g
-	}
-	return g
 }
 
 // Close stops the watchdog and the subscriptions and waits for their
@@ -432,7 +412,7 @@ func (m *Manager) NewSemaphore(name string, capacity int64) (*Semaphore, error) 
 			keyspace.Key(p, name, ":q"), keyspace.Key(p, name, ":qe")},
 	}
 	if m.watchdog {
-		s.group = m.group(s.keys[0])
+		s.group = m.groups.Group(s.keys[0])
 	}
 	return s, nil
 }
