@@ -96,8 +96,6 @@ func NewReply(v any, err error, serverError bool) Reply {
 // ErrorReply returns a Reply that carries err, which is not a server's reply.
 func ErrorReply(err error) Reply { return NewReply(nil, err, false) }
 
-func rueidisReply(r rueidis.RedisResult) Reply { return Reply{rr: r} }
-
 // Error returns the call's error, if any. A nil reply is not an error.
 func (r Reply) Error() error {
 	if r.other {
@@ -116,11 +114,7 @@ func (r Reply) ServerError() bool {
 	if r.other {
 		return r.srv
 	}
-	return isServerError(r.rr.Error())
-}
-
-func isServerError(err error) bool {
-	re, ok := rueidis.IsRedisErr(err)
+	re, ok := rueidis.IsRedisErr(r.rr.Error())
 	return ok && !re.IsNil()
 }
 

@@ -81,7 +81,6 @@ type Cache struct {
 	cluster bool
 	sharded bool
 	scripts map[string]*Script
-	bodies  []string // every script's body, for loadAll
 	loads   singleflight.Group
 	// observer gets the primitives' events; nil when neither WithObserver
 	// nor WithLogger was given.
@@ -89,6 +88,15 @@ type Cache struct {
 }
 
 // New reads the scripts and loads them into every node of client.
+//
+// Calls on a rueidis client see their context's cancellation but not its
+// deadline: with one, rueidis would set a socket deadline and close the
+// connection other callers share when it passed mid-command; without one it
+// abandons only the call whose context ended. A call that must wait for a
+// new connection is still bounded by the client's dial timeout
+// (ClientOption.Dialer.Timeout, 5 s by default), not by its context, when
+// a server accepts connections but does not answer: lower the dial timeout
+// where that matters.
 func New(ctx context.Context, client rueidis.Client, opts ...Option) (*Cache, error) {
 	if client == nil {
 		return nil, ErrNilClient
@@ -128,7 +136,6 @@ func NewFrom(ctx context.Context, client Client, opts ...Option) (*Cache, error)
 		sum := sha1.Sum(body)
 		name := strings.TrimSuffix(path.Base(file), ".lua")
 		c.scripts[name] = &Script{c: c, name: name, body: string(body), sha: hex.EncodeToString(sum[:])}
-		c.bodies = append(c.bodies, string(body))
 	}
 	if err := c.loadAll(ctx); err != nil {
 		return nil, err
@@ -142,7 +149,11 @@ func NewFrom(ctx context.Context, client Client, opts ...Option) (*Cache, error)
 
 // loadAll sends SCRIPT LOAD for every script to every node.
 func (c *Cache) loadAll(ctx context.Context) error {
-	if err := c.client.LoadScripts(ctx, c.bodies...); err != nil {
+	bodies := make([]string, 0, len(c.scripts))
+	for _, s := range c.scripts {
+		bodies = append(bodies, s.body)
+	}
+	if err := c.client.LoadScripts(ctx, bodies...); err != nil {
 		return fmt.Errorf("scriptcache: script load: %w", err)
 	}
 	return nil
@@ -208,8 +219,8 @@ func (s *Script) SHA1() string { return s.sha }
 // but the script may still run: callers must treat that as an unknown
 // outcome (ExecOrLate lets them undo it).
 //
-// On the rueidis client, a deadline of ctx does not reach the connection,
-// which other callers share; see New.
+// On a rueidis client, ctx's deadline does not reach the connection, which
+// other callers share (see New).
 func (s *Script) Exec(ctx context.Context, keys, args []string) Reply {
 	if err := s.c.checkSlots(keys); err != nil {
 		return ErrorReply(err)
@@ -223,7 +234,7 @@ func (s *Script) Exec(ctx context.Context, keys, args []string) Reply {
 // acquisition nobody is waiting for: left alone, that would block everyone
 // until its lease ran out. When ctx can be cancelled this costs a goroutine
 // per call, which ends when Redis answers or the client's own timeouts
-// (ConnWriteTimeout) or Close end the call; rueidis itself never sees ctx.
+// (ConnWriteTimeout) or Close end the call; the client itself never sees ctx.
 func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(Reply)) Reply {
 	done := ctx.Done()
 	if done == nil || late == nil {
