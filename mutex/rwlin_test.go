@@ -238,6 +238,12 @@ func TestRWLinearizable(t *testing.T) {
 // mutatedScripts returns package lua's scripts with cut removed once from
 // script name.
 func mutatedScripts(t *testing.T, name, cut string) fs.FS {
+	return replacedScripts(t, name, cut, "")
+}
+
+// replacedScripts returns package lua's scripts with, in script name, each
+// pair's old text (it must occur once) replaced by its new text.
+func replacedScripts(t *testing.T, name string, oldNew ...string) fs.FS {
 	t.Helper()
 	files := fstest.MapFS{}
 	entries, err := fs.ReadDir(lua.FS, ".")
@@ -250,10 +256,12 @@ func mutatedScripts(t *testing.T, name, cut string) fs.FS {
 			t.Fatal(err)
 		}
 		if e.Name() == name+".lua" {
-			if n := strings.Count(string(b), cut); n != 1 {
-				t.Fatalf("%q occurs %d times in %s, want once; update the mutant", cut, n, e.Name())
+			for i := 0; i+1 < len(oldNew); i += 2 {
+				if n := strings.Count(string(b), oldNew[i]); n != 1 {
+					t.Fatalf("%q occurs %d times in %s, want once; update the mutant", oldNew[i], n, e.Name())
+				}
+				b = []byte(strings.Replace(string(b), oldNew[i], oldNew[i+1], 1))
 			}
-			b = []byte(strings.Replace(string(b), cut, "", 1))
 		}
 		files[e.Name()] = &fstest.MapFile{Data: b}
 	}
