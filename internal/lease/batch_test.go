@@ -133,6 +133,10 @@ func TestBatchCoalesces(t *testing.T) {
 		if d, latest := l.Deadline(), c.entered.Add(batchTTL-Margin(batchTTL)); d.After(latest) {
 			t.Errorf("lease %d: deadline %v after the request, want at most ttl - Margin = %v", i, d.Sub(c.entered), latest.Sub(c.entered))
 		}
+		// Granted at first + i*batchTTL/240, in the past; renewed now.
+		if s := l.Sent(); s.After(c.entered) || !s.After(first.Add(batchTTL/24)) {
+			t.Errorf("lease %d: Sent %v from the request's start: want the renewal's send, not the grant's or later", i, s.Sub(c.entered))
+		}
 	}
 	stopAll(leases)
 	checkNotLost(t, losts)

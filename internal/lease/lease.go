@@ -139,6 +139,7 @@ type Lease struct {
 	item any    // what g.renew renews for this lease
 
 	// guarded by k.mu
+	sent     time.Time // when the request that set deadline was sent
 	deadline time.Time // the lease surely lasts until here
 	next     time.Time // next renewal
 	index    int       // in k.queue, or g.queue if g is set; -1 when not queued
@@ -153,7 +154,7 @@ type Lease struct {
 // onLost is called once, from a keeper goroutine, if the lease is lost; it
 // must not block. Add on a closed keeper calls onLost(ErrClosed) at once.
 func (k *Keeper) Add(sent time.Time, ttl time.Duration, renew Renew, onLost func(error)) *Lease {
-	l := &Lease{k: k, ttl: ttl, renew: renew, onLost: onLost, index: -1}
+	l := &Lease{k: k, ttl: ttl, renew: renew, onLost: onLost, index: -1, sent: sent}
 	l.deadline = sent.Add(ttl - Margin(ttl))
 	l.next = sent.Add(ttl / 3)
 	k.mu.Lock()
@@ -173,7 +174,7 @@ func (k *Keeper) Add(sent time.Time, ttl time.Duration, renew Renew, onLost func
 // RenewBatch gets item among the items of each request that renews this
 // lease.
 func (k *Keeper) AddBatched(sent time.Time, ttl time.Duration, g *Group, item any, onLost func(error)) *Lease {
-	l := &Lease{k: k, ttl: ttl, g: g, item: item, onLost: onLost, index: -1}
+	l := &Lease{k: k, ttl: ttl, g: g, item: item, onLost: onLost, index: -1, sent: sent}
 	l.deadline = sent.Add(ttl - Margin(ttl))
 	l.next = sent.Add(ttl / 3)
 	k.mu.Lock()
@@ -252,6 +253,14 @@ func (l *Lease) stopLocked() {
 			b.cancel()
 		}
 	}
+}
+
+// Sent returns when the request that last set the lease (the one that
+// granted it, or its latest successful renewal) was sent.
+func (l *Lease) Sent() time.Time {
+	l.k.mu.Lock()
+	defer l.k.mu.Unlock()
+	return l.sent
 }
 
 // Deadline returns the time until which the lease is known to hold.
@@ -374,6 +383,7 @@ func (k *Keeper) startRenewal(l *Lease) {
 		l.inflight = nil
 		switch {
 		case err == nil:
+			l.sent = sent
 			l.deadline = sent.Add(l.ttl - Margin(l.ttl))
 			l.next = sent.Add(l.ttl / 3)
 		case errors.Is(err, ErrGone):
@@ -531,6 +541,7 @@ func (k *Keeper) renewBatch(ctx context.Context, g *Group, b *batch, items []any
 		l.batch = nil
 		switch err := errs[i]; {
 		case err == nil:
+			l.sent = sent
 			l.deadline = sent.Add(l.ttl - Margin(l.ttl))
 			l.next = sent.Add(l.ttl / 3)
 		case errors.Is(err, ErrGone):

@@ -153,6 +153,9 @@ func TestRenewalCountsFromSend(t *testing.T) {
 		t.Fatalf("deadline still %v after sent %v later: the renewal never took effect", l.Deadline().Sub(sent), signalWait)
 	}
 	renewedAt := time.Unix(0, entered.Load())
+	if s := l.Sent(); !s.After(sent) || s.After(renewedAt) {
+		t.Errorf("Sent %v after Add, renewal called %v after: want the renewal's send, in (Add, call]", s.Sub(sent), renewedAt.Sub(sent))
+	}
 	if d, latest := l.Deadline(), renewedAt.Add(ttl-Margin(ttl)); d.After(latest) {
 		t.Errorf("renewed deadline %v after the renewal was called, want at most ttl - Margin = %v: counted from the answer, not the request",
 			d.Sub(renewedAt), latest.Sub(renewedAt))

@@ -178,6 +178,16 @@ func (w *Waiter) Granted() (string, bool) {
 	return w.grant, w.got
 }
 
+// Wake wakes the waiter as a message would, for a reason learnt outside
+// the channel (its queue entry is gone, say). Like a message, it is kept
+// until the waiter's next Wait if the waiter is not waiting now.
+func (w *Waiter) Wake() {
+	select {
+	case w.c <- struct{}{}:
+	default:
+	}
+}
+
 // Ready waits until the channel's subscription is confirmed by Redis, so no
 // message published after Ready returns nil can be missed, or until timeout
 // passes (nil too: a waiter then relies on its timeout). It returns ctx.Err()

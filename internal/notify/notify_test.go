@@ -456,3 +456,28 @@ func hubClient(t testing.TB, c rueidis.Client) scriptcache.Client {
 	}
 	return sc.Client()
 }
+
+// TestWakeOnlyThatWaiter: Wake wakes the waiter it is called on, and no
+// other waiter of the channel; a Wait after it returns at once, as woken.
+func TestWakeOnlyThatWaiter(t *testing.T) {
+	h := New(hubClient(t, redistest.Client(t, redistest.Single(t).Addr())), false)
+	t.Cleanup(h.Close)
+	ch := "{n}:" + t.Name()
+	a, err := h.Subscribe(ch, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := h.Subscribe(ch, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	b.Wake()
+	b.Wake() // kept once, like a message
+	notWoken(t, a)
+	if err := b.Wait(context.Background(), signalWait); err != nil || !b.woken.Load() {
+		t.Fatalf("Wait after Wake: %v, woken %v; want nil, true", err, b.woken.Load())
+	}
+	notWoken(t, b)
+}
