@@ -1,18 +1,23 @@
 -- semaphore_acquire: take n permits of a counting semaphore with expiring
--- permits, after reclaiming expired ones.
+-- permits, reclaiming expired ones when they are in the way.
 --
 -- Layout of one semaphore: the hash KEYS[1] maps each permit id to its
 -- weight, plus two reserved fields: ':used' (the sum of the weights held)
 -- and ':cap' (the capacity the held permits were granted under). The sorted
 -- set KEYS[2] maps each permit id to its expiry in server milliseconds. Both
--- keys expire at the latest permit expiry and are deleted when the last
--- permit goes, so nothing outlives the permits.
+-- keys expire no earlier than the latest permit expiry (at most 1 + lease/16
+-- ms after it) and are deleted when the last permit goes, so nothing
+-- outlives the permits for long.
 --
--- Up to 16 expired permits are reclaimed per call (bounded work), plus the
--- caller's own id if its earlier grant expired, so that it is not counted
--- twice; if more remain, the reply's wait is 0 and the caller simply calls
--- again. When the reclaim frees capacity that this call does not take, the
--- free count is published so waiters elsewhere try again.
+-- A request that fits as things are (the id not held before, the capacity
+-- in force, the weight held plus n at most the capacity) is granted
+-- without looking at expiries: expired permits still counted in ':used'
+-- are not in its way. Any other call first reclaims up to 16 expired
+-- permits, the oldest first (bounded work), plus the caller's own id if
+-- its earlier grant expired, so that it is not counted twice; if more
+-- remain and the request is not granted, the reply's wait is 0 and the
+-- caller simply calls again. When the reclaim frees capacity that this call
+-- does not take, the free count is published so waiters elsewhere try again.
 --
 -- The capacity comes from the callers, or from SetCapacity. A capacity
 -- brought by callers is fixed while any permit is held: a caller with
@@ -21,10 +26,15 @@
 -- ':set' holds how long it is kept, in ms) applies to every caller whatever
 -- capacity it brings, and the keys are kept at least that long after the
 -- last grant (the hash also when no permit is held; the expiry set lives as
--- long as the hash, so that ':used' never outlives the permits it counts). A request for more than the
--- capacity is refused (status -2). Granting an id that is already held and
--- live renews it instead of counting it twice, so a retry after a lost
--- reply is harmless.
+-- long as the hash, so that ':used' never outlives the permits it counts).
+-- A request for more than the capacity is refused (status -2). Granting an
+-- id that is already held and live renews it instead of counting it twice,
+-- so a retry after a lost reply is harmless.
+--
+-- The keys' expiry is only ever moved later here, and only when it comes
+-- before the new permit's (or the set capacity's) end: then to that end
+-- plus 1 + lease/16 ms, so that the grants of the next few milliseconds
+-- need not move it again.
 --
 -- KEYS[1]  permits hash
 -- KEYS[2]  expiry sorted set
@@ -38,10 +48,10 @@
 -- Returns  {status, used, capacity, wait}: status 1 granted (or n = 0),
 --          0 not granted, -1 capacity mismatch (capacity is then the stored
 --          one), -2 n above the capacity; used is the weight held after the
---          call (it can exceed a capacity that SetCapacity lowered); wait is,
---          when not
---          granted, the milliseconds until the earliest permit expiry, 0 if
---          expired permits remain to reclaim, -1 if none is known.
+--          call (it can exceed a capacity that SetCapacity lowered, and, on
+--          a grant, count expired permits not reclaimed yet); wait is, when
+--          not granted, the milliseconds until the earliest permit expiry,
+--          0 if expired permits remain to reclaim, -1 if none is known.
 -- Complexity: O(log N) for N permits held, plus the publish.
 local function num(x)
   return string.format('%.0f', x)
@@ -53,45 +63,64 @@ local cap = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
 local id = ARGV[3]
 
-local h = redis.call('HMGET', KEYS[1], ':used', ':cap', ':set')
+-- h[4]: the id's weight if it is stored (held, or expired and not yet
+-- reclaimed); the hash and the expiry set always list the same ids.
+local h = redis.call('HMGET', KEYS[1], ':used', ':cap', ':set', id)
 local used = tonumber(h[1] or '0')
 local stored = tonumber(h[2] or ARGV[1])
 local keep = tonumber(h[3]) -- ms a set capacity is kept, or nil
-
--- Reclaim expired permits, the oldest first, and this id's own earlier
--- grant if it expired (a retry after a lost reply) but is not among them.
--- Everything freed goes through the one write-back of ':used' below.
 local freed = 0
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', num(now), 'LIMIT', 0, 16)
-local own = redis.call('ZSCORE', KEYS[2], id)
-if own and tonumber(own) <= now then
-  local listed = false
-  for i = 1, #expired do
-    if expired[i] == id then
-      listed = true
-    end
+local score -- the id's own expiry, if it is stored
+
+local fits = n > 0 and not h[4]
+if fits then
+  local c = cap
+  if keep then
+    c = stored
+  elseif used > 0 and stored ~= cap then
+    fits = false
   end
-  if not listed then
-    expired[#expired + 1] = id
-  end
+  fits = fits and used + n <= c
 end
-if #expired > 0 then
-  local weights = redis.call('HMGET', KEYS[1], unpack(expired))
-  for i = 1, #expired do
-    freed = freed + tonumber(weights[i] or '0')
-  end
-  redis.call('HDEL', KEYS[1], unpack(expired))
-  redis.call('ZREM', KEYS[2], unpack(expired))
-  used = used - freed
-  if used <= 0 or redis.call('ZCARD', KEYS[2]) == 0 then
-    redis.call('DEL', KEYS[1], KEYS[2])
-    used = 0
-    if keep then
-      redis.call('HSET', KEYS[1], ':used', '0', ':cap', num(stored), ':set', h[3])
-      redis.call('PEXPIRE', KEYS[1], h[3])
+
+if not fits then
+  -- Reclaim expired permits, the oldest first, and this id's own earlier
+  -- grant if it expired (a retry after a lost reply) but is not among them.
+  -- Everything freed goes through the one write-back of ':used' below.
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', num(now), 'LIMIT', 0, 16)
+  if h[4] then
+    score = tonumber(redis.call('ZSCORE', KEYS[2], id))
+    if score and score <= now then
+      score = nil
+      local listed = false
+      for i = 1, #expired do
+        if expired[i] == id then
+          listed = true
+        end
+      end
+      if not listed then
+        expired[#expired + 1] = id
+      end
     end
-  else
-    redis.call('HSET', KEYS[1], ':used', num(used))
+  end
+  if #expired > 0 then
+    local weights = redis.call('HMGET', KEYS[1], unpack(expired))
+    for i = 1, #expired do
+      freed = freed + tonumber(weights[i] or '0')
+    end
+    redis.call('HDEL', KEYS[1], unpack(expired))
+    redis.call('ZREM', KEYS[2], unpack(expired))
+    used = used - freed
+    if used <= 0 or redis.call('ZCARD', KEYS[2]) == 0 then
+      redis.call('DEL', KEYS[1], KEYS[2])
+      used = 0
+      if keep then
+        redis.call('HSET', KEYS[1], ':used', '0', ':cap', num(stored), ':set', h[3])
+        redis.call('PEXPIRE', KEYS[1], h[3])
+      end
+    else
+      redis.call('HSET', KEYS[1], ':used', num(used))
+    end
   end
 end
 if used == 0 and not keep then
@@ -132,26 +161,35 @@ if n == 0 then
   return {1, used, cap, wait()}
 end
 
-local exp = now + tonumber(ARGV[4])
-local score = redis.call('ZSCORE', KEYS[2], id) -- live if still there
+local lease = tonumber(ARGV[4])
+local exp = now + lease
 if score then
   -- Already granted to this id (a retry): renew, do not count twice.
   redis.call('ZADD', KEYS[2], num(exp), id)
 elseif used + n <= cap then
   used = used + n
-  redis.call('HSET', KEYS[1], id, num(n), ':used', num(used), ':cap', num(cap))
+  if h[2] == ARGV[1] then
+    redis.call('HSET', KEYS[1], id, ARGV[2], ':used', num(used))
+  else
+    redis.call('HSET', KEYS[1], id, ARGV[2], ':used', num(used), ':cap', num(cap))
+  end
   redis.call('ZADD', KEYS[2], num(exp), id)
 else
   wake()
   return {0, used, cap, wait()}
 end
-local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-local at = math.max(tonumber(last[2]), exp)
-if keep then
-  at = math.max(at, now + keep) -- both keys: the set capacity's and ':used'
+-- Both keys must last until exp (and a set capacity's retention). They
+-- expire together, no earlier than every permit listed, so if the expiry
+-- set lasts long enough the hash does too. PTTL counts from a time no
+-- earlier than now less 1 ms: hence the + 1.
+local need = lease
+if keep and keep > need then
+  need = keep
 end
-at = num(at)
-redis.call('PEXPIREAT', KEYS[1], at)
-redis.call('PEXPIREAT', KEYS[2], at)
+if not h[1] or redis.call('PTTL', KEYS[2]) < need + 1 then
+  local at = num(now + need + 1 + math.floor(lease / 16))
+  redis.call('PEXPIREAT', KEYS[1], at)
+  redis.call('PEXPIREAT', KEYS[2], at)
+end
 wake()
 return {1, used, cap, 0}

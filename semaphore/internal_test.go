@@ -271,3 +271,78 @@ func TestFairLeaveGivesBackGrant(t *testing.T) {
 		t.Fatal("the grant of a waiter that left was not given back")
 	}
 }
+
+// TestAcquireFastPath: an acquire that fits is granted without reclaiming
+// expired permits (they stay counted until an acquire finds them in its
+// way), the keys never expire before the latest permit whatever order
+// leases of different lengths come in, and a retried id is renewed, not
+// counted twice.
+func TestAcquireFastPath(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	long := internalManager(t, srv.Addr(), Options{Lease: time.Minute})
+	short := internalManager(t, srv.Addr(), Options{Lease: 50 * time.Millisecond})
+	sl, err := long.NewSemaphore("fast", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, err := short.NewSemaphore("fast", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	do := func(args ...string) string {
+		t.Helper()
+		out, err := srv.Do(args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	pttls := func() (int64, int64) {
+		a, _ := strconv.ParseInt(do("PTTL", sl.keys[0]), 10, 64)
+		b, _ := strconv.ParseInt(do("PTTL", sl.keys[1]), 10, 64)
+		return a, b
+	}
+	// A long lease, then a short one: the keys keep the long one's expiry.
+	if r, err := sl.call(ctx, "a", 1, ""); err != nil || r.status != 1 {
+		t.Fatalf("acquire a = %+v, %v", r, err)
+	}
+	if r, err := ss.call(ctx, "b", 2, ""); err != nil || r.status != 1 || r.used != 3 {
+		t.Fatalf("acquire b = %+v, %v; want granted with 3 used", r, err)
+	}
+	if h, e := pttls(); h < 55_000 || e < 55_000 {
+		t.Fatalf("PTTL %d, %d ms after a 1 min and a 50 ms lease, want about a minute", h, e)
+	}
+	// The retry of a live id renews it: still 3 used.
+	if r, err := sl.call(ctx, "a", 1, ""); err != nil || r.status != 1 || r.used != 3 {
+		t.Fatalf("retry of a = %+v, %v; want granted with 3 used", r, err)
+	}
+	time.Sleep(100 * time.Millisecond) // b expires
+	// c fits beside the expired b: granted without reclaiming it.
+	if r, err := sl.call(ctx, "c", 1, ""); err != nil || r.status != 1 || r.used != 4 {
+		t.Fatalf("acquire c = %+v, %v; want granted with 4 used (b not reclaimed)", r, err)
+	}
+	// d does not fit until b is reclaimed: then it does.
+	if r, err := sl.call(ctx, "d", 2, ""); err != nil || r.status != 1 || r.used != 4 {
+		t.Fatalf("acquire d = %+v, %v; want granted with 4 used (b reclaimed)", r, err)
+	}
+	if got := do("HEXISTS", sl.keys[0], "b"); got != "0" {
+		t.Fatalf("HEXISTS b = %s, want the expired permit reclaimed", got)
+	}
+	// A short lease first, on fresh keys, then a long one: extended.
+	for _, k := range sl.keys[:2] {
+		do("DEL", k)
+	}
+	if r, err := ss.call(ctx, "e", 1, ""); err != nil || r.status != 1 {
+		t.Fatalf("acquire e = %+v, %v", r, err)
+	}
+	if h, e := pttls(); h < 40 || e < 40 || h > 1_000 || e > 1_000 {
+		t.Fatalf("PTTL %d, %d ms after a 50 ms lease", h, e)
+	}
+	if r, err := sl.call(ctx, "f", 1, ""); err != nil || r.status != 1 {
+		t.Fatalf("acquire f = %+v, %v", r, err)
+	}
+	if h, e := pttls(); h < 55_000 || e < 55_000 {
+		t.Fatalf("PTTL %d, %d ms after a 1 min lease, want about a minute", h, e)
+	}
+}

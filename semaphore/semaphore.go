@@ -58,8 +58,11 @@
 // together, up to 512 per script call, and each permit is answered on its
 // own: one found gone is lost alone. With a Lease set there is no renewal:
 // a permit expires that long after it was granted. Expired permits are
-// reclaimed by the acquire and release scripts, at most 16 per call, so no
-// call does unbounded work; their capacity is then announced to waiters.
+// reclaimed by an acquire they are in the way of (one that would not be
+// granted otherwise, and Available), at most 16 per call, so no call does
+// unbounded work; their capacity is then announced to waiters. An acquire
+// that fits anyway leaves them for later, which keeps the common case
+// cheap.
 //
 // A holder can lose its permit: it expired (renewals failed for a whole
 // lease, a paused process, a fixed lease ran out), its keys were deleted, or
@@ -148,8 +151,9 @@
 // expiry, server milliseconds) and the channel PREFIX{S}:w; a fair one also
 // has its queue PREFIX{S}:q (waiter to arrival) and PREFIX{S}:qe (waiter to
 // entry). PREFIX defaults to "sluice:sem:"; the braces keep everything in
-// one cluster slot. The permit keys expire with the latest permit and are
-// deleted with the last one, the queue keys a lease after the last refresh
+// one cluster slot. The permit keys expire with the latest permit (or up
+// to a sixteenth of a lease after it) and are deleted with the last one,
+// the queue keys a lease after the last refresh
 // and when the queue empties, so an idle semaphore leaves nothing behind,
 // except a capacity set by SetCapacity, kept in the hash for
 // CapacityRetention.
