@@ -76,9 +76,14 @@
 // anyone barging in between. A holder that unlocks and locks again queues
 // behind those already waiting, and a fair TryLock fails while others wait.
 //
-// A queued waiter refreshes its entry (and looks for a grant whose message
-// was lost) every min(lease/3, 1 s) while its Lock waits; an entry not
-// refreshed for a lease is dead and skipped. A hand-off gives the lock a
+// The Locker refreshes the entries of its waiting Locks every min(lease/3,
+// 1 s), many in one call (one call per cluster slot and round, up to 512
+// entries), so a thousand waiters do not make a thousand calls a second; an
+// entry not refreshed for a lease is dead and skipped. A waiter whose entry
+// a refresh finds gone (a release handed it the lock and the message was
+// lost, or it was dropped as dead) is woken and looks at once; otherwise a
+// waiter calls Redis itself only when woken or when the holder's lease
+// would run out. A hand-off gives the lock a
 // lease that ends when the waiter's entry would have, so a waiter that died
 // at the head of the queue blocks the lock for at most its entry's lease;
 // one whose Lock gives up (ctx ended) leaves the queue at once and gives
@@ -231,6 +236,7 @@ type Locker struct {
 
 	lock, release, renew *scriptcache.Script
 	renewBatch, info     *scriptcache.Script
+	queueRefresh         *scriptcache.Script
 	sc                   *scriptcache.Cache
 
 	hub    *notify.Hub
@@ -246,6 +252,9 @@ type Locker struct {
 	// times stored in keys shared with other holders), so a group of both
 	// would still take a call per kind.
 	groups, rwGroups *lease.Slots
+	// queued refresh the queue entries of waiting fair Locks, many per
+	// call, one group per cluster slot (see queueEntry).
+	queued *lease.Slots
 
 	bgMu     sync.Mutex
 	bgClosed bool           // guarded by bgMu
@@ -267,7 +276,7 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	}
 	for name, dst := range map[string]**scriptcache.Script{
 		"mutex_lock": &l.lock, "mutex_release": &l.release, "mutex_renew": &l.renew,
-		"mutex_renew_batch": &l.renewBatch, "mutex_info": &l.info,
+		"mutex_renew_batch": &l.renewBatch, "mutex_info": &l.info, "mutex_queue_refresh": &l.queueRefresh,
 	} {
 		if *dst, err = sc.Script(name); err != nil {
 			return nil, fmt.Errorf("mutex: %w", err)
@@ -278,6 +287,7 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	l.keeper = lease.NewKeeper()
 	l.groups = l.keeper.NewSlots(sc.Cluster(), l.renewLeases)
 	l.rwGroups = l.keeper.NewSlots(sc.Cluster(), l.renewRW)
+	l.queued = l.keeper.NewSlots(sc.Cluster(), l.refreshEntries)
 	return l, nil
 }
 
@@ -386,6 +396,9 @@ func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
 	if m.watchdog {
 		m.group = l.groups.Group(m.keys[0])
 	}
+	if m.fair {
+		m.qgroup = l.queued.Group(m.keys[0])
+	}
 	return m, nil
 }
 
@@ -397,7 +410,7 @@ type Mutex struct {
 	keys     []string // lock hash, wake-up channel, tombstones of abandoned attempts, queue, queue entries
 	lockKeys []string // KEYS of mutex_lock
 	fair     bool
-	recheck  time.Duration // how often a fair waiter refreshes its entry
+	recheck  time.Duration // how often a fair waiter's queue entry is refreshed
 	prim     string        // Event.Primitive: mutex, or multimutex for a MultiMutex's
 
 	releaseKeys []string // KEYS of mutex_release
@@ -407,7 +420,8 @@ type Mutex struct {
 	leaseMs     string // lease in ms, as sent
 	keepMs      string // how long a released hash is kept, in ms
 
-	group *lease.Group // renews the watchdog's lease with others; nil for a fixed lease
+	group  *lease.Group // renews the watchdog's lease with others; nil for a fixed lease
+	qgroup *lease.Group // refreshes a waiting fair Lock's queue entry with others; nil if not fair
 
 	op       sync.Mutex // one script call at a time, so hold counts stay in step
 	argv     [6]string  // script arguments; guarded by op, reused to save allocations
@@ -499,8 +513,10 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 		m.leaveQueue(queued, id)
 		return false, false, ErrClosed
 	}
+	var entry *queueEntry
 	ok := false
 	defer func() {
+		entry.stop()
 		if ok {
 			w.Close()
 		} else {
@@ -508,6 +524,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 			m.leaveQueue(queued, id)
 		}
 	}()
+	entry = entry.track(m, res, id, w)
 	if err := w.Ready(ctx, m.waitFor(res.wait)); err != nil {
 		return false, false, waitErr(ctx, m.name, err)
 	}
@@ -528,13 +545,14 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 			return false, false, ctxErr(ctx, m.name, err)
 		}
 		queued = queued || res.queued
+		entry = entry.track(m, res, id, w)
 		if err := w.Wait(ctx, m.waitFor(res.wait)); err != nil {
 			return false, false, waitErr(ctx, m.name, err)
 		}
 		if grant, got := w.Granted(); got && m.l.opts.ReplicaAcks == 0 {
 			// The release handed the lock to this waiter directly. (With
 			// ReplicaAcks the next attempt confirms it through WAIT.)
-			if ok, err = m.takeGrant(ctx, id, grant, res.sent); ok || err != nil {
+			if ok, err = m.takeGrant(ctx, id, grant, entry.sent(res.sent)); ok || err != nil {
 				return ok, ok, err
 			}
 		}
@@ -545,14 +563,115 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 }
 
 // waitFor is how long a waiting Lock sleeps before trying again, given the
-// holder's remaining lease: a fair waiter also refreshes its queue entry
-// and looks for a grant whose message was lost every recheck.
+// holder's remaining lease (0: the lock is free but a fair waiter queued
+// earlier has the turn, who is about to take it). A queued fair waiter
+// needs no timer of its own: the Locker refreshes its entry (see
+// queueEntry) and wakes it when it must act (the entry is gone, the lock
+// is free, or the refreshes keep failing), as do a grant and a
+// resubscription. Its timer of ten leases is only a backstop.
 func (m *Mutex) waitFor(wait time.Duration) time.Duration {
-	if m.fair && (wait <= 0 || wait > m.recheck) {
+	switch {
+	case !m.fair:
+		return wait
+	case wait <= 0:
 		return m.recheck
+	default:
+		return 10 * m.lease
 	}
-	return wait
 }
+
+// queueEntry is a waiting fair Lock's entry in the lock's queue. The
+// Locker's keeper refreshes it every recheck together with the entries of
+// the other waiting Locks of its cluster slot (mutex_queue_refresh, up to
+// lease.MaxBatch a call), instead of each waiter calling Redis every
+// recheck. When a refresh finds the entry gone (a release handed the lock
+// to the waiter and its message was lost, or the entry was dropped as
+// dead), or the lock free (nobody will release it: the head must take it),
+// the waiter is woken and its own attempt does what is needed. So a waiter
+// granted the lock that died before it knew stalls the queue no longer
+// than that grant's lease plus one recheck. The keeper tracks the entry as a
+// lease of 3*recheck, so that it refreshes it every recheck; the entry
+// itself lives a full lease on the server.
+type queueEntry struct {
+	m   *Mutex
+	id  string
+	lse *lease.Lease
+	out atomic.Bool // the keeper stopped refreshing it
+}
+
+// track returns the entry to keep refreshing after an attempt res of the
+// Lock id: e while the keeper still refreshes it, else a new one counted
+// from res, if res left the Lock queued. e may be nil.
+func (e *queueEntry) track(m *Mutex, res attemptResult, id string, w *notify.Waiter) *queueEntry {
+	if !res.queued || e != nil && !e.out.Load() {
+		return e
+	}
+	e.stop()
+	n := &queueEntry{m: m, id: id}
+	n.lse = m.l.keeper.AddBatched(res.sent, 3*m.recheck, m.qgroup, n, func(error) {
+		n.out.Store(true)
+		w.Wake()
+	})
+	return n
+}
+
+// sent is when the request that last wrote the entry was sent, at the
+// latest: the later of the waiter's own last attempt (attempt) and the
+// keeper's last refresh.
+func (e *queueEntry) sent(attempt time.Time) time.Time {
+	if e == nil {
+		return attempt
+	}
+	if s := e.lse.Sent(); s.After(attempt) {
+		return s
+	}
+	return attempt
+}
+
+// stop ends the refreshes. e may be nil.
+func (e *queueEntry) stop() {
+	if e != nil {
+		e.lse.Stop()
+	}
+}
+
+// refreshEntries is the keeper's refresh of the queue entries of items
+// (*queueEntry, all in one group) in one call.
+func (l *Locker) refreshEntries(ctx context.Context, items []any, errs []error) error {
+	keys := make([]string, 0, 3*len(items))
+	args := make([]string, 0, 3*len(items))
+	for _, it := range items {
+		e := it.(*queueEntry)
+		keys = append(keys, e.m.keys[0], e.m.keys[3], e.m.keys[4])
+		args = append(args, e.id, e.m.owner, e.m.leaseMs)
+	}
+	vals, err := l.queueRefresh.Exec(ctx, keys, args).ToArray()
+	if err != nil {
+		return err
+	}
+	if vals.Len() != len(items) {
+		return fmt.Errorf("mutex: refresh of %d queue entries answered %d", len(items), vals.Len())
+	}
+	for i := range len(items) {
+		switch ok, err := vals.At(i).AsInt64(); {
+		case err != nil:
+			errs[i] = err
+		case ok == 0:
+			errs[i] = errNotQueued
+		case ok == 2:
+			errs[i] = errFreeWhileQueued
+		}
+	}
+	return nil
+}
+
+// What a refresh reports of a waiter that must look for itself: it is no
+// longer queued, or the lock it is queued on is free (see
+// mutex_queue_refresh). Both end the keeper's refreshes and wake the waiter.
+var (
+	errNotQueued       = fmt.Errorf("%w: not queued", lease.ErrGone)
+	errFreeWhileQueued = fmt.Errorf("%w: lock free while queued", lease.ErrGone)
+)
 
 // leaveQueue takes a fair Lock that gives up out of the queue, and gives
 // back the lock if a release handed it over meanwhile.

@@ -1,0 +1,51 @@
+-- mutex_queue_refresh: keep the queue entries of many waiting fair Locks
+-- alive in one call (the batched counterpart of the refresh a waiting
+-- Lock's own mutex_lock call makes).
+--
+-- A fair waiter's entry ("expiry_ms owner", see mutex_lock) dies a lease
+-- after it was last written unless refreshed. This script rewrites the
+-- entries of waiters that are still queued, with the same expiry a
+-- mutex_lock call would give. It never grants, reaps or re-queues: it only
+-- tells the client which waiters must look for themselves, with their own
+-- mutex_lock call, which the client then makes at once:
+--   - a waiter no longer queued was either handed the lock by a release
+--     whose message it missed (its attempt id is in the lock hash) or
+--     dropped as dead (it queues again at the tail);
+--   - a waiter queued on a lock that nobody holds: no release will come
+--     (the holder's lease ran out, or a waiter handed the lock died before
+--     it knew), so the head must take it, and dead entries before it must
+--     be dropped, which mutex_lock does.
+--
+-- KEYS[3i-2]   lock hash of the i-th waiter's lock
+-- KEYS[3i-1]   its queue (sorted set of attempt ids)
+-- KEYS[3i]     its queue entries (attempt id -> "expiry_ms owner")
+--              (on a cluster, all keys of one call in one slot)
+-- ARGV[3i-2]   attempt id of the i-th waiter
+-- ARGV[3i-1]   its owner id
+-- ARGV[3i]     its lease in milliseconds
+--
+-- Returns  an array with one entry per waiter: 1 if its entry was
+--          refreshed, 0 if it is not queued (granted, or dropped), 2 if its
+--          entry was refreshed but the lock is free.
+-- Complexity: O(N log Q) for N waiters of queues of length up to Q; the
+--          caller sends at most lease.MaxBatch (512) per call.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for i = 1, #KEYS / 3 do
+  local h, q, e = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local id, lease = ARGV[3 * i - 2], ARGV[3 * i]
+  if redis.call('ZSCORE', q, id) then
+    redis.call('HSET', e, id, string.format('%d', now + tonumber(lease)) .. ' ' .. ARGV[3 * i - 1])
+    redis.call('PEXPIRE', q, lease)
+    redis.call('PEXPIRE', e, lease)
+    if redis.call('HEXISTS', h, 'o') == 1 then
+      out[i] = 1
+    else
+      out[i] = 2
+    end
+  else
+    out[i] = 0
+  end
+end
+return out
