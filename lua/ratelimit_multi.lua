@@ -10,8 +10,9 @@
 -- The state of all policies lives in one string value, three numbers per
 -- policy (encoded as said below), written with one SET whose TTL is the
 -- longest any policy needs: one read and one write whatever the number of
--- policies, which keeps a multi-policy decision close to a single one. Per policy: GCRA keeps its TAT (microseconds since 2024-01-01); a
--- fixed window its count and its end (milliseconds since 2024-01-01); a
+-- policies, which keeps a multi-policy decision close to a single one.
+-- Per policy: GCRA keeps its TAT (microseconds since 2024-01-01); a fixed
+-- window its count and its end (milliseconds since 2024-01-01); a
 -- sliding window the index of its current window, its count and the
 -- previous window's count. The key belongs to one list of policies with
 -- their limits: the caller derives it from them.
@@ -33,67 +34,76 @@
 --          until the policy is back to its full limit}, 1 + 4n values.
 --          The shorter allowed reply is cheaper to build, send and read.
 -- Complexity: O(number of policies); touches one key.
-local floor, ceil, max = math.floor, math.ceil, math.max
+--
+-- Numbers are read with arithmetic ("x + 0"), which converts a numeric
+-- string as tonumber does at half its cost (no function call); every
+-- argument is a number the client formatted, and TIME's fields are too.
+local floor, ceil, max, byte = math.floor, math.ceil, math.max, string.byte
 -- rawget: embedded test servers have no cmsgpack, and raise an error on
 -- reading a global that does not exist.
 local msgpack = rawget(_G, 'cmsgpack')
 local argv = ARGV
-local cost = tonumber(argv[1])
+local cost = argv[1] + 0
 local n = (#argv - 1) / 3
 local t = redis.call('TIME')
-local sec, usec = tonumber(t[1]), tonumber(t[2])
+local sec, usec = t[1] + 0, t[2] + 0
 local now = (sec - 1704067200) * 1000000 + usec -- GCRA, fixed window
 local abs = sec * 1000000 + usec -- sliding windows align on the Unix epoch
 local now_ms = floor(now / 1000)
 
--- Tables are what this script spends most on after the calls themselves
--- (allocation, growth, garbage collection), so it makes two, each at its
--- final size at once: {string.byte(zeros, 1, k)} is k zeros in one
--- allocation, where filling {} one by one would grow it several times.
-local zeros = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
--- reply[1 .. 4n+1] is the denied reply as it is built; reply[4n+2 ..
--- 7n+1] the state to write, three numbers per policy. Whichever reply is
--- returned, it ends at a nil set just after it: Redis ends a reply at its
--- first nil.
-local reply = {string.byte(zeros, 1, 7 * n + 1)}
--- st: the state read, three numbers per policy. Zeros stand for a fresh
--- state: a TAT, window end or window index of 0 is long past.
---
--- The numbers are MessagePack where the server has cmsgpack (every Redis
--- since 2.6): decoded and encoded in C, which keeps this script cheap.
--- Embedded test servers without it get text, the numbers in '%.17g'
--- separated by spaces. One server never writes both.
-local st
-local v = redis.call('GET', KEYS[1])
-if not v then
-  st = {string.byte(zeros, 1, 3 * n)}
-elseif msgpack then
-  st = {msgpack.unpack(v)}
-else
-  st = {}
-  for x in string.gmatch(v, '%S+') do st[#st + 1] = tonumber(x) end
-end
+-- Tables are made at their final size at once: {byte(s, 1, k)} is the
+-- first k bytes of s as numbers in one allocation, where filling {} one
+-- by one would grow it several times.
+local zeros = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
+-- The denied reply's start: 0, then has room (1) and three zeros per
+-- policy.
+local denied = '\0\1\0\0\0\1\0\0\0\1\0\0\0\1\0\0\0\1\0\0\0\1\0\0\0\1\0\0\0\1\0\0\0'
 
--- Pass 1 decides every policy for the cost. Only if some policy has no
--- room, pass 2 decides again, for a cost of 0, the policies that had: a
--- request that is not counted leaves them as they are now, and that is
--- what they report. (A cost of 0 always has room where the cost had.) So
--- an allowed request computes each policy's figures once.
-local all = true
+local v = redis.call('GET', KEYS[1])
+
+-- Pass 1 decides every policy for the cost. While every policy has room,
+-- each one's figures go to the allowed reply and its new state over the
+-- one read (no policy reads another's). At the first without room, the
+-- denied reply is made: from then on, pass 1 only fills in the policies
+-- without room, and pass 2 decides again, on the state as read, for a
+-- cost of 0, the policies that had room: a request that is not counted
+-- leaves them as they are now, and that is what they report. (A cost of
+-- 0 always has room where the cost had.) So an allowed request computes
+-- each policy's figures once, into two small tables.
+local reply = {byte(zeros, 1, 2 * n + 1)}
+reply[1] = 1
+local st -- the state: three numbers per policy
+local deny -- the denied reply, once some policy has no room
 local ttl = 1 -- milliseconds the written state must live
 for pass = 1, 2 do
+  -- The state as read (again in pass 2: pass 1 wrote over it). Zeros
+  -- stand for a fresh state: a TAT, window end or window index of 0 is
+  -- long past.
+  --
+  -- The numbers are MessagePack where the server has cmsgpack (every
+  -- Redis since 2.6): decoded and encoded in C, which keeps this script
+  -- cheap. Embedded test servers without it get text, the numbers in
+  -- '%.17g' separated by spaces. One server never writes both.
+  if not v then
+    st = {byte(zeros, 1, 3 * n)}
+  elseif msgpack then
+    st = {msgpack.unpack(v)}
+  else
+    st = {}
+    for x in string.gmatch(v, '%S+') do st[#st + 1] = tonumber(x) end
+  end
   for i = 1, n do
     local r = 4 * i - 2 -- this policy's first value in the denied reply
-    if pass == 1 or reply[r] == 1 then
+    if pass == 1 or deny[r] == 1 then
       local c = cost
       if pass == 2 then c = 0 end
-      local kind, a, b = argv[3 * i - 1], tonumber(argv[3 * i]), tonumber(argv[3 * i + 1])
+      local kind, a, b = argv[3 * i - 1], argv[3 * i] + 0, argv[3 * i + 1] + 0
       local j = 3 * i - 2
       local s1, s2, s3 = st[j], st[j + 1], st[j + 2]
-      local w = 4 * n + 1 + j -- this policy's state to write, in reply
-      -- If there is room: remaining and reset after the request.
+      -- If there is room: remaining and reset after the request, the new
+      -- state (x1, x2, x3) and how long it must live.
       -- If not: remaining and reset now, and the wait.
-      local room, rem, reset, retry
+      local room, rem, reset, retry, x1, x2, x3, live
       if kind == 'g' then
         local interval, burst = a, b
         local tolerance = burst * interval
@@ -106,9 +116,7 @@ for pass = 1, 2 do
           -- max where they read as well: a call costs more.
           rem = floor((tolerance - after) / interval + 1e-9)
           reset = ceil(after)
-          reply[w], reply[w + 1], reply[w + 2] = now + after, 0, 0
-          local live = ceil(after / 1000)
-          if live > ttl then ttl = live end
+          x1, x2, x3, live = now + after, 0, 0, ceil(after / 1000)
         else
           rem = max(floor((tolerance - ahead) / interval + 1e-9), 0)
           reset = ceil(ahead)
@@ -124,8 +132,7 @@ for pass = 1, 2 do
           rem = limit - count - c
           reset = 0
           if count + c > 0 then reset = left end
-          reply[w], reply[w + 1], reply[w + 2] = count + c, window_end, 0
-          if window_end - now_ms > ttl then ttl = window_end - now_ms end
+          x1, x2, x3, live = count + c, window_end, 0, window_end - now_ms
         else
           rem = max(limit - count, 0)
           reset = 0
@@ -149,8 +156,7 @@ for pass = 1, 2 do
         if room then
           rem = max(floor(limit - estimate - c), 0)
           counted = cur + c
-          reply[w], reply[w + 1], reply[w + 2] = idx, cur + c, prev
-          ttl = max(ttl, ceil((2 * window - elapsed) / 1000))
+          x1, x2, x3, live = idx, cur + c, prev, ceil((2 * window - elapsed) / 1000)
         else
           rem = max(floor(limit - estimate), 0)
           if cur + c <= limit then
@@ -167,40 +173,33 @@ for pass = 1, 2 do
         if counted > 0 then reset = 2 * window - elapsed elseif prev > 0 then reset = window - elapsed end
         reset = ceil(reset)
       end
-      if room then
-        reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 1, rem, 0, reset
-      else
-        all = false
-        reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 0, rem, retry, reset
+      if pass == 2 then
+        deny[r + 1], deny[r + 3] = rem, reset -- room, no wait: as made
+      elseif not room then
+        if not deny then deny = {byte(denied, 1, 4 * n + 1)} end
+        deny[r], deny[r + 1], deny[r + 2], deny[r + 3] = 0, rem, retry, reset
+      elseif not deny then
+        reply[2 * i], reply[2 * i + 1] = rem, reset
+        st[j], st[j + 1], st[j + 2] = x1, x2, x3
+        if live > ttl then ttl = live end
       end
     end
   end
-  if all then break end
+  if not deny then break end
 end
 
-if not all then
-  reply[4 * n + 2] = nil
-  return reply
-end
+if deny then return deny end
 if cost > 0 then
   -- %d: some Redis versions would write a round Lua number in exponent
   -- form ("1e+08"), which PX rejects.
   local value
   if msgpack then
-    value = msgpack.pack(unpack(reply, 4 * n + 2, 7 * n + 1))
+    value = msgpack.pack(unpack(st, 1, 3 * n))
   else
     local text = {}
-    for k = 1, 3 * n do text[k] = string.format('%.17g', reply[4 * n + 1 + k]) end
+    for k = 1, 3 * n do text[k] = string.format('%.17g', st[k]) end
     value = table.concat(text, ' ')
   end
   redis.call('SET', KEYS[1], value, 'PX', string.format('%d', ttl))
 end
--- The allowed reply: remaining and reset of each policy, moved forward
--- over the has-room and wait values (each source lies beyond every
--- value written before it).
-reply[1] = 1
-for i = 1, n do
-  reply[2 * i], reply[2 * i + 1] = reply[4 * i - 1], reply[4 * i + 1]
-end
-reply[2 * n + 2] = nil
 return reply
