@@ -145,7 +145,7 @@ func (h *handoffs) Observe(e scriptcache.Event) {
 }
 
 // recordFair runs workers, each with a client and fair Locker of its own
-// (as processes would have), that lock one name, hold it a millisecond and
+// (as processes would have), that lock one name, hold it 3 ms and
 // unlock it, while a poller reads the queue; it returns the history. Locks
 // run the scripts in fsys (nil: the real ones).
 func recordFair(t *testing.T, addrs []string, name string, fsys fs.FS) []porcupine.Operation {
@@ -160,6 +160,7 @@ func recordFair(t *testing.T, addrs []string, name string, fsys fs.FS) []porcupi
 	var hist []porcupine.Operation
 	var wg sync.WaitGroup
 	done := make(chan struct{})
+	start := make(chan struct{}) // closed once the poller has read the queue once
 	for w := range workers {
 		client := redistest.Client(t, addrs...)
 		h := new(handoffs)
@@ -178,6 +179,7 @@ func recordFair(t *testing.T, addrs []string, name string, fsys fs.FS) []porcupi
 		t.Cleanup(l.Close)
 		m := newMutex(t, l, name, mutex.WithOwner("w"+strconv.Itoa(w)))
 		wg.Go(func() {
+			<-start
 			ctx, cancel := context.WithTimeout(context.Background(), 4*signal)
 			defer cancel()
 			var mine []porcupine.Operation
@@ -191,7 +193,7 @@ func recordFair(t *testing.T, addrs []string, name string, fsys fs.FS) []porcupi
 				calls[w] = append(calls[w], lockCall{call, ret})
 				handed[w] = append(handed[w], h.last.Load())
 				mine = append(mine, porcupine.Operation{ClientId: w, Input: fairOp{fairAcquire, w}, Call: call, Return: ret})
-				time.Sleep(time.Millisecond) // working: the scenario
+				time.Sleep(3 * time.Millisecond) // working: the scenario, long enough for a queue to form
 				call = stamp()
 				if err := m.Unlock(ctx); err != nil {
 					t.Errorf("worker %d: unlock: %v", w, err)
@@ -218,7 +220,7 @@ func recordFair(t *testing.T, addrs []string, name string, fsys fs.FS) []porcupi
 	polled := make(chan error, 1)
 	go func() {
 		ctx := context.Background()
-		for {
+		for first := true; ; first = false {
 			select {
 			case <-done:
 				polled <- nil
@@ -227,6 +229,9 @@ func recordFair(t *testing.T, addrs []string, name string, fsys fs.FS) []porcupi
 			}
 			vals, err := poller.Do(ctx, poller.B().Eval().Script(fairPoll).Numkeys(2).Key(k+":q", k+":e").Build()).ToArray()
 			ret := stamp()
+			if first {
+				close(start) // the queue is watched from now on
+			}
 			if err != nil {
 				polled <- err
 				return
