@@ -310,7 +310,7 @@ func TestFairLinearizable(t *testing.T) {
 		// A newcomer's entry is scored one below the head's instead of
 		// one above the tail's.
 		hist := recordFair(t, []string{redistest.Single(t).Addr()}, "fair-lin-mutant",
-			replacedScripts(t, "mutex_lock",
+			redistest.MutatedScripts(t, "mutex_lock",
 				"redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]", "redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')[2]",
 				"(tonumber(last) or 0) + 1", "(tonumber(last) or 0) - 1"))
 		if res := porcupine.CheckOperationsTimeout(fairModel, hist, time.Minute); res != porcupine.Illegal {

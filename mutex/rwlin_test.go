@@ -8,16 +8,13 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
-	"testing/fstest"
 	"time"
 
 	"github.com/anishathalye/porcupine"
 
 	"github.com/sluicekit/sluice/internal/redistest"
-	"github.com/sluicekit/sluice/lua"
 	"github.com/sluicekit/sluice/mutex"
 	"github.com/sluicekit/sluice/scriptcache"
 )
@@ -228,44 +225,11 @@ func TestRWLinearizable(t *testing.T) {
 	}
 	t.Run("mutant", func(t *testing.T) {
 		const cut = "  if held then\n    return {0, e - now, 0}\n  end\n"
-		hist := recordRW(t, []string{redistest.Single(t).Addr()}, "rw-lin-mutant", mutatedScripts(t, "rwmutex_rlock", cut))
+		hist := recordRW(t, []string{redistest.Single(t).Addr()}, "rw-lin-mutant", redistest.MutatedScripts(t, "rwmutex_rlock", cut, ""))
 		if res := porcupine.CheckOperationsTimeout(rwModel, hist, time.Minute); res != porcupine.Illegal {
 			t.Fatalf("history with readers let in under a writer is %s, want Illegal: the check is vacuous", res)
 		}
 	})
-}
-
-// mutatedScripts returns package lua's scripts with cut removed once from
-// script name.
-func mutatedScripts(t *testing.T, name, cut string) fs.FS {
-	return replacedScripts(t, name, cut, "")
-}
-
-// replacedScripts returns package lua's scripts with, in script name, each
-// pair's old text (it must occur once) replaced by its new text.
-func replacedScripts(t *testing.T, name string, oldNew ...string) fs.FS {
-	t.Helper()
-	files := fstest.MapFS{}
-	entries, err := fs.ReadDir(lua.FS, ".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		b, err := fs.ReadFile(lua.FS, e.Name())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if e.Name() == name+".lua" {
-			for i := 0; i+1 < len(oldNew); i += 2 {
-				if n := strings.Count(string(b), oldNew[i]); n != 1 {
-					t.Fatalf("%q occurs %d times in %s, want once; update the mutant", oldNew[i], n, e.Name())
-				}
-				b = []byte(strings.Replace(string(b), oldNew[i], oldNew[i+1], 1))
-			}
-		}
-		files[e.Name()] = &fstest.MapFile{Data: b}
-	}
-	return files
 }
 
 // TestMultiLinearizable: goroutines with Lockers of their own lock

@@ -9,14 +9,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/fstest"
 	"time"
 
 	"github.com/anishathalye/porcupine"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/redistest"
-	"github.com/sluicekit/sluice/lua"
 	"github.com/sluicekit/sluice/scriptcache"
 	"github.com/sluicekit/sluice/semaphore"
 )
@@ -290,38 +288,11 @@ func TestFairLinearizable(t *testing.T) {
 		// A newcomer is scored one below the head instead of one above
 		// the tail.
 		hist := recordSemFair(t, []string{redistest.Single(t).Addr()}, uniqueName(t),
-			replacedScripts(t, "semaphore_queue",
+			redistest.MutatedScripts(t, "semaphore_queue",
 				"redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]", "redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]",
 				"(tonumber(last) or 0) + 1", "(tonumber(last) or 0) - 1"))
 		if res := porcupine.CheckOperationsTimeout(semFairModel, hist, time.Minute); res != porcupine.Illegal {
 			t.Fatalf("history with waiters served last-come-first is %s, want Illegal: the check is vacuous", res)
 		}
 	})
-}
-
-// replacedScripts returns package lua's scripts with, in script name, each
-// pair's old text (it must occur once) replaced by its new text.
-func replacedScripts(t *testing.T, name string, oldNew ...string) fs.FS {
-	t.Helper()
-	files := fstest.MapFS{}
-	entries, err := fs.ReadDir(lua.FS, ".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		b, err := fs.ReadFile(lua.FS, e.Name())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if e.Name() == name+".lua" {
-			for i := 0; i+1 < len(oldNew); i += 2 {
-				if n := strings.Count(string(b), oldNew[i]); n != 1 {
-					t.Fatalf("%q occurs %d times in %s, want once; update the mutant", oldNew[i], n, e.Name())
-				}
-				b = []byte(strings.Replace(string(b), oldNew[i], oldNew[i+1], 1))
-			}
-		}
-		files[e.Name()] = &fstest.MapFile{Data: b}
-	}
-	return files
 }

@@ -2,11 +2,9 @@ package linearizability
 
 import (
 	"io/fs"
-	"strings"
 	"testing"
-	"testing/fstest"
 
-	"github.com/sluicekit/sluice/lua"
+	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/ratelimit"
 	"github.com/sluicekit/sluice/scriptcache"
 )
@@ -48,31 +46,7 @@ func mutatedFS(t *testing.T, name string) fs.FS {
 	if !ok {
 		t.Fatalf("unknown mutant %q", name)
 	}
-	files := fstest.MapFS{}
-	err := fs.WalkDir(lua.FS, ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := fs.ReadFile(lua.FS, path)
-		if err != nil {
-			return err
-		}
-		if path == m.script+".lua" {
-			if n := strings.Count(string(b), m.old); n != 1 {
-				t.Fatalf("mutant %s: %q occurs %d times in %s, want once; update the mutant", name, m.old, n, path)
-			}
-			b = []byte(strings.Replace(string(b), m.old, m.new, 1))
-		}
-		files[path] = &fstest.MapFile{Data: b}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := files[m.script+".lua"]; !ok {
-		t.Fatalf("mutant %s: no script %s", name, m.script)
-	}
-	return files
+	return redistest.MutatedScripts(t, m.script, m.old, m.new)
 }
 
 // TestMutantScriptsCaught runs the real primitives on mutated scripts and
