@@ -54,7 +54,7 @@
 --          0 if expired permits remain to reclaim, -1 if none is known.
 -- Complexity: O(log N) for N permits held, plus the publish.
 local function num(x)
-  return string.format('%.0f', x)
+  return string.format('%d', x)
 end
 
 local t = redis.call('TIME')
@@ -87,7 +87,7 @@ if not fits then
   -- Reclaim expired permits, the oldest first, and this id's own earlier
   -- grant if it expired (a retry after a lost reply) but is not among them.
   -- Everything freed goes through the one write-back of ':used' below.
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', num(now), 'LIMIT', 0, 16)
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', num(now), 'LIMIT', '0', '16')
   if h[4] then
     score = tonumber(redis.call('ZSCORE', KEYS[2], id))
     if score and score <= now then
@@ -140,7 +140,7 @@ end
 
 -- How long until the earliest permit expires.
 local function wait()
-  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', KEYS[2], '0', '0', 'WITHSCORES')
   if #first == 0 then
     return -1
   end

@@ -9,11 +9,16 @@
 -- after the waiter last refreshed it (each fair attempt does). The field
 -- ':b' of KEYS[5] is "id passes": the first waiter that did not fit, and
 -- how many grants have passed it. Both queue keys expire with the longest
--- entry lease and are deleted when the queue empties.
+-- entry lease and are deleted when the queue empties. The permit keys'
+-- expiry is moved as in semaphore_acquire: only later, and only when it
+-- comes before a permit granted or renewed here (or a set capacity's
+-- retention), then to that end plus 1 ms and a sixteenth of the lease.
 --
 -- Every call reclaims up to 16 expired permits, does its own work, then
 -- runs the grant pass over the first 32 entries of the queue, in arrival
--- order, with the permits free (capacity - used):
+-- order, with the permits free (capacity - used); it reads only as many
+-- entries as the permits free could be granted to (plus one), and more
+-- only if those do not use them up:
 --   * a dead entry is dropped; an entry heavier than the capacity (lowered
 --     by SetCapacity) is skipped, and its Acquire fails at its next attempt;
 --   * an entry that fits is granted: it becomes a permit that expires when
@@ -61,7 +66,7 @@
 -- Complexity: O(log N + log Q) for N permits and Q waiters, plus at most
 -- 32 grants and their publishes.
 local function num(x)
-  return string.format('%.0f', x)
+  return string.format('%d', x)
 end
 
 local t = redis.call('TIME')
@@ -69,12 +74,15 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mode = ARGV[1]
 local id = ARGV[4]
 
+-- h[4]: the id's weight if it is stored (held, or expired and not yet
+-- reclaimed); the hash and the expiry set always list the same ids.
 local h = redis.call('HMGET', KEYS[1], ':used', ':cap', ':set', id)
 local used = tonumber(h[1] or '0')
 local stored = tonumber(h[2] or ARGV[2])
 local keep = tonumber(h[3]) -- ms a set capacity is kept, or nil
 local freed = 0
 local held = 0
+local latest = 0 -- the latest expiry of a permit granted or renewed here
 
 local function publish(msg)
   if ARGV[6] == 's' then
@@ -102,7 +110,10 @@ local function drop(ids)
   redis.call('ZREM', KEYS[2], unpack(ids))
 end
 
-local own = redis.call('ZSCORE', KEYS[2], id)
+local own = nil
+if h[4] then
+  own = redis.call('ZSCORE', KEYS[2], id)
+end
 if mode == 'r' then
   if h[4] then
     if own and tonumber(own) > now then
@@ -117,7 +128,7 @@ if mode == 'r' then
   own = nil
 end
 -- Reclaim expired permits, and this id's own earlier grant if it expired.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', num(now), 'LIMIT', 0, 16)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', num(now), 'LIMIT', '0', '16')
 if own and tonumber(own) <= now then
   local listed = false
   for i = 1, #expired do
@@ -145,9 +156,11 @@ elseif used == 0 and not keep then
 end
 local dirty = freed > 0 or mode == 'c' -- the hash needs writing back
 local extend = mode == 'c' -- a permit was granted or renewed: set expiries
+local grants = {} -- permits the pass granted: id, weight, ... for the hash
 
--- Write back ':used' and the capacity, and, if extend, set both keys'
--- expiry.
+-- Write back ':used', the capacity and the permits granted, and, if
+-- extend, make both keys last until latest (and a set capacity's
+-- retention).
 local function save()
   if used <= 0 then
     used = 0
@@ -158,26 +171,34 @@ local function save()
     end
     return
   end
-  redis.call('HSET', KEYS[1], ':used', num(used), ':cap', num(stored))
+  grants[#grants + 1] = ':used'
+  grants[#grants + 1] = num(used)
+  grants[#grants + 1] = ':cap'
+  grants[#grants + 1] = num(stored)
   if keep then
-    redis.call('HSET', KEYS[1], ':set', num(keep))
+    grants[#grants + 1] = ':set'
+    grants[#grants + 1] = num(keep)
   end
+  redis.call('HSET', KEYS[1], unpack(grants))
   if not extend then
     return
   end
-  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  local at = tonumber(last[2])
-  if keep then
-    at = math.max(at, now + keep) -- ':used' must not outlive the permits
+  local lease = math.max(latest - now, 0)
+  local need = lease
+  if keep and keep > need then
+    need = keep
   end
-  at = num(at)
-  redis.call('PEXPIREAT', KEYS[1], at)
-  redis.call('PEXPIREAT', KEYS[2], at)
+  -- PTTL counts from a time no earlier than now less 1 ms: hence the + 1.
+  if not h[1] or redis.call('PTTL', KEYS[2]) < need + 1 then
+    local at = num(now + need + 1 + math.floor(lease / 16))
+    redis.call('PEXPIREAT', KEYS[1], at)
+    redis.call('PEXPIREAT', KEYS[2], at)
+  end
 end
 
 -- How long until the earliest permit expires (-1: none held).
 local function wait()
-  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', KEYS[2], '0', '0', 'WITHSCORES')
   if #first == 0 then
     return -1
   end
@@ -186,32 +207,40 @@ end
 
 -- The grant pass (see the header). It reports whether self was granted,
 -- without a message to it. announce: publish a budget if permits stay free.
+-- Entries leave the queue together at the end, so that ranks stay put
+-- while the pass reads them.
 local function pass(self, announce)
   local free = stored - used
   if free <= 0 then
     return false
   end
-  local ids = redis.call('ZRANGE', KEYS[4], 0, 31)
   local blocked, passes = nil, 0
   local granted = false
-  if #ids > 0 then
-    ids[#ids + 1] = ':b'
+  local seen, want = 0, math.min(free + 1, 32)
+  local ids = redis.call('ZRANGE', KEYS[4], '0', num(want - 1))
+  local gone = {} -- entries leaving the queue
+  local zargs = {} -- expiry, id, ... of the permits granted
+  while #ids > 0 do
     local es = redis.call('HMGET', KEYS[5], unpack(ids))
-    local bid, bpasses = string.match(es[#es] or '', '^(.*) (%d+)$')
-    ids[#ids] = nil
+    local stop = false
     for i = 1, #ids do
       local qid = ids[i]
       local expiry, w = string.match(es[i] or '', '^(%d+) (%d+)$')
       expiry, w = tonumber(expiry), tonumber(w)
       if not expiry or expiry <= now then
-        dequeue(qid)
+        gone[#gone + 1] = qid
       elseif w > stored then
         -- never fits; its Acquire fails at its next attempt
       elseif w <= free and (not blocked or passes < 16) then
         used, free = used + w, free - w
-        redis.call('HSET', KEYS[1], qid, num(w))
-        redis.call('ZADD', KEYS[2], num(expiry), qid)
-        dequeue(qid)
+        grants[#grants + 1] = qid
+        grants[#grants + 1] = num(w)
+        zargs[#zargs + 1] = num(expiry)
+        zargs[#zargs + 1] = qid
+        gone[#gone + 1] = qid
+        if expiry > latest then
+          latest = expiry
+        end
         dirty, extend = true, true
         if blocked then
           passes = passes + 1
@@ -223,18 +252,32 @@ local function pass(self, announce)
         end
       elseif not blocked then
         blocked = qid
+        local bid, bpasses = string.match(redis.call('HGET', KEYS[5], ':b') or '', '^(.*) (%d+)$')
         passes = (bid == qid) and tonumber(bpasses) or 0
       end
       if free <= 0 or (blocked and passes >= 16) then
+        stop = true
         break
       end
     end
-    if blocked then
-      redis.call('HSET', KEYS[5], ':b', blocked .. ' ' .. num(passes))
+    seen = seen + #ids
+    if stop or #ids < want or seen >= 32 then
+      break
     end
-    if redis.call('ZCARD', KEYS[4]) == 0 then
-      redis.call('DEL', KEYS[4], KEYS[5])
-    end
+    want = 32 - seen
+    ids = redis.call('ZRANGE', KEYS[4], num(seen), '31')
+  end
+  if #zargs > 0 then
+    redis.call('ZADD', KEYS[2], unpack(zargs))
+  end
+  if #gone > 0 then
+    redis.call('ZREM', KEYS[4], unpack(gone))
+    redis.call('HDEL', KEYS[5], unpack(gone))
+  end
+  if blocked then
+    redis.call('HSET', KEYS[5], ':b', blocked .. ' ' .. num(passes))
+  elseif seen > 0 and #gone > 0 and redis.call('EXISTS', KEYS[4]) == 0 then
+    redis.call('DEL', KEYS[4], KEYS[5])
   end
   if announce and free > 0 and not blocked then
     publish(num(free))
@@ -273,11 +316,13 @@ if n > stored then
   pass(nil, freed > 0)
   return finish(-2)
 end
-local exp = now + tonumber(ARGV[5])
+local lease = tonumber(ARGV[5])
+local exp = now + lease
 if own then
   -- Granted to this id already (by a pass while it waited, or a retry):
   -- renew, do not count twice.
   redis.call('ZADD', KEYS[2], num(exp), id)
+  latest = exp
   dequeue(id)
   dirty, extend = true, true
   pass(nil, freed > 0)
@@ -286,20 +331,19 @@ end
 if used + n <= stored and redis.call('EXISTS', KEYS[4]) == 0 then
   -- Nobody queued and it fits: granted without touching the queue.
   used = used + n
-  redis.call('HSET', KEYS[1], id, num(n))
+  grants[1], grants[2] = id, num(n)
   redis.call('ZADD', KEYS[2], num(exp), id)
+  latest = exp
   dirty, extend = true, true
   if freed > 0 and stored > used then
     publish(num(stored - used))
   end
   return finish(1)
 end
-if not redis.call('ZSCORE', KEYS[4], id) then
-  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
-  redis.call('ZADD', KEYS[4], (tonumber(last) or 0) + 1, id)
-end
-redis.call('HSET', KEYS[5], id, num(exp) .. ' ' .. num(n))
-local lease = tonumber(ARGV[5])
+-- Join the end of the queue, or keep the place held (NX).
+local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+redis.call('ZADD', KEYS[4], 'NX', num((tonumber(last) or 0) + 1), id)
+redis.call('HSET', KEYS[5], id, num(exp) .. ' ' .. ARGV[3])
 for k = 4, 5 do
   if redis.call('PTTL', KEYS[k]) < lease then
     redis.call('PEXPIRE', KEYS[k], ARGV[5])
@@ -310,7 +354,7 @@ if pass(id, freed > 0) then
 end
 if mode == 't' then
   dequeue(id)
-  if redis.call('ZCARD', KEYS[4]) == 0 then
+  if redis.call('EXISTS', KEYS[4]) == 0 then
     redis.call('DEL', KEYS[4], KEYS[5])
   end
 end

@@ -47,9 +47,9 @@ if used <= 0 or redis.call('ZCARD', KEYS[2]) == 0 then
     redis.call('PEXPIRE', KEYS[1], h[4])
   end
 else
-  redis.call('HSET', KEYS[1], ':used', string.format('%.0f', used))
+  redis.call('HSET', KEYS[1], ':used', string.format('%d', used))
 end
-local free = string.format('%.0f', math.max(tonumber(h[2] or '0') - used, 1))
+local free = string.format('%d', math.max(tonumber(h[2] or '0') - used, 1))
 if ARGV[2] == 's' then
   redis.call('SPUBLISH', KEYS[3], free)
 else

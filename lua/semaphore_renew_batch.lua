@@ -25,7 +25,7 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local exp = now + tonumber(ARGV[1])
-local exps = string.format('%.0f', exp)
+local exps = string.format('%d', exp)
 
 local out = {}
 local renewed = {} -- j -> true once a permit of semaphore j is renewed
@@ -44,13 +44,13 @@ end
 
 for j = 1, #KEYS / 2 do
   if renewed[j] then
-    local last = redis.call('ZRANGE', KEYS[2 * j], -1, -1, 'WITHSCORES')
+    local last = redis.call('ZRANGE', KEYS[2 * j], '-1', '-1', 'WITHSCORES')
     local at = math.max(tonumber(last[2]), exp)
     local keep = tonumber(redis.call('HGET', KEYS[2 * j - 1], ':set'))
     if keep then
       at = math.max(at, now + keep)
     end
-    at = string.format('%.0f', at)
+    at = string.format('%d', at)
     redis.call('PEXPIREAT', KEYS[2 * j - 1], at)
     redis.call('PEXPIREAT', KEYS[2 * j], at)
   end
