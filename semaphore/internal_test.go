@@ -346,3 +346,63 @@ func TestAcquireFastPath(t *testing.T) {
 		t.Fatalf("PTTL %d, %d ms after a 1 min lease, want about a minute", h, e)
 	}
 }
+
+// TestFairWaiterOneAttempt: a fair waiter in a Manager whose subscription
+// of the semaphore is up (it had a waiter just before) subscribes before
+// its first attempt, so that attempt is its only script call: the
+// release that frees the permit grants it and tells it. A waiter on a
+// channel not subscribed yet attempts once more after subscribing, since a
+// grant published before the subscription was confirmed would be missed.
+func TestFairWaiterOneAttempt(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), internalWait)
+	defer cancel()
+	srv := redistest.NewServer(t)
+	m := internalManager(t, srv.Addr(), Options{Fair: true})
+	s, err := m.NewSemaphore("one", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := func() int {
+		out, err := srv.Do("ZCARD", s.keys[3])
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.Atoi(out)
+		return n
+	}
+	holder, err := s.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int64{2, 1} {
+		before := scriptCalls(t, srv)
+		got := make(chan *Permit, 1)
+		go func() {
+			p, err := s.Acquire(ctx, 1)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- p
+		}()
+		if !redistest.WaitFor(ctx, internalWait, func() bool { return queued() == 1 }) {
+			t.Fatal("waiter not queued")
+		}
+		time.Sleep(50 * time.Millisecond) // its second attempt, if any
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		holder = <-got
+		if holder == nil {
+			t.FailNow()
+		}
+		if !holder.handoff {
+			t.Errorf("waiter %d: not granted by the release", i)
+		}
+		if calls := scriptCalls(t, srv) - before; calls != want+1 {
+			t.Errorf("waiter %d: %d script calls for its wait and the release, want %d attempts and the release", i, calls, want)
+		}
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
