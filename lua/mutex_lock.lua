@@ -2,8 +2,22 @@
 --
 -- The lock is a hash: o = owner id, n = holds, f = fencing token of the
 -- current acquisition, a = the attempt that made it (see mutex_release),
--- r = "owner token" of the last release (kept so that a retried Unlock can
--- tell its first try succeeded). A hash without o is free.
+-- p = the owner of the acquisition f names, kept when its owner's Unlock
+-- ends it, and r = "owner token" of an acquisition that ended so before
+-- the current one began (p, f and r let a retried Unlock tell that its first
+-- try succeeded). A hash without o is free.
+--
+-- k flags what the other keys may hold, so that the common calls need not
+-- look at them: "q" the queue may have entries, "x" tombstones may exist
+-- (both: "qx"). It is set before the hash could miss anything: a fair Lock
+-- that queues sets q, a give-back that leaves a tombstone sets x, and a
+-- grant that makes the hash sets them from what the keys hold then (f is
+-- set whenever the hash is made, so without f the keys themselves are
+-- asked). Nothing else adds queue members or tombstones (a script that
+-- does must set k too), and nothing clears a flag but mutex_release
+-- finding the queue empty, so while the hash lives, a missing flag means
+-- an empty key. A flag may be set needlessly (a waiter left, tombstones
+-- expired): that costs a look, never a wrong answer.
 --
 -- The owner's client counts its holds and sends the count, so a Lock retried
 -- after a lost reply cannot add a second hold.
@@ -69,8 +83,13 @@
 --          {0, -2, 0} when the lock is free but a fair waiter queued
 --          earlier has the turn;
 --          {-1, 0, 0} when a nested Lock's acquisition is gone.
--- Complexity: O(log Q) for Q queued waiters (O(1) unfair).
-local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'a', 'n')
+-- Complexity: O(log Q) for Q queued waiters (O(1) unfair). An unfair Lock
+--          of a lock whose hash is there and flags nothing (the common case:
+--          a free lock that was released within the last second, no fair
+--          waiters, no abandoned attempts) makes four calls: HMGET, TIME,
+--          HSET, PEXPIRE. Each call costs the server about as much as four
+--          fields read, so fields only rare paths need are read there.
+local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'k', 'p')
 local holds = tonumber(ARGV[3])
 
 if holds > 0 then
@@ -85,44 +104,69 @@ local an, as = string.match(ARGV[4], '^(.*)%.(%d+)$')
 if not an then
   return redis.error_reply('mutex_lock: malformed attempt id')
 end
-local dead = redis.call('HGET', KEYS[2], an)
-if dead and tonumber(as) <= tonumber(dead) then
-  return {0, h[1] and redis.call('PTTL', KEYS[1]) or 0, 0}
+local known, k = h[2], h[3]
+local tombs, queued = k == 'x' or k == 'qx', k == 'q' or k == 'qx'
+if not known then
+  local n = redis.call('EXISTS', KEYS[2], KEYS[3])
+  if n == 2 then
+    tombs, queued, k = true, true, 'qx'
+  elseif n == 1 then
+    tombs = redis.call('EXISTS', KEYS[2]) == 1
+    queued = not tombs
+    k = tombs and 'x' or 'q'
+  end
 end
-if h[1] == ARGV[1] and h[3] == ARGV[4] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {2, tonumber(h[4]), tonumber(h[2])}
+if tombs then
+  local dead = redis.call('HGET', KEYS[2], an)
+  if dead and tonumber(as) <= tonumber(dead) then
+    return {0, h[1] and redis.call('PTTL', KEYS[1]) or 0, 0}
+  end
+end
+local a -- the attempt that made the current hold, read only if it is ours
+if h[1] == ARGV[1] then
+  local mine = redis.call('HMGET', KEYS[1], 'a', 'n')
+  a = mine[1]
+  if a == ARGV[4] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {2, tonumber(mine[2]), tonumber(h[2])}
+  end
 end
 local fair = ARGV[6] == 'f' or ARGV[6] == 't'
-local now
-if fair then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local t -- TIME, read once, when first needed
 
-local function enqueue(wait)
-  if ARGV[6] == 'f' then
-    if not redis.call('ZSCORE', KEYS[3], ARGV[4]) then
-      local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
-      redis.call('ZADD', KEYS[3], (tonumber(last) or 0) + 1, ARGV[4])
+-- Made only where it can be called: a closure costs allocations, and the
+-- common call (free, unfair) needs none.
+local enqueue
+if h[1] or fair then
+  enqueue = function(wait)
+    if ARGV[6] == 'f' then
+      if not redis.call('ZSCORE', KEYS[3], ARGV[4]) then
+        local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+        redis.call('ZADD', KEYS[3], (tonumber(last) or 0) + 1, ARGV[4])
+      end
+      t = t or redis.call('TIME')
+      local expiry = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+      redis.call('HSET', KEYS[4], ARGV[4], string.format('%d', expiry) .. ' ' .. ARGV[1])
+      redis.call('PEXPIRE', KEYS[3], ARGV[2])
+      redis.call('PEXPIRE', KEYS[4], ARGV[2])
+      if known and not queued then
+        redis.call('HSET', KEYS[1], 'k', tombs and 'qx' or 'q')
+      end
     end
-    redis.call('HSET', KEYS[4], ARGV[4], string.format('%d', now + tonumber(ARGV[2])) .. ' ' .. ARGV[1])
-    redis.call('PEXPIRE', KEYS[3], ARGV[2])
-    redis.call('PEXPIRE', KEYS[4], ARGV[2])
+    return {0, wait, 0}
   end
-  return {0, wait, 0}
 end
 
 if h[1] and h[1] ~= ARGV[1] then
   return enqueue(redis.call('PTTL', KEYS[1]))
 end
-if h[1] and h[3] then
-  local hn, hs = string.match(h[3], '^(.*)%.(%d+)$')
+if h[1] and a then
+  local hn, hs = string.match(a, '^(.*)%.(%d+)$')
   if hn == an and tonumber(as) < tonumber(hs) then
     return {0, redis.call('PTTL', KEYS[1]), 0}
   end
 end
-if fair then
+if fair and queued then
   -- The lock is free (or ours from an earlier, lost acquisition): take it
   -- only if no live waiter is queued before this one.
   local reaped = 0
@@ -133,7 +177,8 @@ if fair then
     end
     local e = redis.call('HGET', KEYS[4], head)
     local expiry = e and tonumber(string.match(e, '^(%d+)'))
-    if expiry and expiry > now then
+    t = t or redis.call('TIME')
+    if expiry and expiry > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
       return enqueue(-2) -- free, but not this waiter's turn
     end
     if reaped == 16 then
@@ -147,12 +192,21 @@ if fair then
   redis.call('HDEL', KEYS[4], ARGV[4])
 end
 
-local t = redis.call('TIME')
+t = t or redis.call('TIME')
 local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local last = tonumber(h[2])
 if last and last >= token then
   token = last + 1
 end
-redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', string.format('%.0f', token), 'a', ARGV[4])
+local ft = string.format('%.0f', token)
+if not known and k then
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', ft, 'a', ARGV[4], 'p', ARGV[1], 'k', k)
+elseif not h[1] and h[4] then
+  -- The last hold ended by its owner's Unlock (p names it): r keeps it
+  -- for a retry of that Unlock.
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', ft, 'a', ARGV[4], 'p', ARGV[1], 'r', h[4] .. ' ' .. h[2])
+else
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', ft, 'a', ARGV[4], 'p', ARGV[1])
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {1, 1, token}

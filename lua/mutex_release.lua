@@ -6,7 +6,8 @@
 --                  token. The client sends the holds it has; the lock is
 --                  left with one fewer, so a retry after a lost reply does
 --                  not remove two. A retried final Unlock is recognised
---                  through r ("owner token" of the last release).
+--                  through p and f (the hash keeps them after the release)
+--                  or, once a later hold began, r (see mutex_lock).
 --   ARGV[1] = "a"  give-back of an abandoned Lock (its caller stopped
 --                  waiting, or the connection failed). It leaves a
 --                  tombstone (nonce -> seq, kept for a lease) so that the
@@ -16,9 +17,12 @@
 --                  to it), never a hold a later attempt made.
 --   ARGV[1] = "f"  ForceUnlock: release whoever holds it.
 --
--- On release the hash keeps only the token (for the next token) and r, for
--- a short time. Then the queue (fair waiters, see mutex_lock) is looked at:
--- up to 16 dead entries at its head are dropped, and the first live waiter
+-- On release the hash keeps only the token (for the next token), p (Unlock
+-- only; the other modes drop it, so that the holder's own Unlock is told it
+-- lost the lock), r and k, for a short time. Then the queue (fair waiters,
+-- see mutex_lock) is looked at if k says it may hold anyone (k = "q" or
+-- "qx"; a release that finds the queue empty clears q): up to 16 dead
+-- entries at its head are dropped, and the first live waiter
 -- is granted the lock at once, with a new token and a lease that ends when
 -- its queue entry would have (so a waiter that died since its last refresh
 -- blocks the lock no longer than its entry's lease), and told so by a
@@ -39,21 +43,20 @@
 -- Returns  u: holds left (0: released), or -1 when the owner does not hold
 --          that acquisition;
 --          a, f: 1 if a hold was released, else 0.
--- Complexity: O(log Q) for Q queued waiters, plus the publish.
+-- Complexity: O(log Q) for Q queued waiters, plus the publish. A final
+--          Unlock with no queue flagged makes four calls (HMGET, HDEL,
+--          PEXPIRE, PUBLISH); TIME is read only when a queue entry is
+--          judged. Fields only rare paths need are read there (see the
+--          cost note in mutex_lock).
 local mode = ARGV[1]
-local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'r', 'a')
-
-local function publish(msg)
-  if ARGV[2] == 's' then
-    redis.call('SPUBLISH', KEYS[2], msg)
-  else
-    redis.call('PUBLISH', KEYS[2], msg)
-  end
-end
+local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'k')
+local k = h[3]
+local setx = false -- a give-back whose tombstone the hash does not flag yet
 
 if mode == 'u' then
   if h[1] ~= ARGV[4] or h[2] ~= ARGV[6] then
-    if h[3] == ARGV[4] .. ' ' .. ARGV[6] then
+    local g = redis.call('HMGET', KEYS[1], 'p', 'r')
+    if (not h[1] and g[1] == ARGV[4] and h[2] == ARGV[6]) or g[2] == ARGV[4] .. ' ' .. ARGV[6] then
       return 0 -- an earlier try of this Unlock released it; its reply was lost
     end
     return -1
@@ -63,7 +66,6 @@ if mode == 'u' then
     redis.call('HSET', KEYS[1], 'n', n)
     return n
   end
-  redis.call('HSET', KEYS[1], 'r', ARGV[4] .. ' ' .. ARGV[6])
 elseif mode == 'a' then
   local nonce, seq = string.match(ARGV[5], '^(.*)%.(%d+)$')
   if not nonce then
@@ -78,43 +80,77 @@ elseif mode == 'a' then
   end
   redis.call('ZREM', KEYS[3], ARGV[5])
   redis.call('HDEL', KEYS[4], ARGV[5])
-  if h[1] ~= ARGV[4] or h[4] ~= ARGV[5] then
+  -- Without f the hash is not there: whoever makes it asks the keys.
+  setx = h[2] and k ~= 'x' and k ~= 'qx'
+  if h[1] ~= ARGV[4] or redis.call('HGET', KEYS[1], 'a') ~= ARGV[5] then
+    if setx then
+      redis.call('HSET', KEYS[1], 'k', k == 'q' and 'qx' or 'x')
+    end
     return 0
   end
 elseif not h[1] then
   return 0
 end
 
-redis.call('HDEL', KEYS[1], 'o', 'n', 'a')
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for _ = 1, 16 do
-  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  if not head then
-    break
-  end
-  redis.call('ZREM', KEYS[3], head)
-  local e = redis.call('HGET', KEYS[4], head)
-  redis.call('HDEL', KEYS[4], head)
-  local expiry, owner = nil, nil
-  if e then
-    expiry, owner = string.match(e, '^(%d+) (.*)$')
-    expiry = tonumber(expiry)
-  end
-  if expiry and expiry > now then
-    local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local last = tonumber(h[2])
-    if last and last >= token then
-      token = last + 1
+-- The hold ends. First the queue, if the hash says it may hold anyone.
+local emptied = false
+if k == 'q' or k == 'qx' then
+  local t, now -- read once, when the first entry is judged
+  for _ = 1, 16 do
+    local head = redis.call('ZPOPMIN', KEYS[3])[1]
+    if not head then
+      emptied = true
+      break
     end
-    local ft = string.format('%.0f', token)
-    redis.call('HSET', KEYS[1], 'o', owner, 'n', 1, 'f', ft, 'a', head)
-    redis.call('PEXPIRE', KEYS[1], string.format('%d', expiry - now))
-    publish('g ' .. head .. ' ' .. ft)
-    return mode == 'u' and 0 or 1
+    local e = redis.call('HGET', KEYS[4], head)
+    if e then
+      redis.call('HDEL', KEYS[4], head)
+      if not t then
+        t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      local expiry, owner = string.match(e, '^(%d+) (.*)$')
+      expiry = tonumber(expiry)
+      if expiry and expiry > now then
+        local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+        local last = tonumber(h[2])
+        if last and last >= token then
+          token = last + 1
+        end
+        local ft = string.format('%.0f', token)
+        -- One write for the release and the grant; the queue stays flagged.
+        local w = {'o', owner, 'n', 1, 'f', ft, 'a', head, 'p', owner}
+        if mode == 'u' then
+          w[11], w[12] = 'r', ARGV[4] .. ' ' .. ARGV[6]
+        end
+        if setx then
+          w[#w + 1], w[#w + 2] = 'k', 'qx'
+        end
+        redis.call('HSET', KEYS[1], unpack(w))
+        redis.call('PEXPIRE', KEYS[1], string.format('%d', expiry - now))
+        redis.call(ARGV[2] == 's' and 'SPUBLISH' or 'PUBLISH', KEYS[2], 'g ' .. head .. ' ' .. ft)
+        return mode == 'u' and 0 or 1
+      end
+    end
   end
 end
-publish('1')
+
+-- Nobody to hand it to: the lock is free.
+if mode == 'u' and not emptied then
+  redis.call('HDEL', KEYS[1], 'o', 'n', 'a')
+else
+  local d = {'o', 'n', 'a'}
+  if mode ~= 'u' then
+    d[4] = 'p'
+  end
+  if emptied and k == 'q' and not setx then
+    d[#d + 1] = 'k'
+  end
+  redis.call('HDEL', KEYS[1], unpack(d))
+  if setx or (emptied and k == 'qx') then
+    redis.call('HSET', KEYS[1], 'k', (emptied or k == nil) and 'x' or 'qx')
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call(ARGV[2] == 's' and 'SPUBLISH' or 'PUBLISH', KEYS[2], '1')
 return mode == 'u' and 0 or 1
