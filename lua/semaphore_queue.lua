@@ -9,7 +9,8 @@
 -- after the waiter last refreshed it (each fair attempt does). The field
 -- ':b' of KEYS[5] is "id passes": the first waiter that did not fit, and
 -- how many grants have passed it. Both queue keys expire with the longest
--- entry lease and are deleted when the queue empties. The permit keys'
+-- entry lease (or up to a sixteenth of a lease after it) and are deleted
+-- when the queue empties. The permit keys'
 -- expiry is moved as in semaphore_acquire: only later, and only when it
 -- comes before a permit granted or renewed here (or a set capacity's
 -- retention), then to that end plus 1 ms and a sixteenth of the lease.
@@ -276,7 +277,8 @@ local function pass(self, announce)
   end
   if blocked then
     redis.call('HSET', KEYS[5], ':b', blocked .. ' ' .. num(passes))
-  elseif seen > 0 and #gone > 0 and redis.call('EXISTS', KEYS[4]) == 0 then
+  elseif #gone > 0 and #gone == seen and redis.call('EXISTS', KEYS[4]) == 0 then
+    -- (An entry read and not gone is still queued.)
     redis.call('DEL', KEYS[4], KEYS[5])
   end
   if announce and free > 0 and not blocked then
@@ -344,9 +346,11 @@ end
 local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
 redis.call('ZADD', KEYS[4], 'NX', num((tonumber(last) or 0) + 1), id)
 redis.call('HSET', KEYS[5], id, num(exp) .. ' ' .. ARGV[3])
+-- A sixteenth of a lease more, so that the next joins and refreshes of the
+-- next moments need not extend them again.
 for k = 4, 5 do
   if redis.call('PTTL', KEYS[k]) < lease then
-    redis.call('PEXPIRE', KEYS[k], ARGV[5])
+    redis.call('PEXPIRE', KEYS[k], num(lease + math.floor(lease / 16)))
   end
 end
 if pass(id, freed > 0) then

@@ -22,7 +22,7 @@
 --          (expired permits not reclaimed yet count in it).
 -- Complexity: O(log N) for N permits held, plus the publish.
 local id = ARGV[1]
-local h = redis.call('HMGET', KEYS[1], ':used', ':cap', id, ':set')
+local h = redis.call('HMGET', KEYS[1], ':used', ':cap', id)
 local used = tonumber(h[1] or '0')
 if not h[3] then
   return {0, used}
@@ -40,11 +40,13 @@ redis.call('ZREM', KEYS[2], id)
 
 used = used - tonumber(h[3])
 if used <= 0 or redis.call('ZCARD', KEYS[2]) == 0 then
+  -- Read only now: absent, ':set' costs a scan of the whole hash.
+  local keep = redis.call('HGET', KEYS[1], ':set')
   redis.call('DEL', KEYS[1], KEYS[2])
   used = 0
-  if h[4] then
-    redis.call('HSET', KEYS[1], ':used', '0', ':cap', h[2], ':set', h[4])
-    redis.call('PEXPIRE', KEYS[1], h[4])
+  if keep then
+    redis.call('HSET', KEYS[1], ':used', '0', ':cap', h[2], ':set', keep)
+    redis.call('PEXPIRE', KEYS[1], keep)
   end
 else
   redis.call('HSET', KEYS[1], ':used', string.format('%d', used))
