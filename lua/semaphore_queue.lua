@@ -15,9 +15,11 @@
 -- comes before a permit granted or renewed here (or a set capacity's
 -- retention), then to that end plus 1 ms and a sixteenth of the lease.
 --
--- Every call reclaims up to 16 expired permits, does its own work, then
--- runs the grant pass over the first 32 entries of the queue, in arrival
--- order, with the permits free (capacity - used); it reads only as many
+-- Every call reclaims up to 16 expired permits (except a fair Acquire
+-- granted at once, with nobody queued, which leaves them to the next
+-- call they are in the way of, as semaphore_acquire does), does its own
+-- work, then runs the grant pass over the first 32 entries of the queue,
+-- in arrival order, with the permits free (capacity - used); it reads only as many
 -- entries as the permits free could be granted to (plus one), and more
 -- only if those do not use them up:
 --   * a dead entry is dropped; an entry heavier than the capacity (lowered
@@ -128,8 +130,24 @@ if mode == 'r' then
   end
   own = nil
 end
+-- A fair Acquire that fits as things are, with nobody queued, is granted
+-- below without the reclaim, as in semaphore_acquire: a later call that
+-- finds expired permits in its way (and every release) reclaims them.
+local quick = false
+if (mode == 'a' or mode == 't') and not h[4] then
+  local c = tonumber(ARGV[2])
+  if keep then
+    c = stored
+  elseif used > 0 and stored ~= c then
+    c = -1
+  end
+  quick = used + tonumber(ARGV[3]) <= c and redis.call('EXISTS', KEYS[4]) == 0
+end
 -- Reclaim expired permits, and this id's own earlier grant if it expired.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', num(now), 'LIMIT', '0', '16')
+local expired = {}
+if not quick then
+  expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', num(now), 'LIMIT', '0', '16')
+end
 if own and tonumber(own) <= now then
   local listed = false
   for i = 1, #expired do
@@ -330,7 +348,7 @@ if own then
   pass(nil, freed > 0)
   return finish(1)
 end
-if used + n <= stored and redis.call('EXISTS', KEYS[4]) == 0 then
+if used + n <= stored and (quick or redis.call('EXISTS', KEYS[4]) == 0) then
   -- Nobody queued and it fits: granted without touching the queue.
   used = used + n
   grants[1], grants[2] = id, num(n)
