@@ -3,9 +3,9 @@
 -- The lock is a hash: o = owner id, n = holds, f = fencing token of the
 -- current acquisition, a = the attempt that made it (see mutex_release),
 -- p = the owner of the acquisition f names, kept when its owner's Unlock
--- ends it, and r = "owner token" of an acquisition that ended so before
--- the current one began (p, f and r let a retried Unlock tell that its first
--- try succeeded). A hash without o is free.
+-- ends it, and r = "owner token" of an acquisition of another owner that
+-- ended so before the current one began (p, f and r let a retried Unlock
+-- tell that its first try succeeded). A hash without o is free.
 --
 -- k flags what the other keys may hold, so that the common calls need not
 -- look at them: "q" the queue may have entries, "x" tombstones may exist
@@ -201,10 +201,15 @@ end
 local ft = string.format('%.0f', token)
 if not known and k then
   redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', ft, 'a', ARGV[4], 'p', ARGV[1], 'k', k)
-elseif not h[1] and h[4] then
+elseif not h[1] and h[4] and h[4] ~= ARGV[1] then
   -- The last hold ended by its owner's Unlock (p names it): r keeps it
-  -- for a retry of that Unlock.
+  -- for a retry of that Unlock. Not needed when that owner locks again:
+  -- its client sends no Unlock of an earlier hold once it holds a newer
+  -- one (two live Mutexes never share an owner id), and the hash keeps
+  -- the r of an earlier owner, which still answers that owner's retry.
   redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', ft, 'a', ARGV[4], 'p', ARGV[1], 'r', h[4] .. ' ' .. h[2])
+elseif h[4] == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', ft, 'a', ARGV[4]) -- p is this owner already
 else
   redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', ft, 'a', ARGV[4], 'p', ARGV[1])
 end
