@@ -198,20 +198,20 @@ local last = tonumber(h[2])
 if last and last >= token then
   token = last + 1
 end
-local ft = string.format('%.0f', token)
+local ft = string.format('%d', token)
 if not known and k then
-  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', ft, 'a', ARGV[4], 'p', ARGV[1], 'k', k)
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4], 'p', ARGV[1], 'k', k)
 elseif not h[1] and h[4] and h[4] ~= ARGV[1] then
   -- The last hold ended by its owner's Unlock (p names it): r keeps it
   -- for a retry of that Unlock. Not needed when that owner locks again:
   -- its client sends no Unlock of an earlier hold once it holds a newer
   -- one (two live Mutexes never share an owner id), and the hash keeps
   -- the r of an earlier owner, which still answers that owner's retry.
-  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', ft, 'a', ARGV[4], 'p', ARGV[1], 'r', h[4] .. ' ' .. h[2])
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4], 'p', ARGV[1], 'r', h[4] .. ' ' .. h[2])
 elseif h[4] == ARGV[1] then
-  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', ft, 'a', ARGV[4]) -- p is this owner already
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4]) -- p is this owner already
 else
-  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', ft, 'a', ARGV[4], 'p', ARGV[1])
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4], 'p', ARGV[1])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {1, 1, token}

@@ -117,9 +117,9 @@ if k == 'q' or k == 'qx' then
         if last and last >= token then
           token = last + 1
         end
-        local ft = string.format('%.0f', token)
+        local ft = string.format('%d', token)
         -- One write for the release and the grant; the queue stays flagged.
-        local w = {'o', owner, 'n', 1, 'f', ft, 'a', head, 'p', owner}
+        local w = {'o', owner, 'n', '1', 'f', ft, 'a', head, 'p', owner}
         if mode == 'u' then
           w[11], w[12] = 'r', ARGV[4] .. ' ' .. ARGV[6]
         end
