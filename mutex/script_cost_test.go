@@ -116,40 +116,59 @@ func TestScriptCost(t *testing.T) {
 		return ""
 	})
 
-	// A fair hand-off, script by script: A takes the lock, B queues, A's
-	// release hands it to B, B releases with nobody queued.
+	// A fair hand-off, script by script, in 64 goroutines with a lock
+	// each: A takes the lock, B queues, A's release hands it to B, B finds
+	// its grant (as after a lost message) and releases with nobody queued.
 	fairPairs := pairs
 	if os.Getenv("SLUICE_COST_UNFAIR_ONLY") != "" {
 		fairPairs = 0
 	}
-	for i := range fairPairs {
-		k := "sluice:mutex:{cost:" + run + "f" + strconv.Itoa(i%64) + "}"
+	fairRound := func(g, i int) error {
+		k := "sluice:mutex:{cost:" + run + "f" + strconv.Itoa(g) + "}"
 		lockKeys := []string{k, k + ":x", k + ":q", k + ":e"}
 		releaseKeys := []string{k, k + ":w", k + ":q", k + ":e", k + ":x"}
 		id := strconv.Itoa(i)
 		a, err := lock.Exec(ctx, lockKeys, []string{"A", "30000", "0", "a." + id, "", "f"}).AsIntSlice()
 		if err != nil || a[0] != 1 {
-			t.Fatalf("A's lock = %v, %v", a, err)
+			return fmt.Errorf("A's lock = %v, %v", a, err)
 		}
 		b, err := lock.Exec(ctx, lockKeys, []string{"B", "30000", "0", "b." + id, "", "f"}).AsIntSlice()
 		if err != nil || b[0] != 0 {
-			t.Fatalf("B's lock = %v, %v", b, err)
+			return fmt.Errorf("B's lock = %v, %v", b, err)
 		}
 		if n, err := release.Exec(ctx, releaseKeys, []string{"u", "p", "1000", "A", "1", strconv.FormatInt(a[2], 10)}).AsInt64(); err != nil || n != 0 {
-			t.Fatalf("A's release = %d, %v", n, err)
+			return fmt.Errorf("A's release = %d, %v", n, err)
 		}
-		// The waiter's Lock finds the grant (as after a lost message).
 		b, err = lock.Exec(ctx, lockKeys, []string{"B", "30000", "0", "b." + id, "", "f"}).AsIntSlice()
 		if err != nil || b[0] != 2 {
-			t.Fatalf("B's lock after the hand-off = %v, %v", b, err)
+			return fmt.Errorf("B's lock after the hand-off = %v, %v", b, err)
 		}
 		if n, err := release.Exec(ctx, releaseKeys, []string{"u", "p", "1000", "B", "1", strconv.FormatInt(b[2], 10)}).AsInt64(); err != nil || n != 0 {
-			t.Fatalf("B's release = %d, %v", n, err)
+			return fmt.Errorf("B's release = %d, %v", n, err)
 		}
-		if i == 63 {
-			do("SLOWLOG", "RESET") // from here on every key has been used once
+		return nil
+	}
+	if fairPairs > 0 {
+		for g := range goroutines { // every key used once before the measurement
+			if err := fairRound(g, 0); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	do("SLOWLOG", "RESET")
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 1; i <= fairPairs; i++ {
+				if err := fairRound(g, i); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 	seen := map[string]bool{} // B's attempts that have queued
 	for k, v := range slowlog(t, do, func(argv []string) string {
 		if len(argv) < 12 {
