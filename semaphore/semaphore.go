@@ -153,9 +153,9 @@
 // entry). PREFIX defaults to "sluice:sem:"; the braces keep everything in
 // one cluster slot. The permit keys expire with the latest permit (or up
 // to a sixteenth of a lease after it) and are deleted with the last one,
-// the queue keys a lease after the last refresh
-// and when the queue empties, so an idle semaphore leaves nothing behind,
-// except a capacity set by SetCapacity, kept in the hash for
+// the queue keys a lease after the last refresh (or up to a sixteenth
+// more) and when the queue empties, so an idle semaphore leaves nothing
+// behind, except a capacity set by SetCapacity, kept in the hash for
 // CapacityRetention.
 //
 // On miniredis (tests, examples) the rueidis client needs DisableCache and
