@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -355,4 +357,108 @@ func TestPoliciesKeysStayInPrefix(t *testing.T) {
 			}
 		})
 	}
+}
+
+// statePolicies is the set of TestPoliciesStateFormat. The suffix of its
+// state key is pinned: a process of an earlier version derives the same,
+// and reads and writes the same format there.
+var statePolicies = []Policy{
+	{Name: "minute", Limit: PerMinute(10)},
+	{Name: "hour", Algorithm: FixedWindow, Limit: PerHour(100)},
+	{Name: "sliding", Algorithm: SlidingWindow, Limit: PerHour(50)},
+}
+
+const stateSuffix = ":m:39sbnviizs3mp"
+
+// TestPoliciesStateFormat checks that a set's state is where, and in the
+// format, that earlier versions keep it, so that old and new processes
+// sharing keys during a rolling upgrade count together: a state written
+// as they write it is read, and the state written back is laid out as
+// they read it. Per policy three numbers: GCRA its TAT and two zeros, a
+// fixed window its count, its end and a zero, a sliding window its
+// window's index, its count and the previous window's. MessagePack on
+// Redis, text on miniredis.
+func TestPoliciesStateFormat(t *testing.T) {
+	ps := newPolicies(t, statePolicies...)
+	if ps.suffix != stateSuffix {
+		t.Fatalf("state key suffix %q; want %q: the key of a set's state has changed", ps.suffix, stateSuffix)
+	}
+	check := func(t *testing.T, d Decision, retry time.Duration) {
+		t.Helper()
+		// 3 of 10 used, 7 of 100, 4 of 50 in the current window and none
+		// in the previous: one more leaves 6, 92, 45.
+		if !d.Allowed || d.Results[0].Remaining != 6 || d.Results[1].Remaining != 92 || d.Results[2].Remaining != 45 {
+			t.Fatalf("decision %+v; want allowed with 6, 92 and 45 remaining", d)
+		}
+		// Four of ten minute tokens are 24s to earn back, the window
+		// ends in 30 minutes.
+		if r := d.Results[0].ResetAfter; r <= 24*time.Second-retry || r > 24*time.Second {
+			t.Errorf("GCRA ResetAfter %v; want about 24s", r)
+		}
+		if r := d.Results[1].ResetAfter; r <= 30*time.Minute-retry || r > 30*time.Minute {
+			t.Errorf("fixed window ResetAfter %v; want about 30m", r)
+		}
+	}
+
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Single(t)
+		l := newLimiter(t, newCache(t, srv.Addr()), Options{Limit: PerSecond(1), Prefix: "state:"})
+		key := keyspace.Key(l.prefix, "k", ps.suffix)
+		// The state as an earlier version writes it, on the server's clock:
+		// TAT 18s ahead, 7 in a window ending in 30 minutes, 4 in the
+		// current hour.
+		const write = `
+local t = redis.call('TIME')
+local now = (t[1] - 1704067200) * 1000000 + t[2]
+local idx = math.floor((t[1] * 1000000 + t[2]) / 3600000000)
+local s = {now + 18000000, 0, 0, 7, math.floor(now / 1000) + 1800000, 0, idx, 4, 0}
+redis.call('SET', KEYS[1], cmsgpack.pack(unpack(s)), 'PX', 3600000)
+return s`
+		out, err := srv.Do("EVAL", write, "1", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := strings.Split(out, "\n")
+		d := allowPolicies(t, l, "k", 1, ps)
+		// Generous: the server may be slow, and the TAT has 6s of slack.
+		check(t, d, 5*time.Second)
+		out, err = srv.Do("EVAL", `return {cmsgpack.unpack(redis.call('GET', KEYS[1]))}`, "1", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after := strings.Split(out, "\n")
+		tat, _ := strconv.ParseInt(before[0], 10, 64)
+		// The sliding window may have moved on to the next hour in
+		// between: then its index is one more, and its count the
+		// previous one.
+		want := []string{strconv.FormatInt(tat+6_000_000, 10), "0", "0", "8", before[4], "0", before[6], "5", "0"}
+		if len(after) == 9 && after[6] != before[6] {
+			idx, _ := strconv.ParseInt(before[6], 10, 64)
+			want[6], want[7], want[8] = strconv.FormatInt(idx+1, 10), "1", "4"
+		}
+		if !slices.Equal(after, want) {
+			t.Fatalf("state written %q; want %q", after, want)
+		}
+	})
+
+	t.Run("miniredis", func(t *testing.T) {
+		at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+		l, mr := newFrozenLimiter(t, Options{Limit: PerSecond(1), Prefix: "state:"}, at)
+		key := keyspace.Key(l.prefix, "k", ps.suffix)
+		now := at.Sub(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)).Microseconds()
+		idx := at.UnixMicro() / time.Hour.Microseconds()
+		f := func(x int64) string { return strconv.FormatInt(x, 10) }
+		if err := mr.Set(key, strings.Join([]string{f(now + 18_000_000), "0", "0", "7", f(now/1000 + 1_800_000), "0", f(idx), "4", "0"}, " ")); err != nil {
+			t.Fatal(err)
+		}
+		check(t, allowPolicies(t, l, "k", 1, ps), time.Microsecond)
+		got, err := mr.Get(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := strings.Join([]string{f(now + 24_000_000), "0", "0", "8", f(now/1000 + 1_800_000), "0", f(idx), "5", "0"}, " ")
+		if got != want {
+			t.Fatalf("state written %q; want %q", got, want)
+		}
+	})
 }
