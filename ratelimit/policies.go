@@ -43,7 +43,7 @@ type Policies struct {
 	list     []Policy
 	id       string   // deny cache id: the canonical text of the set
 	suffix   string   // key suffix of the set's state
-	args1    []string // script arguments for cost 1
+	args1    []string // script arguments for cost 1: two per policy, no cost
 	capacity []int    // per policy
 	minCap   int      // the largest cost any call can be allowed
 	fixed    []bool   // per policy: a fixed window
@@ -61,7 +61,7 @@ func NewPolicies(ps ...Policy) (*Policies, error) {
 	if len(ps) < 1 || len(ps) > MaxPolicies {
 		return nil, fmt.Errorf("%w: %d policies; want 1 to %d", ErrInvalidOptions, len(ps), MaxPolicies)
 	}
-	p := &Policies{list: append([]Policy(nil), ps...), args1: []string{"1"}, minCap: maxRate}
+	p := &Policies{list: append([]Policy(nil), ps...), minCap: maxRate}
 	var id strings.Builder
 	seen := make(map[string]bool, len(ps))
 	for i, pol := range ps {
@@ -76,7 +76,17 @@ func NewPolicies(ps ...Policy) (*Policies, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w (policy %q)", err, pol.Name)
 		}
-		p.args1 = append(p.args1, c.code, c.arg0, c.arg1)
+		// ratelimit_multi tells the algorithm by the signs: GCRA's two
+		// numbers are positive, a window's limit negative, a sliding
+		// window's length too.
+		switch pol.Algorithm {
+		case FixedWindow:
+			p.args1 = append(p.args1, "-"+c.arg0, c.arg1)
+		case SlidingWindow:
+			p.args1 = append(p.args1, "-"+c.arg0, "-"+c.arg1)
+		default:
+			p.args1 = append(p.args1, c.arg0, c.arg1)
+		}
 		p.capacity = append(p.capacity, c.capacity)
 		p.minCap = min(p.minCap, c.capacity)
 		p.fixed = append(p.fixed, pol.Algorithm == FixedWindow)
@@ -90,7 +100,9 @@ func NewPolicies(ps ...Policy) (*Policies, error) {
 			p.header += ", "
 		}
 		p.header += quoted + ";q=" + strconv.Itoa(c.capacity) + ";w=" + strconv.FormatInt(max(ceilSeconds(window), 1), 10)
-		// Names hold no ';' or ',', so the text is unambiguous.
+		// Names hold no ';' or ',', so the text is unambiguous. The state
+		// key is derived from it: it must not change between versions
+		// that share the state's format, so that they count together.
 		fmt.Fprintf(&id, "%s;%s;%s;%s,", pol.Name, c.code, c.arg0, c.arg1)
 	}
 	p.id = id.String()
@@ -181,37 +193,40 @@ func (l *Limiter) AllowPolicies(ctx context.Context, key string, n int, ps *Poli
 		gen = l.deny.generation(key)
 	}
 	keys := []string{keyspace.Key(l.prefix, key, ps.suffix)}
+	// The cost goes last, and is left out when it is 1. The full slice
+	// expression makes append copy: args1 is shared.
 	args := ps.args1
 	if n != 1 {
-		args = append([]string{strconv.Itoa(n)}, ps.args1[1:]...)
+		args = append(args[:len(args):len(args)], strconv.Itoa(n))
 	}
 	reply, err := l.multi.Exec(ctx, keys, args).ToArray()
 	if err != nil {
 		return Decision{}, fmt.Errorf("ratelimit: %w", err)
 	}
-	// Allowed: {1, then remaining and reset per policy}; denied: {0, then
-	// room, remaining, retry and reset per policy}.
+	// Allowed: remaining and reset per policy, 2n values; denied: {0,
+	// then room, remaining, retry and reset per policy}, 1+4n values.
 	np := len(ps.capacity)
 	var v [1 + 4*MaxPolicies]int64 // on the stack
-	if m := reply.Len(); m != 1+2*np && m != 1+4*np {
+	m := reply.Len()
+	if m != 2*np && m != 1+4*np {
 		return Decision{}, fmt.Errorf("%w: %d values", ErrUnexpectedReply, m)
 	}
-	for i := range reply.Len() {
+	for i := range m {
 		if v[i], err = reply.At(i).AsInt64(); err != nil {
 			return Decision{}, fmt.Errorf("%w: %w", ErrUnexpectedReply, err)
 		}
 	}
-	d := Decision{Allowed: v[0] == 1, Results: make([]Result, np)}
-	if d.Allowed != (reply.Len() == 1+2*np) {
-		return Decision{}, fmt.Errorf("%w: %d values, allowed %d", ErrUnexpectedReply, reply.Len(), v[0])
+	d := Decision{Allowed: m == 2*np, Results: make([]Result, np)}
+	if !d.Allowed && v[0] != 0 {
+		return Decision{}, fmt.Errorf("%w: %d values, allowed %d", ErrUnexpectedReply, m, v[0])
 	}
 	if d.Allowed {
 		for i := range d.Results {
 			d.Results[i] = Result{
 				Allowed:    true,
 				Limit:      ps.capacity[i],
-				Remaining:  max(int(v[1+2*i]), 0),
-				ResetAfter: time.Duration(v[2+2*i]) * time.Microsecond,
+				Remaining:  max(int(v[2*i]), 0),
+				ResetAfter: time.Duration(v[1+2*i]) * time.Microsecond,
 			}
 		}
 	} else {
