@@ -194,9 +194,10 @@ func TestHangingRenewalExpires(t *testing.T) {
 	defer k.Close()
 	lost := newLost()
 	const ttl = 150 * time.Millisecond
-	var cancelled atomic.Bool
+	var started, cancelled atomic.Bool
 	sent := time.Now()
 	l := k.Add(sent, ttl, func(ctx context.Context) error {
+		started.Store(true)
 		<-ctx.Done()
 		cancelled.Store(true)
 		return ctx.Err()
@@ -205,7 +206,10 @@ func TestHangingRenewalExpires(t *testing.T) {
 		t.Fatalf("lost with %v, want ErrExpired", err)
 	}
 	checkLossTiming(t, l, lost, sent, ttl)
-	if !waitUntil(cancelled.Load) {
+	// On a loaded machine the keeper may wake only after the deadline and
+	// declare the loss without starting a renewal at all (seen with three
+	// CPU hogs and -race): then there is nothing to cancel.
+	if started.Load() && !waitUntil(cancelled.Load) {
 		t.Errorf("the hanging renewal was not cancelled after the loss")
 	}
 }
@@ -218,7 +222,11 @@ func TestFailingRenewalsRetryThenExpire(t *testing.T) {
 	defer k.Close()
 	lost := newLost()
 	var calls atomic.Int64
-	const ttl = 600 * time.Millisecond
+	// First renewal at ttl/3, retries every ttl/12 until ttl - Margin: 1.7 s
+	// for the second attempt, so that a keeper stalled half a second (seen
+	// once in 20 runs with -race and two CPU hogs at a 600 ms ttl, where
+	// the window was 340 ms) still makes it.
+	const ttl = 3 * time.Second
 	sent := time.Now()
 	l := k.Add(sent, ttl, func(ctx context.Context) error { calls.Add(1); return errors.New("connection refused") }, lost.fn)
 	if err := lost.wait(t); !errors.Is(err, ErrExpired) {
@@ -226,7 +234,7 @@ func TestFailingRenewalsRetryThenExpire(t *testing.T) {
 	}
 	checkLossTiming(t, l, lost, sent, ttl)
 	if n := calls.Load(); n < 2 {
-		t.Errorf("renewal attempts before expiry = %d, want about 7 (at least 2)", n)
+		t.Errorf("renewal attempts before expiry = %d, want about 8 (at least 2)", n)
 	}
 }
 
