@@ -316,62 +316,6 @@ type Manager struct {
 	bgClosed bool           // guarded by bgMu
 	bg       sync.WaitGroup // fair waiters leaving the queue
 
-	fairMu  sync.Mutex
-	fairSub map[string]*fairChannel // by channel; guarded by fairMu
-}
-
-// fairChannel is what a Manager knows of the fair waiters of one channel:
-// whether its subscription is likely up, so that a new fair Acquire can
-// subscribe before its first attempt instead of attempting again after.
-type fairChannel struct {
-	waiting int       // fair waiters subscribed now
-	last    time.Time // when the last one left
-}
-
-// fairLinger is how long after its last fair waiter left a channel's
-// subscription is taken to be still up: well within notify.DefaultLinger,
-// for which the hub keeps it.
-const fairLinger = notify.DefaultLinger / 2
-
-// fairLive reports whether the Manager had a fair waiter on channel now or
-// within fairLinger, so that the hub very likely still has its
-// subscription up and a new waiter needs no round trip to subscribe.
-func (m *Manager) fairLive(channel string) bool {
-	m.fairMu.Lock()
-	defer m.fairMu.Unlock()
-	c := m.fairSub[channel]
-	return c != nil && (c.waiting > 0 || time.Since(c.last) < fairLinger)
-}
-
-// fairJoined and fairLeft count the fair waiters subscribed on channel.
-func (m *Manager) fairJoined(channel string) {
-	m.fairMu.Lock()
-	defer m.fairMu.Unlock()
-	c := m.fairSub[channel]
-	if c == nil {
-		if m.fairSub == nil {
-			m.fairSub = make(map[string]*fairChannel)
-		} else if len(m.fairSub) >= 256 {
-			// Forget the channels long idle, so that the map stays small.
-			for k, v := range m.fairSub {
-				if v.waiting == 0 && time.Since(v.last) >= fairLinger {
-					delete(m.fairSub, k)
-				}
-			}
-		}
-		c = &fairChannel{}
-		m.fairSub[channel] = c
-	}
-	c.waiting++
-}
-
-func (m *Manager) fairLeft(channel string) {
-	m.fairMu.Lock()
-	defer m.fairMu.Unlock()
-	if c := m.fairSub[channel]; c != nil {
-		c.waiting--
-		c.last = time.Now()
-	}
 }
 
 // NewManager returns a Manager that runs its scripts through sc. Close it
@@ -572,56 +516,37 @@ func (s *Semaphore) acquireAny(ctx context.Context, n int64) (*Permit, error) {
 //
 // A grant message published before the waiter's subscription is confirmed
 // is missed, so a waiter that subscribes after its first attempt attempts
-// again once subscribed. When this Manager has had fair waiters on the
-// semaphore just now, the subscription is most likely up: the waiter then
-// subscribes first, and if the subscription is confirmed before the first
-// attempt is sent, nothing can be missed and that second attempt is not
-// needed. A job then costs the queueing attempt and the release that grants.
+// again once subscribed. When the process already has a confirmed
+// subscription of the semaphore (other waiters use it, or did a moment
+// ago), the waiter registers on it before its first attempt instead, and
+// then nothing can be missed and that second attempt is not needed: a job
+// costs the queueing attempt and the release that grants. (Registering
+// first when no subscription is up would subscribe for every Acquire, even
+// the many that are granted at once.)
 func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err error) {
 	id := uuid.NewString()
 	var w *notify.Waiter
-	subscribe := func() error {
-		var err error
+	live := false // registered on a confirmed subscription before the first attempt
+	if s.m.hub.Subscribed(s.keys[2]) {
 		if w, err = s.m.hub.SubscribeID(s.keys[2], n, id); err != nil {
-			return ErrClosed // the only error of SubscribeID
+			return nil, ErrClosed // the only error of SubscribeID
 		}
-		s.m.fairJoined(s.keys[2])
-		return nil
-	}
-	live := false // subscribed and confirmed before the first attempt
-	if s.m.fairLive(s.keys[2]) {
-		if err := subscribe(); err != nil {
-			return nil, err
-		}
-		start := time.Now()
-		if err := w.Ready(ctx, fairReadyWait); err != nil {
-			// Refused, closed, or ctx ended: the first attempt may still
-			// be granted, or report the error, as without the hint.
-			w.Leave()
-			s.m.fairLeft(s.keys[2])
-			w = nil
-		} else {
-			// Ready returns nil when confirmed or when its timeout
-			// passed; only the first can return this soon.
-			live = time.Since(start) < fairReadyWait
-		}
+		live = w.Confirmed()
 	}
 	res, err := s.attempt(ctx, id, n, "a")
 	if res.p != nil || err != nil {
 		if w != nil {
 			w.Close()
-			s.m.fairLeft(s.keys[2])
 		}
 		return res.p, err
 	}
 	if w == nil {
-		if err := subscribe(); err != nil {
+		if w, err = s.m.hub.SubscribeID(s.keys[2], n, id); err != nil {
 			s.m.leave(s, id)
-			return nil, err
+			return nil, ErrClosed
 		}
 	}
 	defer func() {
-		s.m.fairLeft(s.keys[2])
 		if p != nil {
 			w.Close()
 			return
@@ -664,11 +589,6 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 		}
 	}
 }
-
-// fairReadyWait bounds how long a fair Acquire that subscribes before its
-// first attempt waits for the subscription's confirmation; if it takes
-// longer, the Acquire attempts anyway and again once subscribed.
-const fairReadyWait = 20 * time.Millisecond
 
 // takeGrant makes the Permit that a release granted to the waiting Acquire
 // id. sent is when the waiter's last attempt, which found it still queued,

@@ -170,6 +170,31 @@ func (h *Hub) SubscribeID(channelName string, weight int64, id string) (*Waiter,
 	return w, nil
 }
 
+// Subscribed reports whether the hub has a subscription of channel that
+// Redis has confirmed (it is kept while local waiters use it, and for a
+// short linger after). A caller can use it to register a waiter before its
+// first attempt only when that costs no new subscription.
+func (h *Hub) Subscribed(channelName string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ch := h.chans[channelName]
+	return ch != nil && ch.ok
+}
+
+// Confirmed reports whether the waiter's subscription has been confirmed
+// by Redis. A waiter confirmed before an attempt is sent misses nothing
+// published after that attempt ran: a message reaches it, or, if the
+// connection dropped in between, the wake-up that follows the
+// resubscription does. So it needs no second attempt after Ready.
+func (w *Waiter) Confirmed() bool {
+	select {
+	case <-w.ch.ready:
+		return true
+	default:
+		return false
+	}
+}
+
 // Granted returns the payload of a grant addressed to the waiter, if one
 // arrived.
 func (w *Waiter) Granted() (string, bool) {

@@ -481,3 +481,35 @@ func TestWakeOnlyThatWaiter(t *testing.T) {
 	}
 	notWoken(t, b)
 }
+
+// TestSubscribedAndConfirmed: a channel counts as subscribed only once
+// Redis has confirmed it, and a waiter registered then is confirmed at
+// once; a channel nobody uses is not subscribed.
+func TestSubscribedAndConfirmed(t *testing.T) {
+	h := New(hubClient(t, redistest.Client(t, redistest.Single(t).Addr())), false)
+	t.Cleanup(h.Close)
+	ch := "{n}:" + t.Name()
+	if h.Subscribed(ch) {
+		t.Fatal("Subscribed before any waiter")
+	}
+	a, err := h.Subscribe(ch, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ready(t, a)
+	if !h.Subscribed(ch) || !a.Confirmed() {
+		t.Fatalf("after confirmation: Subscribed %v, Confirmed %v; want both", h.Subscribed(ch), a.Confirmed())
+	}
+	b, err := h.Subscribe(ch, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if !b.Confirmed() {
+		t.Fatal("a waiter registered on a confirmed subscription is not confirmed")
+	}
+	if h.Subscribed("{n}:other") {
+		t.Fatal("Subscribed to a channel nobody waits on")
+	}
+}
