@@ -503,15 +503,35 @@ func (m *Mutex) observeAcquire(o scriptcache.Observer, start time.Time, outer, h
 // outermost hold (not nested) and whether a fair release handed it over.
 func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 	var id string
+	var w *notify.Waiter
+	live := false // registered on a confirmed subscription before the first attempt
+	if m.l.hub.Subscribed(m.keys[1]) {
+		// Others in this process wait on the lock, or did a moment ago:
+		// register before the first attempt, so that no release after it
+		// can be missed and no second attempt is needed once subscribed
+		// (see notify.Waiter.Confirmed). Registering first when no
+		// subscription is up would subscribe for every Lock, even the
+		// many that get the lock at once.
+		id = m.newAttemptID()
+		var err error
+		if w, err = m.l.hub.SubscribeID(m.keys[1], 1, id); err != nil {
+			return false, false, ErrClosed
+		}
+		live = w.Confirmed()
+	}
 	res, err := m.attempt(ctx, &id, false)
 	if res.ok || err != nil {
+		if w != nil {
+			w.Close() // passes on a wake-up it got meanwhile
+		}
 		return res.ok && !res.nested, false, ctxErr(ctx, m.name, err)
 	}
 	queued := res.queued
-	w, err := m.l.hub.SubscribeID(m.keys[1], 1, id)
-	if err != nil {
-		m.leaveQueue(queued, id)
-		return false, false, ErrClosed
+	if w == nil {
+		if w, err = m.l.hub.SubscribeID(m.keys[1], 1, id); err != nil {
+			m.leaveQueue(queued, id)
+			return false, false, ErrClosed
+		}
 	}
 	var entry *queueEntry
 	ok := false
@@ -525,27 +545,33 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 		}
 	}()
 	entry = entry.track(m, res, id, w)
-	if err := w.Ready(ctx, m.waitFor(res.wait)); err != nil {
-		return false, false, waitErr(ctx, m.name, err)
+	if !live {
+		// Subscribed after the first attempt: a release in between was
+		// missed, so once the subscription is confirmed, try again.
+		if err := w.Ready(ctx, m.waitFor(res.wait)); err != nil {
+			return false, false, waitErr(ctx, m.name, err)
+		}
 	}
-	for {
-		if res, err = m.attempt(ctx, &id, false); res.ok {
-			ok = true
-			if res.nested {
-				// Another goroutine of this Mutex took the lock
-				// meanwhile; this Lock nested in it.
-				m.leaveQueue(queued, id)
+	for again := !live; ; again = true {
+		if again {
+			if res, err = m.attempt(ctx, &id, false); res.ok {
+				ok = true
+				if res.nested {
+					// Another goroutine of this Mutex took the lock
+					// meanwhile; this Lock nested in it.
+					m.leaveQueue(queued, id)
+				}
+				// handed: a fair release granted it before this waiter
+				// heard of the grant (its message came before the
+				// subscription, or was lost).
+				return !res.nested, res.handed, nil
 			}
-			// handed: a fair release granted it before this waiter
-			// heard of the grant (its message came before the
-			// subscription, or was lost).
-			return !res.nested, res.handed, nil
+			if err != nil {
+				return false, false, ctxErr(ctx, m.name, err)
+			}
+			queued = queued || res.queued
+			entry = entry.track(m, res, id, w)
 		}
-		if err != nil {
-			return false, false, ctxErr(ctx, m.name, err)
-		}
-		queued = queued || res.queued
-		entry = entry.track(m, res, id, w)
 		if err := w.Wait(ctx, m.waitFor(res.wait)); err != nil {
 			return false, false, waitErr(ctx, m.name, err)
 		}
@@ -804,9 +830,7 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 	m.argv = [6]string{m.owner, m.leaseMs, strconv.FormatInt(holds, 10), "", "", ""}
 	if holds == 0 {
 		if *id == "" {
-			m.attempts++
-			m.idBuf = strconv.AppendUint(append(m.idBuf[:0], m.nonce...), m.attempts, 10)
-			*id = string(m.idBuf)
+			*id = m.nextAttemptID()
 		}
 		m.argv[3] = *id
 		if m.fair {
@@ -896,6 +920,21 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 	}
 	res.ok, res.handed = true, got == 2
 	return res, nil
+}
+
+// newAttemptID names a new outermost attempt.
+func (m *Mutex) newAttemptID() string {
+	m.op.Lock()
+	defer m.op.Unlock()
+	return m.nextAttemptID()
+}
+
+// nextAttemptID names a new outermost attempt: "nonce.seq", seq increasing
+// per Mutex value. Called with m.op held.
+func (m *Mutex) nextAttemptID() string {
+	m.attempts++
+	m.idBuf = strconv.AppendUint(append(m.idBuf[:0], m.nonce...), m.attempts, 10)
+	return string(m.idBuf)
 }
 
 // startHold records an outermost hold with the given token and starts
