@@ -155,3 +155,39 @@ func TestFairEntryDropped(t *testing.T) {
 	}
 	waiter.Unlock(ctx)
 }
+
+// TestFairWaiterOneAttempt: a fair Lock that waits while its process has
+// the lock's subscription up registers before its first attempt and needs
+// no second one: its wait costs that attempt and the release that hands
+// the lock over. Without the subscription up (the first waiter) it
+// subscribes after its attempt and attempts again once subscribed.
+func TestFairWaiterOneAttempt(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	client := redistest.Client(t, srv.Addr())
+	l := newLocker(t, client, mutex.Options{Fair: true})
+	name := "oneattempt"
+	holder := newMutex(t, l, name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, attempts := range []int64{2, 1, 1} {
+		waiter := newMutex(t, l, name)
+		before := scriptCalls(t, client)
+		got := make(chan error, 1)
+		go func() { got <- waiter.Lock(ctx) }()
+		waitQueued(t, client, name, 1)
+		if err := holder.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+		// Script calls only: waitQueued's ZCARD is not one.
+		if calls := scriptCalls(t, client) - before; calls != attempts+1 {
+			t.Errorf("waiter %d: %d script calls for its wait and the release, want %d attempts and the release", i, calls, attempts)
+		}
+		holder = waiter
+	}
+	holder.Unlock(ctx)
+}
