@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -13,8 +15,18 @@ import (
 
 // rueidisClient is the Client of a rueidis.Client.
 type rueidisClient struct {
-	c rueidis.Client
+	c        rueidis.Client
+	inflight *atomic.Int64 // Eval calls in progress
 }
+
+// newRueidisClient returns the Client of c.
+func newRueidisClient(c rueidis.Client) rueidisClient {
+	return rueidisClient{c: c, inflight: new(atomic.Int64)}
+}
+
+// alone selects the dedicated-connection path for a call that is the only
+// one in flight (see Eval); false only to measure the difference.
+var alone = true
 
 func (r rueidisClient) Cluster() bool { return r.c.Mode() == rueidis.ClientModeCluster }
 
@@ -33,7 +45,20 @@ func (r rueidisClient) Cluster() bool { return r.c.Mode() == rueidis.ClientModeC
 // ctx: a call that must wait for one against a server that accepts
 // connections but does not answer can outlive ctx by that much. Lower the
 // dial timeout where that matters.
+//
+// A call alone in flight whose ctx has a deadline takes another way (see
+// New): a pooled connection of its own, in this goroutine, with the
+// deadline. It is never retried, since rueidis reports that connection's
+// deadline as context.DeadlineExceeded even when ctx has not quite ended
+// yet, and the call may have run. Calls without a deadline do not take it:
+// rueidis sets no socket deadline for a blocking command, so a server that
+// stopped answering would hold the call for ever.
 func (r rueidisClient) Eval(ctx context.Context, sha, body string, keys, args []string) Reply {
+	n := r.inflight.Add(1)
+	defer r.inflight.Add(-1)
+	if _, ok := ctx.Deadline(); ok && n == 1 && alone {
+		return Reply{rr: r.c.Do(ctx, r.dedicated(sha, body, keys, args))}
+	}
 	var rctx context.Context
 	var hidden *cancelOnly
 	switch {
@@ -72,6 +97,17 @@ func (r rueidisClient) eval(sha, body string, keys, args []string) rueidis.Compl
 		return r.c.B().Eval().Script(body).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 	}
 	return r.c.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+}
+
+// dedicated is the call as a blocking command, which rueidis sends on a
+// connection of its own from its pool, in the caller's goroutine, with
+// ctx's deadline as the connection's (closed if it passes).
+func (r rueidisClient) dedicated(sha, body string, keys, args []string) rueidis.Completed {
+	a := r.c.B().Arbitrary("EVALSHA", sha)
+	if body != "" {
+		a = r.c.B().Arbitrary("EVAL", body)
+	}
+	return a.Args(strconv.Itoa(len(keys))).Keys(keys...).Args(args...).Blocking()
 }
 
 func (r rueidisClient) do(ctx context.Context, sha, body string, keys, args []string) rueidis.RedisResult {

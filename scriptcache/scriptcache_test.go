@@ -434,3 +434,50 @@ func TestExecWaitReturnsWithContext(t *testing.T) {
 		t.Fatal("late was not called with the reply")
 	}
 }
+
+// TestLoneCallDeadline: a call alone in flight with a deadline goes on a
+// connection of its own carrying that deadline. On a server that stopped
+// answering it returns DeadlineExceeded at its deadline, and it is never
+// sent again: the script runs at most once when the server answers again
+// (rueidis reports the connection's deadline as context.DeadlineExceeded,
+// possibly before ctx itself has ended, which the retry of calls never
+// sent must not take for one).
+func TestLoneCallDeadline(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	client := redistest.Client(t, srv.Addr())
+	sc, err := scriptcache.New(ctx, client, scriptcache.WithFS(testFS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := sc.Script("incr")
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = s.Exec(short, []string{"lone"}, nil).Error()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a lone call on a paused server = %v, want DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("returned after %v, want about its 100 ms deadline", d)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := client.Do(ctx, client.B().Get().Key("lone").Build()).AsInt64()
+	if err != nil && !rueidis.IsRedisNil(err) {
+		t.Fatal(err)
+	}
+	// Give a second send every chance to arrive: a later call on the same
+	// client has been answered, and the connection that carried the lone
+	// call is closed.
+	if err := s.Exec(ctx, []string{"other"}, nil).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if n2, _ := client.Do(ctx, client.B().Get().Key("lone").Build()).AsInt64(); n > 1 || n2 > 1 {
+		t.Fatalf("the script ran %d then %d times, want at most once: the call was sent again", n, n2)
+	}
+}
