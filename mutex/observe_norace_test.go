@@ -40,7 +40,7 @@ func TestNoObserverAllocs(t *testing.T) {
 			// goroutines' too (the client's, the watchdog's, earlier
 			// tests' stragglers), which can only add: the fewest of
 			// several runs is the pair's own.
-			allocs := fewestAllocs(func() {
+			allocs := redistest.FewestAllocs(func() {
 				if err = m.Lock(tc.ctx); err == nil {
 					err = m.Unlock(tc.ctx)
 				}
@@ -53,14 +53,4 @@ func TestNoObserverAllocs(t *testing.T) {
 			}
 		})
 	}
-}
-
-// fewestAllocs is the fewest allocations per call of f over five runs of
-// testing.AllocsPerRun.
-func fewestAllocs(f func()) float64 {
-	best := testing.AllocsPerRun(200, f)
-	for range 4 {
-		best = min(best, testing.AllocsPerRun(200, f))
-	}
-	return best
 }

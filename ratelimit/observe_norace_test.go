@@ -21,7 +21,7 @@ func TestNoObserverAllocs(t *testing.T) {
 	// AllocsPerRun counts the whole process's allocations, other
 	// goroutines' too (the client's, earlier tests' stragglers), which can
 	// only add: the fewest of several runs is Allow's own.
-	allocs := fewestAllocs(func() {
+	allocs := redistest.FewestAllocs(func() {
 		_, err = l.Allow(ctx, "k")
 	})
 	if err != nil {
@@ -30,14 +30,4 @@ func TestNoObserverAllocs(t *testing.T) {
 	if allocs > 2 {
 		t.Errorf("Allow without an observer: %v allocations, want at most 2", allocs)
 	}
-}
-
-// fewestAllocs is the fewest allocations per call of f over five runs of
-// testing.AllocsPerRun.
-func fewestAllocs(f func()) float64 {
-	best := testing.AllocsPerRun(200, f)
-	for range 4 {
-		best = min(best, testing.AllocsPerRun(200, f))
-	}
-	return best
 }
