@@ -64,7 +64,7 @@
 -- they increase across acquisitions without a counter key that lives forever.
 --
 -- KEYS[1]  lock hash
--- KEYS[2]  tombstones: Mutex value nonce -> highest abandoned attempt seq
+-- KEYS[2]  tombstones: abandoned attempt id -> 1
 -- KEYS[3]  queue: sorted set of attempt ids by arrival
 -- KEYS[4]  queue entries: attempt id -> "expiry_ms owner"
 -- ARGV[1]  owner id
@@ -117,8 +117,7 @@ if not known then
   end
 end
 if tombs then
-  local dead = redis.call('HGET', KEYS[2], an)
-  if dead and tonumber(as) <= tonumber(dead) then
+  if redis.call('HEXISTS', KEYS[2], ARGV[4]) == 1 then
     return {0, h[1] and redis.call('PTTL', KEYS[1]) or 0, 0}
   end
 end
@@ -147,8 +146,15 @@ if h[1] or fair then
       t = t or redis.call('TIME')
       local expiry = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
       redis.call('HSET', KEYS[4], ARGV[4], string.format('%d', expiry) .. ' ' .. ARGV[1])
-      redis.call('PEXPIRE', KEYS[3], ARGV[2])
-      redis.call('PEXPIRE', KEYS[4], ARGV[2])
+      -- The queue keys live as long as their longest-lived entry: a
+      -- waiter with a shorter lease (WithLease) must not cut them short.
+      local lease = tonumber(ARGV[2])
+      if redis.call('PTTL', KEYS[3]) < lease then
+        redis.call('PEXPIRE', KEYS[3], ARGV[2])
+      end
+      if redis.call('PTTL', KEYS[4]) < lease then
+        redis.call('PEXPIRE', KEYS[4], ARGV[2])
+      end
       if known and not queued then
         redis.call('HSET', KEYS[1], 'k', tombs and 'qx' or 'q')
       end

@@ -37,8 +37,14 @@ for i = 1, #KEYS / 3 do
   local id, lease = ARGV[3 * i - 2], ARGV[3 * i]
   if redis.call('ZSCORE', q, id) then
     redis.call('HSET', e, id, string.format('%d', now + tonumber(lease)) .. ' ' .. ARGV[3 * i - 1])
-    redis.call('PEXPIRE', q, lease)
-    redis.call('PEXPIRE', e, lease)
+    -- Only ever extended, as in mutex_lock: a shorter lease of another
+    -- waiter must not cut the queue short.
+    if redis.call('PTTL', q) < tonumber(lease) then
+      redis.call('PEXPIRE', q, lease)
+    end
+    if redis.call('PTTL', e) < tonumber(lease) then
+      redis.call('PEXPIRE', e, lease)
+    end
     if redis.call('HEXISTS', h, 'o') == 1 then
       out[i] = 1
     else

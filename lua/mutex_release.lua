@@ -10,7 +10,7 @@
 --                  or, once a later hold began, r (see mutex_lock).
 --   ARGV[1] = "a"  give-back of an abandoned Lock (its caller stopped
 --                  waiting, or the connection failed). It leaves a
---                  tombstone (nonce -> seq, kept for a lease) so that the
+--                  tombstone (its attempt id, kept for a lease) so that the
 --                  attempt refuses itself if it reaches Redis later, takes
 --                  the attempt's queue entry out, and releases the lock if
 --                  that very attempt holds it (granted by itself or handed
@@ -33,7 +33,7 @@
 -- KEYS[2]  wake-up channel
 -- KEYS[3]  queue: sorted set of attempt ids by arrival
 -- KEYS[4]  queue entries: attempt id -> "expiry_ms owner"
--- KEYS[5]  tombstones: nonce -> highest abandoned seq
+-- KEYS[5]  tombstones: abandoned attempt id -> 1
 -- ARGV[2]  "s" to publish with SPUBLISH (cluster), else PUBLISH
 -- ARGV[3]  how long the released hash is kept, in milliseconds
 -- ARGV[4]  u: owner id     a: owner id               f: unused
@@ -67,14 +67,12 @@ if mode == 'u' then
     return n
   end
 elseif mode == 'a' then
-  local nonce, seq = string.match(ARGV[5], '^(.*)%.(%d+)$')
-  if not nonce then
+  if not string.find(ARGV[5], '^.*%.%d+$') then
     return redis.error_reply('mutex_release: malformed attempt id')
   end
-  local dead = tonumber(redis.call('HGET', KEYS[5], nonce))
-  if not dead or dead < tonumber(seq) then
-    redis.call('HSET', KEYS[5], nonce, seq)
-  end
+  -- The tombstone names this attempt only: other Locks of the same Mutex
+  -- value (several goroutines may wait at once) are not abandoned.
+  redis.call('HSET', KEYS[5], ARGV[5], 1)
   if redis.call('PTTL', KEYS[5]) < tonumber(ARGV[6]) then
     redis.call('PEXPIRE', KEYS[5], ARGV[6])
   end

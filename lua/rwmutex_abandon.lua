@@ -31,7 +31,7 @@
 -- Returns  1 if something was released or withdrawn, else 0.
 -- Complexity: O(log R) for R readers, plus the publishes.
 local function num(x) return string.format('%.0f', x) end
-local nonce, seq = string.match(ARGV[2], '^(.*)%.(%d+)$')
+local nonce = string.match(ARGV[2], '^(.*)%.%d+$')
 if not nonce then
   return redis.error_reply('rwmutex_abandon: malformed attempt id')
 end
@@ -59,10 +59,9 @@ if ARGV[3] == 'm' then
   return 0
 end
 
-local dead = tonumber(redis.call('HGET', KEYS[3], nonce))
-if not dead or dead < tonumber(seq) then
-  redis.call('HSET', KEYS[3], nonce, seq)
-end
+-- The tombstone names this attempt only: other Locks of the same value
+-- (several goroutines may wait at once) are not abandoned.
+redis.call('HSET', KEYS[3], ARGV[2], 1)
 if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[6]) then
   redis.call('PEXPIRE', KEYS[3], ARGV[6])
 end

@@ -28,11 +28,11 @@
 --
 -- The same value's attempts are ordered (ids "nonce.seq"), as in
 -- mutex_lock: an attempt older than the one holding is refused, and one
--- whose give-back came first (a tombstone, nonce -> seq) refuses itself.
+-- whose give-back came first (a tombstone naming it) refuses itself.
 --
 -- KEYS[1]  state hash
 -- KEYS[2]  readers sorted set
--- KEYS[3]  tombstones hash: value nonce -> highest abandoned attempt seq
+-- KEYS[3]  tombstones hash: abandoned attempt id -> 1
 -- ARGV[1]  owner id
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  write holds the owner's client has now (0 for an outermost Lock)
@@ -64,8 +64,7 @@ local an, as = string.match(ARGV[4], '^(.*)%.(%d+)$')
 if not an then
   return redis.error_reply('rwmutex_lock: malformed attempt id')
 end
-local dead = redis.call('HGET', KEYS[3], an)
-if dead and tonumber(as) <= tonumber(dead) then
+if redis.call('HEXISTS', KEYS[3], ARGV[4]) == 1 then
   return {0, held and e - now or 0, 0}
 end
 

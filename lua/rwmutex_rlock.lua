@@ -39,12 +39,10 @@ if tonumber(ARGV[3]) > 0 then
   return {-1, 0, 0}
 end
 
-local an, as = string.match(ARGV[4], '^(.*)%.(%d+)$')
-if not an then
+if not string.find(ARGV[4], '^.*%.%d+$') then
   return redis.error_reply('rwmutex_rlock: malformed attempt id')
 end
-local dead = redis.call('HGET', KEYS[3], an)
-if dead and tonumber(as) <= tonumber(dead) then
+if redis.call('HEXISTS', KEYS[3], ARGV[4]) == 1 then
   return {0, 1, 0}
 end
 
