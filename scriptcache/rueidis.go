@@ -57,7 +57,14 @@ func (r rueidisClient) Eval(ctx context.Context, sha, body string, keys, args []
 	n := r.inflight.Add(1)
 	defer r.inflight.Add(-1)
 	if _, ok := ctx.Deadline(); ok && n == 1 && alone {
-		return Reply{rr: r.c.Do(ctx, r.dedicated(sha, body, keys, args))}
+		res := r.c.Do(ctx, r.dedicated(sha, body, keys, args))
+		var op *net.OpError
+		if err := res.Error(); err == nil || !errors.As(err, &op) || op.Op != "dial" {
+			return Reply{rr: res}
+		}
+		// The pool could not dial a connection in time (a short deadline,
+		// or a server slow to accept): the call was never sent, and the
+		// shared connection, already open, may still carry it.
 	}
 	var rctx context.Context
 	var hidden *cancelOnly
