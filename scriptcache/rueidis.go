@@ -58,8 +58,7 @@ func (r rueidisClient) Eval(ctx context.Context, sha, body string, keys, args []
 	defer r.inflight.Add(-1)
 	if _, ok := ctx.Deadline(); ok && n == 1 && alone {
 		res := r.c.Do(ctx, r.dedicated(sha, body, keys, args))
-		var op *net.OpError
-		if err := res.Error(); err == nil || !errors.As(err, &op) || op.Op != "dial" {
+		if err := res.Error(); err == nil || !dialFailed(err) {
 			return Reply{rr: res}
 		}
 		// The pool could not dial a connection in time (a short deadline,
@@ -206,13 +205,19 @@ func (*cancelOnly) Deadline() (time.Time, bool) { return time.Time{}, false }
 
 var cancelOnlyPool = sync.Pool{New: func() any { return new(cancelOnly) }}
 
+// dialFailed reports whether err is the failure to dial a connection. (A
+// function of its own: the error variable errors.As fills would otherwise
+// be allocated on every call, failed or not.)
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
 // neverSent reports whether err says a call failed before it was sent: the
 // connection it waited for could not be dialled, possibly because another
 // caller's context ended (the caller's own has not).
 func neverSent(err error) bool {
-	var op *net.OpError
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
-		(errors.As(err, &op) && op.Op == "dial")
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || dialFailed(err)
 }
 
 // pipelined is a context that is never done but has a Done channel. Given
