@@ -24,10 +24,6 @@ func newRueidisClient(c rueidis.Client) rueidisClient {
 	return rueidisClient{c: c, inflight: new(atomic.Int64)}
 }
 
-// alone selects the dedicated-connection path for a call that is the only
-// one in flight (see Eval); false only to measure the difference.
-var alone = true
-
 func (r rueidisClient) Cluster() bool { return r.c.Mode() == rueidis.ClientModeCluster }
 
 // Eval hides ctx's deadline from rueidis and retries calls that were never
@@ -56,7 +52,8 @@ func (r rueidisClient) Cluster() bool { return r.c.Mode() == rueidis.ClientModeC
 func (r rueidisClient) Eval(ctx context.Context, sha, body string, keys, args []string) Reply {
 	n := r.inflight.Add(1)
 	defer r.inflight.Add(-1)
-	if _, ok := ctx.Deadline(); ok && n == 1 && alone {
+	_, hasDeadline := ctx.Deadline()
+	if hasDeadline && n == 1 {
 		res := r.c.Do(ctx, r.dedicated(sha, body, keys, args))
 		if err := res.Error(); err == nil || !dialFailed(err) {
 			return Reply{rr: res}
@@ -73,7 +70,7 @@ func (r rueidisClient) Eval(ctx context.Context, sha, body string, keys, args []
 	case ctx.Done() == nil:
 		rctx = pipelined{ctx}
 	default:
-		if _, ok := ctx.Deadline(); !ok {
+		if !hasDeadline {
 			rctx = ctx // nothing to hide
 			break
 		}
@@ -109,11 +106,11 @@ func (r rueidisClient) eval(sha, body string, keys, args []string) rueidis.Compl
 // connection of its own from its pool, in the caller's goroutine, with
 // ctx's deadline as the connection's (closed if it passes).
 func (r rueidisClient) dedicated(sha, body string, keys, args []string) rueidis.Completed {
-	a := r.c.B().Arbitrary("EVALSHA", sha)
+	cmd, script := "EVALSHA", sha
 	if body != "" {
-		a = r.c.B().Arbitrary("EVAL", body)
+		cmd, script = "EVAL", body
 	}
-	return a.Args(strconv.Itoa(len(keys))).Keys(keys...).Args(args...).Blocking()
+	return r.c.B().Arbitrary(cmd, script).Args(strconv.Itoa(len(keys))).Keys(keys...).Args(args...).Blocking()
 }
 
 func (r rueidisClient) do(ctx context.Context, sha, body string, keys, args []string) rueidis.RedisResult {
