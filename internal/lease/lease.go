@@ -92,6 +92,11 @@ type Keeper struct {
 	groups groupQueue // groups with leases, by their first due time; guarded by mu
 	closed bool
 	parked []*Lease // scratch for the scheduler; guarded by mu
+	// until is when the scheduler will next look at the queues by itself;
+	// zero until it first has. A lease due no earlier needs no wake-up:
+	// a stream of short-lived leases (a lock taken and released at once)
+	// then costs the scheduler goroutine nothing. Guarded by mu.
+	until time.Time
 }
 
 // Group is a set of leases one request can renew together, such as the
@@ -165,8 +170,11 @@ func (k *Keeper) Add(sent time.Time, ttl time.Duration, renew Renew, onLost func
 		return l
 	}
 	heap.Push(&k.queue, l)
+	poke := k.sooner(l)
 	k.mu.Unlock()
-	k.poke()
+	if poke {
+		k.poke()
+	}
 	return l
 }
 
@@ -186,9 +194,18 @@ func (k *Keeper) AddBatched(sent time.Time, ttl time.Duration, g *Group, item an
 	}
 	heap.Push(&g.queue, l)
 	k.fixGroup(g)
+	poke := k.sooner(l)
 	k.mu.Unlock()
-	k.poke()
+	if poke {
+		k.poke()
+	}
 	return l
+}
+
+// sooner reports whether l is due before the scheduler's next look at the
+// queues, so that it must be woken. Called with k.mu held.
+func (k *Keeper) sooner(l *Lease) bool {
+	return k.until.IsZero() || l.due().Before(k.until)
 }
 
 // fixGroup puts g where its first lease's due time places it in k.groups,
@@ -339,13 +356,15 @@ func (k *Keeper) run() {
 		for k.groups.Len() > 0 && !k.groups[0].queue[0].due().After(now) {
 			lost = k.collect(k.groups[0], now, lost)
 		}
-		wait := time.Hour
-		if k.queue.Len() > 0 {
-			wait = time.Until(k.queue[0].due())
+		until := now.Add(time.Hour)
+		if k.queue.Len() > 0 && k.queue[0].due().Before(until) {
+			until = k.queue[0].due()
 		}
-		if k.groups.Len() > 0 {
-			wait = min(wait, time.Until(k.groups[0].queue[0].due()))
+		if k.groups.Len() > 0 && k.groups[0].queue[0].due().Before(until) {
+			until = k.groups[0].queue[0].due()
 		}
+		k.until = until
+		wait := time.Until(until)
 		k.mu.Unlock()
 		for _, l := range lost {
 			l.onLost(ErrExpired)

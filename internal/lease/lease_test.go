@@ -314,3 +314,66 @@ func TestManyLeasesFewGoroutines(t *testing.T) {
 		l.Stop()
 	}
 }
+
+// TestLaterLeasesDoNotWakeScheduler: a lease due no sooner than the
+// scheduler's next look needs no wake-up, so a stream of locks taken and
+// released at once costs the scheduler goroutine nothing (a wake-up per
+// lock is a thread hand-off on the caller's path).
+func TestLaterLeasesDoNotWakeScheduler(t *testing.T) {
+	k := NewKeeper()
+	defer k.Close()
+	renew := func(context.Context) error { return nil }
+	first := k.Add(time.Now(), 30*time.Second, renew, func(error) {})
+	defer first.Stop()
+	settle(t, k, first)
+	for i := range 1000 {
+		l := k.Add(time.Now(), 30*time.Second, renew, func(error) {})
+		if n := len(k.wake); n != 0 {
+			t.Fatalf("lease %d, due after the scheduler's next look, woke it", i)
+		}
+		l.Stop()
+	}
+}
+
+// TestSoonerLeaseWakesScheduler: a lease due before the scheduler's next
+// look wakes it, or it would sleep through the renewal (and the deadline)
+// of a short lease added after a long one.
+func TestSoonerLeaseWakesScheduler(t *testing.T) {
+	k := NewKeeper()
+	defer k.Close()
+	long := k.Add(time.Now(), time.Minute, func(context.Context) error { return nil }, func(error) {})
+	defer long.Stop()
+	settle(t, k, long)
+	renewed := make(chan struct{}, 1)
+	lost := newLost()
+	short := k.Add(time.Now(), 600*time.Millisecond, func(context.Context) error {
+		select {
+		case renewed <- struct{}{}:
+		default:
+		}
+		return nil
+	}, lost.fn)
+	defer short.Stop()
+	select {
+	case <-renewed:
+	case err := <-lost.ch:
+		t.Fatalf("the short lease was lost (%v) before any renewal: the scheduler slept through it", err)
+	case <-time.After(signalWait):
+		t.Fatal("the short lease was never renewed: the scheduler slept until the long lease's turn")
+	}
+}
+
+// settle waits until k's scheduler has seen l and sleeps until l is due.
+func settle(t *testing.T, k *Keeper, l *Lease) {
+	t.Helper()
+	settled := func() bool {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		return k.until.Equal(l.due()) && len(k.wake) == 0
+	}
+	for stop := time.Now().Add(signalWait); !settled(); time.Sleep(time.Millisecond) {
+		if time.Now().After(stop) {
+			t.Fatal("the scheduler never settled on the lease's due time")
+		}
+	}
+}
