@@ -66,11 +66,24 @@ func BenchmarkLockUnlock(b *testing.B) {
 // BenchmarkHandOff measures the time from a holder's Unlock to a waiting
 // owner's Lock returning, with the releaser stepping aside until the other
 // holds the lock, so every acquisition is a hand-off to a waiter. The holder
-// keeps the lock 1 ms so the other is already waiting. Reports p50 and p99.
+// keeps the lock 1 ms so the other is already waiting. Each side has a
+// Locker and client of its own, as two programs would. Reports p50 and p99.
 func BenchmarkHandOff(b *testing.B) {
-	l := newLocker(b, redistest.Client(b, redistest.Single(b).Addr()), mutex.Options{})
+	addr := redistest.Single(b).Addr()
+	for _, fair := range []bool{false, true} {
+		b.Run(fmt.Sprintf("fair=%v", fair), func(b *testing.B) {
+			var ms [2]*mutex.Mutex
+			for g := range ms {
+				l := newLocker(b, redistest.Client(b, addr), mutex.Options{Fair: fair})
+				ms[g] = newMutex(b, l, fmt.Sprintf("handoff-bench-%v", fair))
+			}
+			benchHandOff(b, ms)
+		})
+	}
+}
+
+func benchHandOff(b *testing.B, ms [2]*mutex.Mutex) {
 	ctx := context.Background()
-	ms := [2]*mutex.Mutex{newMutex(b, l, "handoff-bench"), newMutex(b, l, "handoff-bench")}
 	var released atomic.Int64 // unix nanos of the last Unlock
 	turn := [2]chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1)}
 	lat := make([]time.Duration, 0, b.N)
