@@ -5,16 +5,19 @@ import (
 	"crypto/sha1"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluicekit/sluice/lua"
 	"github.com/sluicekit/sluice/ratelimit"
 	"github.com/sluicekit/sluice/scriptcache"
 )
@@ -77,6 +80,11 @@ type httpLoad struct {
 	// conditions: the round trip a script-based limiter cannot avoid.
 	ScriptRTT time.Duration `json:"redis_script_rtt_p50_ns"`
 	MetScript bool          `json:"target_met_script_rtt"` // AddedP50 <= ScriptRTT + 50µs
+	// LimitRTT is the p50 of a bare EVALSHA of the middleware's own script
+	// (ratelimit_gcra) on the same client IPs' keys, through rueidis: what
+	// the decision costs with no library around it.
+	LimitRTT time.Duration `json:"redis_gcra_rtt_p50_ns"`
+	MetLimit bool          `json:"target_met_gcra_rtt"` // AddedP50 <= LimitRTT + 50µs
 	// OwnP50 is the middleware's p50 minus that of a handler making the
 	// same Allow call itself: the middleware's own work.
 	OwnP50 time.Duration `json:"middleware_own_p50_ns"`
@@ -291,6 +299,32 @@ func pingLoops(c rueidis.Client, pace time.Duration) []loop {
 	})
 }
 
+// gcraLoops sends EVALSHA sha (the ratelimit_gcra script) through rueidis
+// for the client IPs' keys under prefix, with the middleware's rate, at the
+// HTTP clients' concurrency and pace: the limiter's script with nothing
+// around it (no deny cache, no NOSCRIPT handling, no result type).
+func gcraLoops(c rueidis.Client, sha, prefix string, pace time.Duration) []loop {
+	polite, flooders := clientIPs()
+	var keys []string
+	for _, ip := range append(polite, flooders...) {
+		keys = append(keys, prefix+ratelimit.IPKey(netip.MustParseAddr(ip[0]), 32, 64))
+	}
+	interval := strconv.FormatInt(time.Second.Microseconds()/httpRate, 10)
+	burst := strconv.Itoa(httpRate)
+	return clientLoops(pace, len(polite), len(flooders), func(ctx context.Context, ip int, _ *recorder) error {
+		return c.Do(ctx, c.B().Evalsha().Sha1(sha).Numkeys(1).Key(keys[ip]).Arg(interval, burst, "1").Build()).Error()
+	})
+}
+
+// loadScript loads lua/NAME.lua on c's server and returns its SHA1.
+func loadScript(ctx context.Context, c rueidis.Client, name string) (string, error) {
+	body, err := fs.ReadFile(lua.FS, name+".lua")
+	if err != nil {
+		return "", err
+	}
+	return c.Do(ctx, c.B().ScriptLoad().Script(string(body)).Build()).ToString()
+}
+
 // oneLineScript is the cheapest script: its EVALSHA is the round trip
 // every script call pays, whatever the script does.
 const oneLineScript = "return 1"
@@ -331,6 +365,11 @@ func runHTTPLoad(ctx context.Context, b *bench, name string, pace time.Duration)
 	}
 	defer ping.Close()
 
+	gcra, err := loadScript(ctx, ping, "ratelimit_gcra")
+	if err != nil {
+		res.Runs = append(res.Runs, httpRun{Impl: "redis EVALSHA GCRA", Err: err.Error()})
+		return res
+	}
 	transport := &http.Transport{MaxIdleConnsPerHost: httpClients, MaxConnsPerHost: httpClients, DisableCompression: true}
 	defer transport.CloseIdleConnections()
 	hc := &http.Client{Transport: transport, Timeout: 10 * time.Second}
@@ -349,6 +388,7 @@ func runHTTPLoad(ctx context.Context, b *bench, name string, pace time.Duration)
 		{run: httpRun{Impl: "sluice Allow, no HTTP"}, loops: func() []loop { return allowLoopsFor(mw.limiter, pace) }},
 		{run: httpRun{Impl: "handler calling Allow itself"}, loops: func() []loop { return httpLoops(hc, mw.inlineURL, pace) }},
 		{run: httpRun{Impl: "redis EVALSHA 'return 1' (rueidis)"}, loops: func() []loop { return scriptLoops(ping, oneLine, pace) }},
+		{run: httpRun{Impl: "redis EVALSHA GCRA, same keys"}, loops: func() []loop { return gcraLoops(ping, gcra, b.ns+"http-raw:", pace) }},
 	}
 	if err := ping.Do(ctx, ping.B().ScriptLoad().Script(oneLineScript).Build()).Error(); err != nil {
 		res.Runs = append(res.Runs, httpRun{Impl: "redis EVALSHA", Err: err.Error()})
@@ -419,6 +459,10 @@ func runHTTPLoad(ctx context.Context, b *bench, name string, pace time.Duration)
 			res.ScriptRTT = res.Runs[5].P50
 			res.MetScript = res.AddedP50 <= res.ScriptRTT+50*time.Microsecond
 		}
+		if res.Runs[6].Ops > 0 {
+			res.LimitRTT = res.Runs[6].P50
+			res.MetLimit = res.AddedP50 <= res.LimitRTT+50*time.Microsecond
+		}
 	}
 	return res
 }
@@ -479,6 +523,14 @@ func printHTTPLoad(w io.Writer, h *httpLoad, rounds int) {
 			}
 			fmt.Fprintf(w, "  the same against one script round trip (EVALSHA 'return 1' %s) + 50µs = %s: %s\n",
 				latString(h.ScriptRTT), latString(h.ScriptRTT+50*time.Microsecond), verdict)
+		}
+		if h.LimitRTT > 0 {
+			verdict = "met"
+			if !h.MetLimit {
+				verdict = "NOT met"
+			}
+			fmt.Fprintf(w, "  the same against the bare GCRA script on the same keys (EVALSHA %s) + 50µs = %s: %s\n",
+				latString(h.LimitRTT), latString(h.LimitRTT+50*time.Microsecond), verdict)
 		}
 	}
 }
