@@ -113,16 +113,23 @@
 // and a heavy one waits at most for 16 grants past it plus the release of
 // the permits held when it reached the head.
 //
-// A queued waiter refreshes its entry, and looks for a grant whose message
-// was lost, every min(lease/3, 1 s); an entry not refreshed for a lease is
-// dead and skipped. A grant's lease ends when the waiter's entry would
-// have, so a waiter that died at the head of the queue blocks its permits
-// for at most its entry's lease. An Acquire whose ctx ends leaves the queue
-// at once and gives back a grant that reached it meanwhile, and so does one
-// that Close ends. With ReplicaAcks, a grant learned by message is
-// confirmed through WAIT like any other before Acquire returns. Unfair
-// Acquires ignore the queue, so all processes using a name should use the
-// same mode.
+// The Manager refreshes the entries of its waiting Acquires every
+// min(lease/3, 1 s), many in one call (one call per cluster slot and
+// round, up to 512 entries), so a thousand waiters do not make a thousand
+// calls a second; an entry not refreshed for a lease is dead and skipped.
+// A waiter whose entry a refresh finds gone (a release granted it permits
+// and the message was lost, or it was dropped as dead) is woken and looks
+// at once, and so is one waiter of a semaphore whose queue is due a grant
+// that no release will make (a holder's permit expired without a release,
+// or permits are free for the head of the queue); otherwise a waiter calls
+// Redis itself only when woken. A grant's lease ends when the waiter's
+// entry would have, so a waiter that died at the head of the queue blocks
+// its permits for at most its entry's lease and one refresh. An Acquire
+// whose ctx ends leaves the queue at once and gives back a grant that
+// reached it meanwhile, and so does one that Close ends. With ReplicaAcks,
+// a grant learned by message is confirmed through WAIT like any other
+// before Acquire returns. Unfair Acquires ignore the queue, so all
+// processes using a name should use the same mode.
 //
 // # Giving up
 //
@@ -299,9 +306,10 @@ type Manager struct {
 	watchdog bool          // renew permits (no fixed Lease)
 	leaseMs  string        // lease in ms, as sent to the scripts
 	pubMode  string        // "s" (SPUBLISH) or "p"
-	recheck  time.Duration // how often a fair waiter refreshes its entry
+	recheck  time.Duration // how often a fair waiter's queue entry is refreshed
 
 	acquire, release, renewBatch, holders, queue *scriptcache.Script
+	queueRefresh                                 *scriptcache.Script
 
 	hub    *notify.Hub
 	keeper *lease.Keeper
@@ -311,6 +319,9 @@ type Manager struct {
 	// groups renew the watchdog leases together, one group per cluster
 	// slot (a script's keys must share one).
 	groups *lease.Slots
+	// queued refresh the queue entries of waiting fair Acquires, many per
+	// call, one group per cluster slot (see queueEntry); nil if not Fair.
+	queued *lease.Slots
 
 	bgMu     sync.Mutex
 	bgClosed bool           // guarded by bgMu
@@ -339,6 +350,7 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 	for name, dst := range map[string]**scriptcache.Script{
 		"semaphore_acquire": &m.acquire, "semaphore_release": &m.release,
 		"semaphore_renew_batch": &m.renewBatch, "semaphore_holders": &m.holders, "semaphore_queue": &m.queue,
+		"semaphore_queue_refresh": &m.queueRefresh,
 	} {
 		if *dst, err = sc.Script(name); err != nil {
 			return nil, fmt.Errorf("semaphore: %w", err)
@@ -348,6 +360,9 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 	m.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), m.obs, scriptcache.PrimitiveSemaphore)
 	m.keeper = lease.NewKeeper()
 	m.groups = m.keeper.NewSlots(sc.Cluster(), m.renewPermits)
+	if opts.Fair {
+		m.queued = m.keeper.NewSlots(sc.Cluster(), m.refreshEntries)
+	}
 	return m, nil
 }
 
@@ -388,11 +403,16 @@ func (m *Manager) leave(s *Semaphore, id string) {
 }
 
 // waitFor is how long a waiting Acquire sleeps before trying again, given
-// the script's hint: a fair waiter also refreshes its queue entry, and
-// looks for a grant whose message was lost, every recheck.
+// the script's hint (when the earliest permit expires). A queued fair
+// waiter needs no timer of its own: the Manager refreshes its entry (see
+// queueEntry) and wakes it when it must act (its entry is gone, permits
+// expired or are free for the queue's head, the refreshes keep failing),
+// as do a grant, a wake-up budget and a resubscription. Waking every
+// waiter when the earliest permit expires would make them all call Redis
+// where one call is enough. Its timer of ten leases is only a backstop.
 func (m *Manager) waitFor(wait time.Duration) time.Duration {
-	if m.opts.Fair && (wait <= 0 || wait > m.recheck) {
-		return m.recheck
+	if m.opts.Fair {
+		return 10 * m.lease
 	}
 	return wait
 }
@@ -419,6 +439,9 @@ func (m *Manager) NewSemaphore(name string, capacity int64) (*Semaphore, error) 
 	if m.watchdog {
 		s.group = m.groups.Group(s.keys[0])
 	}
+	if m.queued != nil {
+		s.qgroup = m.queued.Group(s.keys[0])
+	}
 	return s, nil
 }
 
@@ -431,6 +454,7 @@ type Semaphore struct {
 	capArg   string
 	keys     []string     // permits hash, expiry set, wake-up channel, queue, queue entries
 	group    *lease.Group // renews its permits' watchdog leases with others; nil for a fixed lease
+	qgroup   *lease.Group // refreshes its fair waiters' queue entries with others; nil if not fair
 }
 
 // Name returns the semaphore's name.
@@ -511,8 +535,10 @@ func (s *Semaphore) acquireAny(ctx context.Context, n int64) (*Permit, error) {
 }
 
 // acquireFair is Acquire of a fair semaphore: the first attempt queues, and
-// the waiter then takes the grant a release sends it, or finds it by the
-// attempt (a refresh of its entry) it makes every recheck.
+// the waiter then takes the grant a release sends it. The Manager keeps
+// its queue entry alive meanwhile (see queueEntry), and wakes it to attempt
+// again when a refresh finds that it must: the grant's message was lost,
+// its entry was dropped, or a grant pass is due that no release will run.
 //
 // A grant message published before the waiter's subscription is confirmed
 // is missed, so a waiter that subscribes after its first attempt attempts
@@ -546,7 +572,9 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 			return nil, ErrClosed
 		}
 	}
+	var entry *queueEntry
 	defer func() {
+		entry.stop()
 		if p != nil {
 			w.Close()
 			return
@@ -554,8 +582,12 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 		w.Leave()
 		s.m.leave(s, id)
 	}()
+	entry = entry.track(s, res, id, n, w)
 	if !live {
-		if err := w.Ready(ctx, s.m.waitFor(res.wait)); err != nil {
+		// Not the backstop: a refresh's wake-up does not end Ready, and a
+		// grant whose message came before the subscription is found only
+		// by the attempt after it.
+		if err := w.Ready(ctx, s.m.recheck); err != nil {
 			return nil, s.waitErr(err)
 		}
 	}
@@ -570,6 +602,7 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 				return res.p, err
 			}
 			stale = stale || before
+			entry = entry.track(s, res, id, n, w)
 		}
 		if err := w.Wait(ctx, s.m.waitFor(res.wait)); err != nil {
 			return nil, s.waitErr(err)
@@ -577,7 +610,7 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 		if grant, got := w.Granted(); got && !stale && s.m.opts.ReplicaAcks == 0 {
 			// A release granted the permits to this waiter. (With
 			// ReplicaAcks the next attempt confirms them through WAIT.)
-			if p, err = s.takeGrant(ctx, id, n, grant, res.sent); p != nil || err != nil {
+			if p, err = s.takeGrant(ctx, id, n, grant, entry.sent(res.sent)); p != nil || err != nil {
 				if p != nil {
 					p.handoff = true
 				}
@@ -591,16 +624,130 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 }
 
 // takeGrant makes the Permit that a release granted to the waiting Acquire
-// id. sent is when the waiter's last attempt, which found it still queued,
-// was sent: the grant came after that attempt ran, and the permit expires
-// when that attempt's queue entry would have, so its lease is counted from
-// then.
+// id. sent is when the request that last wrote the waiter's queue entry
+// (its own last attempt, or the Manager's last refresh of it) was sent: the
+// grant came after that request ran, and the permit expires when the entry
+// would have, so its lease is counted from then.
 func (s *Semaphore) takeGrant(ctx context.Context, id string, n int64, grant string, sent time.Time) (*Permit, error) {
 	if w, err := strconv.ParseInt(grant, 10, 64); err != nil || w != n {
 		return nil, nil // not ours to read: the next attempt finds out
 	}
 	return s.newPermit(ctx, id, n, sent)
 }
+
+// queueEntry is a waiting fair Acquire's entry in the semaphore's queue.
+// The Manager's keeper refreshes it every recheck together with the
+// entries of the other waiting Acquires of its cluster slot
+// (semaphore_queue_refresh, up to lease.MaxBatch a call), instead of each
+// waiter calling Redis every recheck. A refresh that finds the entry gone
+// (a release granted the waiter permits and the message was lost, or the
+// entry was dropped as dead) ends the refreshes and wakes the waiter,
+// whose own attempt then finds its permit or queues again. One that finds
+// a grant pass due that no release will run (a permit expired without a
+// release, permits free for the queue's head, a capacity lowered below the
+// waiter's weight) wakes one waiter of the semaphore and goes on: its
+// attempt runs the pass for the whole queue. So permits whose holder died
+// reach the queue within a recheck of their expiry. The keeper tracks the
+// entry as a lease of 3*recheck, so that it refreshes it every recheck;
+// the entry itself lives a full lease on the server.
+type queueEntry struct {
+	s      *Semaphore
+	id     string
+	weight string
+	w      *notify.Waiter
+	lse    *lease.Lease
+	out    atomic.Bool // the keeper stopped refreshing it
+}
+
+// track returns the entry to keep refreshing after an attempt res of the
+// Acquire id of n permits, which left it queued: e while the keeper still
+// refreshes it, else a new one counted from res. e may be nil.
+func (e *queueEntry) track(s *Semaphore, res attemptResult, id string, n int64, w *notify.Waiter) *queueEntry {
+	if e != nil && !e.out.Load() {
+		return e
+	}
+	e.stop()
+	ne := &queueEntry{s: s, id: id, weight: strconv.FormatInt(n, 10), w: w}
+	ne.lse = s.m.keeper.AddBatched(res.sent, 3*s.m.recheck, s.qgroup, ne, func(error) {
+		ne.out.Store(true)
+		w.Wake()
+	})
+	return ne
+}
+
+// sent is when the request that last wrote the entry was sent, at the
+// latest: the later of the waiter's own last attempt (attempt) and the
+// keeper's last refresh.
+func (e *queueEntry) sent(attempt time.Time) time.Time {
+	if e == nil {
+		return attempt
+	}
+	if s := e.lse.Sent(); s.After(attempt) {
+		return s
+	}
+	return attempt
+}
+
+// stop ends the refreshes. e may be nil.
+func (e *queueEntry) stop() {
+	if e != nil {
+		e.lse.Stop()
+	}
+}
+
+// refreshEntries is the keeper's refresh of the queue entries of items
+// (*queueEntry, all in one group) in one call. Each semaphore's keys are
+// sent once, with the entries of it in the call pointing at them.
+func (m *Manager) refreshEntries(ctx context.Context, items []any, errs []error) error {
+	keys := make([]string, 0, 8)
+	args := make([]string, 1+3*len(items))
+	args[0] = m.leaseMs
+	var index map[string]string // permits hash -> its semaphore's position in keys, as sent
+	var prev *Semaphore
+	var j string
+	for i, it := range items {
+		e := it.(*queueEntry)
+		// Entries of one semaphore often come together: no lookup then.
+		if s := e.s; s != prev {
+			prev = s
+			var ok bool
+			if j, ok = index[s.keys[0]]; !ok {
+				keys = append(keys, s.keys[0], s.keys[1], s.keys[3], s.keys[4])
+				j = strconv.Itoa(len(keys) / 4)
+				if index == nil {
+					index = make(map[string]string)
+				}
+				index[s.keys[0]] = j
+			}
+		}
+		args[1+3*i], args[2+3*i], args[3+3*i] = j, e.id, e.weight
+	}
+	vals, err := m.queueRefresh.Exec(ctx, keys, args).ToArray()
+	if err != nil {
+		return err
+	}
+	if vals.Len() != len(items) {
+		return fmt.Errorf("semaphore: refresh of %d queue entries answered %d", len(items), vals.Len())
+	}
+	for i, it := range items {
+		switch state, err := vals.At(i).AsInt64(); {
+		case err != nil:
+			errs[i] = err
+		case state == 0:
+			errs[i] = errNotQueued
+		case state == 2:
+			// Refreshed, and its own attempt is needed (see
+			// semaphore_queue_refresh); the refreshes go on.
+			it.(*queueEntry).w.Wake()
+		}
+	}
+	return nil
+}
+
+// errNotQueued is what a refresh reports of a waiter no longer queued (see
+// semaphore_queue_refresh): it ends the keeper's refreshes and wakes the
+// waiter.
+var errNotQueued = fmt.Errorf("%w: not queued", lease.ErrGone)
 
 // waitErr turns an error of notify's Ready or Wait into Acquire's.
 func (s *Semaphore) waitErr(err error) error {
