@@ -533,10 +533,10 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 			return false, false, ErrClosed
 		}
 	}
-	var entry *queueEntry
+	var entry *lease.Entry
 	ok := false
 	defer func() {
-		entry.stop()
+		entry.Stop()
 		if ok {
 			w.Close()
 		} else {
@@ -544,7 +544,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 			m.leaveQueue(queued, id)
 		}
 	}()
-	entry = entry.track(m, res, id, w)
+	entry = m.trackEntry(entry, res, id, w)
 	if !live {
 		// Subscribed after the first attempt: a release in between was
 		// missed, so once the subscription is confirmed, try again.
@@ -570,7 +570,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 				return false, false, ctxErr(ctx, m.name, err)
 			}
 			queued = queued || res.queued
-			entry = entry.track(m, res, id, w)
+			entry = m.trackEntry(entry, res, id, w)
 		}
 		if err := w.Wait(ctx, m.waitFor(res.wait)); err != nil {
 			return false, false, waitErr(ctx, m.name, err)
@@ -578,7 +578,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 		if grant, got := w.Granted(); got && m.l.opts.ReplicaAcks == 0 {
 			// The release handed the lock to this waiter directly. (With
 			// ReplicaAcks the next attempt confirms it through WAIT.)
-			if ok, err = m.takeGrant(ctx, id, grant, entry.sent(res.sent)); ok || err != nil {
+			if ok, err = m.takeGrant(ctx, id, grant, entry.Sent(res.sent)); ok || err != nil {
 				return ok, ok, err
 			}
 		}
@@ -619,46 +619,19 @@ func (m *Mutex) waitFor(wait time.Duration) time.Duration {
 // lease of 3*recheck, so that it refreshes it every recheck; the entry
 // itself lives a full lease on the server.
 type queueEntry struct {
-	m   *Mutex
-	id  string
-	lse *lease.Lease
-	out atomic.Bool // the keeper stopped refreshing it
+	m  *Mutex
+	id string
 }
 
-// track returns the entry to keep refreshing after an attempt res of the
-// Lock id: e while the keeper still refreshes it, else a new one counted
-// from res, if res left the Lock queued. e may be nil.
-func (e *queueEntry) track(m *Mutex, res attemptResult, id string, w *notify.Waiter) *queueEntry {
-	if !res.queued || e != nil && !e.out.Load() {
+// trackEntry returns the entry to keep refreshing after an attempt res of
+// the Lock id: e while the keeper still refreshes it, else a new one
+// counted from res, if res left the Lock queued. e may be nil.
+func (m *Mutex) trackEntry(e *lease.Entry, res attemptResult, id string, w *notify.Waiter) *lease.Entry {
+	if !res.queued || e.Live() {
 		return e
 	}
-	e.stop()
-	n := &queueEntry{m: m, id: id}
-	n.lse = m.l.keeper.AddBatched(res.sent, 3*m.recheck, m.qgroup, n, func(error) {
-		n.out.Store(true)
-		w.Wake()
-	})
-	return n
-}
-
-// sent is when the request that last wrote the entry was sent, at the
-// latest: the later of the waiter's own last attempt (attempt) and the
-// keeper's last refresh.
-func (e *queueEntry) sent(attempt time.Time) time.Time {
-	if e == nil {
-		return attempt
-	}
-	if s := e.lse.Sent(); s.After(attempt) {
-		return s
-	}
-	return attempt
-}
-
-// stop ends the refreshes. e may be nil.
-func (e *queueEntry) stop() {
-	if e != nil {
-		e.lse.Stop()
-	}
+	e.Stop()
+	return m.l.keeper.AddEntry(res.sent, 3*m.recheck, m.qgroup, &queueEntry{m: m, id: id}, w.Wake)
 }
 
 // refreshEntries is the keeper's refresh of the queue entries of items

@@ -572,9 +572,9 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 			return nil, ErrClosed
 		}
 	}
-	var entry *queueEntry
+	var entry *lease.Entry
 	defer func() {
-		entry.stop()
+		entry.Stop()
 		if p != nil {
 			w.Close()
 			return
@@ -582,7 +582,7 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 		w.Leave()
 		s.m.leave(s, id)
 	}()
-	entry = entry.track(s, res, id, n, w)
+	entry = s.trackEntry(entry, res, id, n, w)
 	if !live {
 		// Not the backstop: a refresh's wake-up does not end Ready, and a
 		// grant whose message came before the subscription is found only
@@ -602,7 +602,7 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 				return res.p, err
 			}
 			stale = stale || before
-			entry = entry.track(s, res, id, n, w)
+			entry = s.trackEntry(entry, res, id, n, w)
 		}
 		if err := w.Wait(ctx, s.m.waitFor(res.wait)); err != nil {
 			return nil, s.waitErr(err)
@@ -610,7 +610,7 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 		if grant, got := w.Granted(); got && !stale && s.m.opts.ReplicaAcks == 0 {
 			// A release granted the permits to this waiter. (With
 			// ReplicaAcks the next attempt confirms them through WAIT.)
-			if p, err = s.takeGrant(ctx, id, n, grant, entry.sent(res.sent)); p != nil || err != nil {
+			if p, err = s.takeGrant(ctx, id, n, grant, entry.Sent(res.sent)); p != nil || err != nil {
 				if p != nil {
 					p.handoff = true
 				}
@@ -655,44 +655,18 @@ type queueEntry struct {
 	id     string
 	weight string
 	w      *notify.Waiter
-	lse    *lease.Lease
-	out    atomic.Bool // the keeper stopped refreshing it
 }
 
-// track returns the entry to keep refreshing after an attempt res of the
-// Acquire id of n permits, which left it queued: e while the keeper still
-// refreshes it, else a new one counted from res. e may be nil.
-func (e *queueEntry) track(s *Semaphore, res attemptResult, id string, n int64, w *notify.Waiter) *queueEntry {
-	if e != nil && !e.out.Load() {
+// trackEntry returns the entry to keep refreshing after an attempt res of
+// the Acquire id of n permits, which left it queued: e while the keeper
+// still refreshes it, else a new one counted from res. e may be nil.
+func (s *Semaphore) trackEntry(e *lease.Entry, res attemptResult, id string, n int64, w *notify.Waiter) *lease.Entry {
+	if e.Live() {
 		return e
 	}
-	e.stop()
-	ne := &queueEntry{s: s, id: id, weight: strconv.FormatInt(n, 10), w: w}
-	ne.lse = s.m.keeper.AddBatched(res.sent, 3*s.m.recheck, s.qgroup, ne, func(error) {
-		ne.out.Store(true)
-		w.Wake()
-	})
-	return ne
-}
-
-// sent is when the request that last wrote the entry was sent, at the
-// latest: the later of the waiter's own last attempt (attempt) and the
-// keeper's last refresh.
-func (e *queueEntry) sent(attempt time.Time) time.Time {
-	if e == nil {
-		return attempt
-	}
-	if s := e.lse.Sent(); s.After(attempt) {
-		return s
-	}
-	return attempt
-}
-
-// stop ends the refreshes. e may be nil.
-func (e *queueEntry) stop() {
-	if e != nil {
-		e.lse.Stop()
-	}
+	e.Stop()
+	qe := &queueEntry{s: s, id: id, weight: strconv.FormatInt(n, 10), w: w}
+	return s.m.keeper.AddEntry(res.sent, 3*s.m.recheck, s.qgroup, qe, w.Wake)
 }
 
 // refreshEntries is the keeper's refresh of the queue entries of items
