@@ -83,7 +83,9 @@ func BenchmarkHandOff(b *testing.B) {
 }
 
 func benchHandOff(b *testing.B, ms [2]*mutex.Mutex) {
-	ctx := context.Background()
+	// A deadline, as a request handler's context has (and the bench's).
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
 	var released atomic.Int64 // unix nanos of the last Unlock
 	turn := [2]chan struct{}{make(chan struct{}, 1), make(chan struct{}, 1)}
 	lat := make([]time.Duration, 0, b.N)
