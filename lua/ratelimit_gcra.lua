@@ -18,17 +18,26 @@
 --          request of this cost could be allowed (0 if allowed),
 --          microseconds until the bucket is full}
 -- Complexity: O(1); touches one key.
-local interval = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
+
+-- Arithmetic on the strings of ARGV, TIME and GET converts them to numbers
+-- directly, which is cheaper than calling tonumber (the inputs are numbers).
+local interval = ARGV[1] + 0
+local burst = ARGV[2] + 0
+local cost = ARGV[3] + 0
 
 local t = redis.call('TIME')
-local now = (tonumber(t[1]) - 1704067200) * 1000000 + tonumber(t[2])
+local now = (t[1] - 1704067200) * 1000000 + t[2]
 local tolerance = burst * interval
 
 -- Work relative to now: small numbers, no rounding of absolute times.
-local tat = tonumber(redis.call('GET', KEYS[1]) or now)
-local ahead = math.max(tat - now, 0)
+local tat = redis.call('GET', KEYS[1])
+local ahead = 0
+if tat then
+  ahead = tat - now
+  if ahead < 0 then
+    ahead = 0
+  end
+end
 local after = ahead + cost * interval
 
 -- The 1e-9 absorbs float error in a division that should be exact.
@@ -39,9 +48,9 @@ end
 
 if cost > 0 then
   -- %d: some Redis versions would write a round Lua number in exponent
-  -- form ("1e+08"), which PX rejects.
+  -- form ("1e+08"), which PX rejects. after > 0 here, so PX >= 1.
   redis.call('SET', KEYS[1], string.format('%.17g', now + after),
-    'PX', string.format('%d', math.max(math.ceil(after / 1000), 1)))
+    'PX', string.format('%d', math.ceil(after / 1000)))
 end
-local remaining = math.max(math.floor((tolerance - after) / interval + 1e-9), 0)
-return {1, remaining, 0, math.ceil(after)}
+-- after <= tolerance here: remaining >= 0.
+return {1, math.floor((tolerance - after) / interval + 1e-9), 0, math.ceil(after)}

@@ -23,14 +23,18 @@
 --          request of this cost could be allowed (0 if allowed),
 --          microseconds until the estimate falls back to 0}
 -- Complexity: O(1); touches one key.
-local limit = tonumber(ARGV[1])
-local window = tonumber(ARGV[2]) * 1000
-local cost = tonumber(ARGV[3])
+
+-- Arithmetic on the strings of ARGV, TIME and HMGET converts them to numbers
+-- directly, which is cheaper than calling tonumber (the inputs are numbers).
+local limit = ARGV[1] + 0
+local window = ARGV[2] * 1000
+local cost = ARGV[3] + 0
 
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local idx = math.floor(now / window)
-local elapsed = now - idx * window
+local now = t[1] * 1000000 + t[2]
+-- % is a - floor(a / b) * b: the same exact values as floor(now / window).
+local elapsed = now % window
+local idx = (now - elapsed) / window
 
 local h = redis.call('HMGET', KEYS[1], 'w', 'c', 'p')
 local w = tonumber(h[1])
@@ -44,13 +48,13 @@ end
 local weight = (window - elapsed) / window
 local estimate = prev * weight + cur
 
-local function reset_after(c, p)
-  if c > 0 then
-    return 2 * window - elapsed
-  elseif p > 0 then
-    return window - elapsed
-  end
-  return 0
+-- Microseconds until the estimate falls back to 0 (an integer), before
+-- this call.
+local reset = 0
+if cur > 0 then
+  reset = 2 * window - elapsed
+elseif prev > 0 then
+  reset = window - elapsed
 end
 
 if estimate + cost > limit then
@@ -66,17 +70,28 @@ if estimate + cost > limit then
     retry = window - elapsed + math.max(e, 0)
   end
   local remaining = math.max(math.floor(limit - estimate), 0)
-  return {0, remaining, math.max(math.ceil(retry), 1), math.ceil(reset_after(cur, prev))}
+  return {0, remaining, math.max(math.ceil(retry), 1), reset}
 end
 
 if cost > 0 then
-  cur = cur + cost
-  -- Numbers go to commands through %d: some Redis versions would write a
-  -- round Lua number in exponent form ("1e+08"), which PEXPIRE rejects.
-  redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', cur, 'p', prev)
-  -- This window's count is still needed, as the previous one, until the
-  -- next window ends.
-  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((2 * window - elapsed) / 1000)))
+  reset = 2 * window - elapsed
+  if w == idx then
+    -- The window's fields and TTL are already there: the write that set w
+    -- to this window set its TTL to the end of the next one, past which
+    -- nothing reads this count.
+    redis.call('HINCRBY', KEYS[1], 'c', ARGV[3])
+  else
+    -- Numbers go to commands through %d: some Redis versions would write
+    -- a round Lua number in exponent form ("1e+08"), which PEXPIRE
+    -- rejects.
+    redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', cost, 'p', prev)
+    -- This window's count is still needed, as the previous one, until the
+    -- next window ends.
+    redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((2 * window - elapsed) / 1000)))
+  end
 end
-local remaining = math.max(math.floor(limit - estimate - cost), 0)
-return {1, remaining, 0, math.ceil(reset_after(cur, prev))}
+local remaining = math.floor(limit - estimate - cost)
+if remaining < 0 then
+  remaining = 0
+end
+return {1, remaining, 0, reset}
