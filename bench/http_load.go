@@ -508,29 +508,26 @@ func printHTTPLoad(w io.Writer, h *httpLoad, rounds int) {
 			latString(r.P50), latString(r.P99), spread(r.RoundsP50, float64(r.P50)), strings.Join(notes, "; "))
 	}
 	if h.RTT > 0 {
-		verdict := "met"
-		if !h.Met {
-			verdict = "NOT met"
-		}
 		fmt.Fprintf(w, "  added by the middleware per request (its p50/p99 minus the bare handler's): p50 %s, p99 %s\n",
 			signedLat(h.AddedP50), signedLat(h.AddedP99))
 		fmt.Fprintf(w, "  the middleware's own work (its p50 minus the handler calling Allow itself): %s\n", signedLat(h.OwnP50))
-		fmt.Fprintf(w, "  target p50 <= one Redis round trip (PING %s) + 50µs = %s: %s\n", latString(h.RTT), latString(h.RTT+50*time.Microsecond), verdict)
-		if h.ScriptRTT > 0 {
-			verdict = "met"
-			if !h.MetScript {
+		for _, b := range []struct {
+			what string
+			rtt  time.Duration
+			met  bool
+		}{
+			{"target p50 <= one Redis round trip (PING %s)", h.RTT, h.Met},
+			{"the same against one script round trip (EVALSHA 'return 1' %s)", h.ScriptRTT, h.MetScript},
+			{"the same against the bare GCRA script on the same keys (EVALSHA %s)", h.LimitRTT, h.MetLimit},
+		} {
+			if b.rtt <= 0 {
+				continue
+			}
+			verdict := "met"
+			if !b.met {
 				verdict = "NOT met"
 			}
-			fmt.Fprintf(w, "  the same against one script round trip (EVALSHA 'return 1' %s) + 50µs = %s: %s\n",
-				latString(h.ScriptRTT), latString(h.ScriptRTT+50*time.Microsecond), verdict)
-		}
-		if h.LimitRTT > 0 {
-			verdict = "met"
-			if !h.MetLimit {
-				verdict = "NOT met"
-			}
-			fmt.Fprintf(w, "  the same against the bare GCRA script on the same keys (EVALSHA %s) + 50µs = %s: %s\n",
-				latString(h.LimitRTT), latString(h.LimitRTT+50*time.Microsecond), verdict)
+			fmt.Fprintf(w, "  "+b.what+" + 50µs = %s: %s\n", latString(b.rtt), latString(b.rtt+50*time.Microsecond), verdict)
 		}
 	}
 }
