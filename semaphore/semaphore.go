@@ -673,30 +673,14 @@ func (s *Semaphore) trackEntry(e *lease.Entry, res attemptResult, id string, n i
 // (*queueEntry, all in one group) in one call. Each semaphore's keys are
 // sent once, with the entries of it in the call pointing at them.
 func (m *Manager) refreshEntries(ctx context.Context, items []any, errs []error) error {
-	keys := make([]string, 0, 8)
+	keys := batchKeys{which: queueKeys, keys: make([]string, 0, 8)}
 	args := make([]string, 1+3*len(items))
 	args[0] = m.leaseMs
-	var index map[string]string // permits hash -> its semaphore's position in keys, as sent
-	var prev *Semaphore
-	var j string
 	for i, it := range items {
 		e := it.(*queueEntry)
-		// Entries of one semaphore often come together: no lookup then.
-		if s := e.s; s != prev {
-			prev = s
-			var ok bool
-			if j, ok = index[s.keys[0]]; !ok {
-				keys = append(keys, s.keys[0], s.keys[1], s.keys[3], s.keys[4])
-				j = strconv.Itoa(len(keys) / 4)
-				if index == nil {
-					index = make(map[string]string)
-				}
-				index[s.keys[0]] = j
-			}
-		}
-		args[1+3*i], args[2+3*i], args[3+3*i] = j, e.id, e.weight
+		args[1+3*i], args[2+3*i], args[3+3*i] = keys.number(e.s), e.id, e.weight
 	}
-	vals, err := m.queueRefresh.Exec(ctx, keys, args).ToArray()
+	vals, err := m.queueRefresh.Exec(ctx, keys.keys, args).ToArray()
 	if err != nil {
 		return err
 	}
@@ -1139,30 +1123,14 @@ func (p *Permit) Release(ctx context.Context) error {
 // watchdog lease, in one group) in one call. Each semaphore's keys are
 // sent once, with the permits of it in the call pointing at them.
 func (m *Manager) renewPermits(ctx context.Context, items []any, errs []error) error {
-	keys := make([]string, 0, 8)
+	keys := batchKeys{which: permitKeys, keys: make([]string, 0, 8)}
 	args := make([]string, 1+2*len(items))
 	args[0] = m.leaseMs
-	var index map[string]string // permits hash -> its position in keys, as sent
-	var prev *Semaphore
-	var j string
 	for i, it := range items {
 		p := it.(*Permit)
-		// Permits of one semaphore often come together: no lookup then.
-		if s := p.s; s != prev {
-			prev = s
-			var ok bool
-			if j, ok = index[s.keys[0]]; !ok {
-				keys = append(keys, s.keys[0], s.keys[1])
-				j = strconv.Itoa(len(keys) / 2)
-				if index == nil {
-					index = make(map[string]string)
-				}
-				index[s.keys[0]] = j
-			}
-		}
-		args[1+2*i], args[2+2*i] = j, p.id
+		args[1+2*i], args[2+2*i] = keys.number(p.s), p.id
 	}
-	vals, err := m.renewBatch.Exec(ctx, keys, args).ToArray()
+	vals, err := m.renewBatch.Exec(ctx, keys.keys, args).ToArray()
 	if err != nil {
 		return err
 	}
@@ -1178,6 +1146,46 @@ func (m *Manager) renewPermits(ctx context.Context, items []any, errs []error) e
 		}
 	}
 	return nil
+}
+
+// batchKeys builds the KEYS of one batched call over semaphores of one
+// slot (semaphore_renew_batch, semaphore_queue_refresh): each semaphore's
+// keys are sent once, and its items in ARGV name it by its number.
+type batchKeys struct {
+	which []int             // the positions in Semaphore.keys sent for each semaphore
+	keys  []string          // as sent
+	index map[string]string // permits hash -> its number
+	prev  *Semaphore        // the last one numbered, and its number
+	j     string
+}
+
+// The keys semaphore_renew_batch and semaphore_queue_refresh take for each
+// semaphore: permits hash and expiry set, and those with the queue and its
+// entries.
+var (
+	permitKeys = []int{0, 1}
+	queueKeys  = []int{0, 1, 3, 4}
+)
+
+// number returns s's number in the call (1-based), adding its keys when s
+// first comes.
+func (b *batchKeys) number(s *Semaphore) string {
+	if s == b.prev {
+		return b.j // items of one semaphore often come together: no lookup
+	}
+	j, ok := b.index[s.keys[0]]
+	if !ok {
+		for _, w := range b.which {
+			b.keys = append(b.keys, s.keys[w])
+		}
+		j = strconv.Itoa(len(b.keys) / len(b.which))
+		if b.index == nil {
+			b.index = make(map[string]string)
+		}
+		b.index[s.keys[0]] = j
+	}
+	b.prev, b.j = s, j
+	return j
 }
 
 // errRenewGone is the loss reason when the watchdog finds a permit gone.
