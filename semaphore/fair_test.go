@@ -27,6 +27,17 @@ func (e *env) queued(t testing.TB, name string) []string {
 	return ids
 }
 
+// key returns the key of semaphore name with suffix ("" for the permits
+// hash, ":q" for its queue, ...).
+func (e *env) key(name, suffix string) string { return keyspace.Key(e.prefix, name, suffix) }
+
+// entry returns the queue entry ("expiry_ms weight") of waiter id on name,
+// or "" if it has none.
+func (e *env) entry(name, id string) string {
+	v, _ := e.client.Do(context.Background(), e.client.B().Hget().Key(e.key(name, ":qe")).Field(id).Build()).ToString()
+	return v
+}
+
 // waitQueued waits until n waiters are queued on name.
 func (e *env) waitQueued(t testing.TB, name string, n int) {
 	t.Helper()
@@ -235,8 +246,7 @@ func TestFairLostGrantMessage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		k := func(suffix string) string { return keyspace.Key(e.prefix, name, suffix) }
-		keys := []string{k(""), k(":e"), k(":nowhere"), k(":q"), k(":qe")}
+		keys := []string{e.key(name, ""), e.key(name, ":e"), e.key(name, ":nowhere"), e.key(name, ":q"), e.key(name, ":qe")}
 		vs, err := queue.Exec(ctx, keys, []string{"r", "1", "0", holder.ID(), "0", "p"}).AsIntSlice()
 		if err != nil || len(vs) != 2 || vs[0] != 1 {
 			t.Fatalf("release = %v, %v; want held", vs, err)
@@ -329,13 +339,12 @@ func TestFairReplicaAcksGrant(t *testing.T) {
 		if len(q) == 0 {
 			return ""
 		}
-		v, _ := e.client.Do(ctx, e.client.B().Hget().Key(keyspace.Key(e.prefix, name, ":qe")).Field(q[0]).Build()).ToString()
-		return v
+		return e.entry(name, q[0])
 	}
 	first := entry()
 	if !redistest.WaitFor(ctx, signalWait, func() bool {
-		subs, _ := e.client.Do(ctx, e.client.B().PubsubNumsub().Channel(keyspace.Key(e.prefix, name, ":w")).Build()).AsIntMap()
-		return subs[keyspace.Key(e.prefix, name, ":w")] > 0 && entry() != first
+		subs, _ := e.client.Do(ctx, e.client.B().PubsubNumsub().Channel(e.key(name, ":w")).Build()).AsIntMap()
+		return subs[e.key(name, ":w")] > 0 && entry() != first
 	}) {
 		t.Fatal("the waiter did not subscribe and refresh its entry")
 	}

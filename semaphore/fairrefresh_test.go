@@ -10,7 +10,6 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/semaphore"
 )
@@ -140,10 +139,9 @@ func TestFairEntryDroppedFoundAtRefresh(t *testing.T) {
 		waiting := acquireAsync(ctx, s, 1)
 		e.waitQueued(t, name, 1)
 		id := e.queued(t, name)[0]
-		k := func(suffix string) string { return keyspace.Key(e.prefix, name, suffix) }
 		for _, cmd := range []rueidis.Completed{
-			e.client.B().Zrem().Key(k(":q")).Member(id).Build(),
-			e.client.B().Hdel().Key(k(":qe")).Field(id).Build(),
+			e.client.B().Zrem().Key(e.key(name, ":q")).Member(id).Build(),
+			e.client.B().Hdel().Key(e.key(name, ":qe")).Field(id).Build(),
 		} {
 			if err := e.client.Do(ctx, cmd).Error(); err != nil {
 				t.Fatal(err)
@@ -183,12 +181,8 @@ func TestFairTooHeavyAfterShrink(t *testing.T) {
 	// attempt after subscribing, or a refresh): its own attempts are over,
 	// so only a refresh can tell it.
 	id := e.queued(t, name)[0]
-	entry := func() string {
-		v, _ := e.client.Do(ctx, e.client.B().Hget().Key(keyspace.Key(e.prefix, name, ":qe")).Field(id).Build()).ToString()
-		return v
-	}
-	first := entry()
-	if !redistest.WaitFor(ctx, signalWait, func() bool { return entry() != first }) {
+	first := e.entry(name, id)
+	if !redistest.WaitFor(ctx, signalWait, func() bool { return e.entry(name, id) != first }) {
 		t.Fatal("the waiter's entry was not written again")
 	}
 	if err := s.SetCapacity(ctx, 2); err != nil {
