@@ -5,7 +5,6 @@ import (
 	"crypto/sha1"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/sluicekit/sluice/lua"
 	"github.com/sluicekit/sluice/ratelimit"
 	"github.com/sluicekit/sluice/scriptcache"
 )
@@ -276,12 +274,8 @@ func httpLoops(hc *http.Client, url string, pace time.Duration) []loop {
 // derive from the same addresses: the limiter's share of a request's
 // latency, without HTTP. Marks count the allowed calls.
 func allowLoopsFor(l *ratelimit.Limiter, pace time.Duration) []loop {
-	polite, flooders := clientIPs()
-	var keys []string
-	for _, ip := range append(polite, flooders...) {
-		keys = append(keys, ratelimit.IPKey(netip.MustParseAddr(ip[0]), 32, 64))
-	}
-	return clientLoops(pace, len(polite), len(flooders), func(ctx context.Context, ip int, r *recorder) error {
+	keys, nPolite, nFlood := clientKeys("")
+	return clientLoops(pace, nPolite, nFlood, func(ctx context.Context, ip int, r *recorder) error {
 		res, err := l.Allow(ctx, keys[ip])
 		if res.Allowed {
 			r.marks++
@@ -304,25 +298,22 @@ func pingLoops(c rueidis.Client, pace time.Duration) []loop {
 // HTTP clients' concurrency and pace: the limiter's script with nothing
 // around it (no deny cache, no NOSCRIPT handling, no result type).
 func gcraLoops(c rueidis.Client, sha, prefix string, pace time.Duration) []loop {
-	polite, flooders := clientIPs()
-	var keys []string
-	for _, ip := range append(polite, flooders...) {
-		keys = append(keys, prefix+ratelimit.IPKey(netip.MustParseAddr(ip[0]), 32, 64))
-	}
+	keys, nPolite, nFlood := clientKeys(prefix)
 	interval := strconv.FormatInt(time.Second.Microseconds()/httpRate, 10)
 	burst := strconv.Itoa(httpRate)
-	return clientLoops(pace, len(polite), len(flooders), func(ctx context.Context, ip int, _ *recorder) error {
+	return clientLoops(pace, nPolite, nFlood, func(ctx context.Context, ip int, _ *recorder) error {
 		return c.Do(ctx, c.B().Evalsha().Sha1(sha).Numkeys(1).Key(keys[ip]).Arg(interval, burst, "1").Build()).Error()
 	})
 }
 
-// loadScript loads lua/NAME.lua on c's server and returns its SHA1.
-func loadScript(ctx context.Context, c rueidis.Client, name string) (string, error) {
-	body, err := fs.ReadFile(lua.FS, name+".lua")
-	if err != nil {
-		return "", err
+// clientKeys returns the limiter keys of clientIPs' addresses under
+// prefix, the polite ones first, and how many of each kind there are.
+func clientKeys(prefix string) (keys []string, nPolite, nFlood int) {
+	polite, flooders := clientIPs()
+	for _, ip := range append(polite, flooders...) {
+		keys = append(keys, prefix+ratelimit.IPKey(netip.MustParseAddr(ip[0]), 32, 64))
 	}
-	return c.Do(ctx, c.B().ScriptLoad().Script(string(body)).Build()).ToString()
+	return keys, len(polite), len(flooders)
 }
 
 // oneLineScript is the cheapest script: its EVALSHA is the round trip
@@ -365,7 +356,12 @@ func runHTTPLoad(ctx context.Context, b *bench, name string, pace time.Duration)
 	}
 	defer ping.Close()
 
-	gcra, err := loadScript(ctx, ping, "ratelimit_gcra")
+	// The limiter's script, loaded as the library loads it.
+	cache, err := scriptcache.New(ctx, ping)
+	var gcra *scriptcache.Script
+	if err == nil {
+		gcra, err = cache.Script("ratelimit_gcra")
+	}
 	if err != nil {
 		res.Runs = append(res.Runs, httpRun{Impl: "redis EVALSHA GCRA", Err: err.Error()})
 		return res
@@ -388,7 +384,7 @@ func runHTTPLoad(ctx context.Context, b *bench, name string, pace time.Duration)
 		{run: httpRun{Impl: "sluice Allow, no HTTP"}, loops: func() []loop { return allowLoopsFor(mw.limiter, pace) }},
 		{run: httpRun{Impl: "handler calling Allow itself"}, loops: func() []loop { return httpLoops(hc, mw.inlineURL, pace) }},
 		{run: httpRun{Impl: "redis EVALSHA 'return 1' (rueidis)"}, loops: func() []loop { return scriptLoops(ping, oneLine, pace) }},
-		{run: httpRun{Impl: "redis EVALSHA GCRA, same keys"}, loops: func() []loop { return gcraLoops(ping, gcra, b.ns+"http-raw:", pace) }},
+		{run: httpRun{Impl: "redis EVALSHA GCRA, same keys"}, loops: func() []loop { return gcraLoops(ping, gcra.SHA1(), b.ns+"http-raw:", pace) }},
 	}
 	if err := ping.Do(ctx, ping.B().ScriptLoad().Script(oneLineScript).Build()).Error(); err != nil {
 		res.Runs = append(res.Runs, httpRun{Impl: "redis EVALSHA", Err: err.Error()})
