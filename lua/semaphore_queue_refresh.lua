@@ -65,7 +65,7 @@ local lease = tonumber(ARGV[1])
 local exps = num(now + lease)
 local ttl = num(lease + math.floor(lease / 16)) -- as semaphore_queue sets it
 
-local sems = {} -- j -> {stored = capacity or false, woken = bool}
+local sems = {} -- j -> {stored = capacity or false, stuck = bool, woken = bool}
 
 -- What the j-th semaphore is like now: its capacity in force (false if
 -- nothing is held) and whether a grant pass would do something.
