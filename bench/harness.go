@@ -16,6 +16,7 @@ type sample struct {
 	lat     histogram     // latency of each operation, as the workload defines it
 	marks   int64         // workload-specific count, see workload.mark
 	err     error         // first error seen, to show when errs > 0
+	cpu     cpuTime       // CPU time used meanwhile, by this process and by the server
 }
 
 func (s *sample) opsPerSec() float64 {
@@ -23,6 +24,14 @@ func (s *sample) opsPerSec() float64 {
 		return 0
 	}
 	return float64(s.ops) / s.elapsed.Seconds()
+}
+
+// cpuPerOp is the CPU time per operation, client and server.
+func (s *sample) cpuPerOp() cpuTime {
+	if s.ops == 0 {
+		return cpuTime{}
+	}
+	return cpuTime{client: s.cpu.client / time.Duration(s.ops), server: s.cpu.server / time.Duration(s.ops)}
 }
 
 func (s *sample) allocsPerOp() float64 {
@@ -66,8 +75,9 @@ type loop func(ctx context.Context, deadline time.Time, r *recorder)
 // measure runs loops concurrently for d and adds up what they recorded. The
 // goroutines are started and parked before the first memory snapshot, so the
 // allocation count covers the operations (and whatever the clients' own
-// goroutines do meanwhile: the count is process-wide).
-func measure(ctx context.Context, d time.Duration, loops []loop) sample {
+// goroutines do meanwhile: the count is process-wide, and so is the CPU
+// time, which also covers the servers whose process ids are in pids).
+func measure(ctx context.Context, d time.Duration, loops []loop, pids []int) sample {
 	const grace = 3 * time.Second
 	recs := make([]recorder, len(loops))
 	start := make(chan struct{})
@@ -89,14 +99,17 @@ func measure(ctx context.Context, d time.Duration, loops []loop) sample {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
+	cpu0 := cpuNow(pids)
 	t0 := time.Now()
 	deadline = t0.Add(d)
 	close(start)
 	wg.Wait()
 	elapsed := time.Since(t0)
+	cpu1 := cpuNow(pids)
 	runtime.ReadMemStats(&after)
 
-	s := sample{elapsed: elapsed, mallocs: after.Mallocs - before.Mallocs}
+	s := sample{elapsed: elapsed, mallocs: after.Mallocs - before.Mallocs,
+		cpu: cpuTime{client: cpu1.client - cpu0.client, server: cpu1.server - cpu0.server}}
 	for i := range recs {
 		s.ops += recs[i].ops
 		s.errs += recs[i].errs

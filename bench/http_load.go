@@ -393,7 +393,7 @@ func runHTTPLoad(ctx context.Context, b *bench, name string, pace time.Duration)
 	if b.warmup > 0 {
 		for _, e := range entries {
 			b.prog.show(name, e.run.Impl, "warm-up")
-			measure(ctx, b.warmup, e.loops())
+			measure(ctx, b.warmup, e.loops(), b.srv.pids)
 		}
 	}
 	for r := range b.rounds {
@@ -407,7 +407,7 @@ func runHTTPLoad(ctx context.Context, b *bench, name string, pace time.Duration)
 			if e.target != nil {
 				s0, e0 = e.target.scripts.Load(), e.target.errs.Load()
 			}
-			s := measure(ctx, b.duration, e.loops())
+			s := measure(ctx, b.duration, e.loops(), b.srv.pids)
 			e.samples = append(e.samples, s)
 			if e.target != nil {
 				e.scripts = append(e.scripts, e.target.scripts.Load()-s0)

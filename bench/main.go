@@ -212,6 +212,9 @@ func notes(b *bench) []string {
 	}
 	ns = append(ns, "allocs/op count every allocation in the process during the round (clients' own goroutines "+
 		"included), divided by the operations",
+		"cpu/op c+s is the CPU time per operation in µs of this process (c: every client in it and the harness) "+
+			"and of the Redis server processes (s), when they run on this machine; with client and server "+
+			"sharing the cores, their sum bounds the throughput",
 		"every operation gets a context with a deadline, as a request handler's would; some libraries take a "+
 			"slower path for cancellable contexts than for context.Background()")
 	if b.peers {

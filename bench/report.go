@@ -86,10 +86,10 @@ func printResults(w io.Writer, results []result) {
 		if r.Title != title {
 			title = r.Title
 			fmt.Fprintf(w, "\n%s [vs peer by %s]\n", title, r.JudgedBy)
-			fmt.Fprintf(w, "  %-*s %10s %9s %9s %10s %8s  %s\n", width, "impl", "ops/s", "p50", "p99", "allocs/op", "vs peer", "notes")
+			fmt.Fprintf(w, "  %-*s %10s %9s %9s %10s %13s %8s  %s\n", width, "impl", "ops/s", "p50", "p99", "allocs/op", "cpu/op c+s", "vs peer", "notes")
 		}
 		if r.Ops == 0 {
-			fmt.Fprintf(w, "  %-*s %10s %9s %9s %10s %8s  %s\n", width, r.Impl, "-", "-", "-", "-", "-", "failed: "+r.Err)
+			fmt.Fprintf(w, "  %-*s %10s %9s %9s %10s %13s %8s  %s\n", width, r.Impl, "-", "-", "-", "-", "-", "-", "failed: "+r.Err)
 			continue
 		}
 		vs := "-"
@@ -106,9 +106,19 @@ func printResults(w io.Writer, results []result) {
 		if r.Errors > 0 {
 			notes = append(notes, fmt.Sprintf("%d errors, first: %s", r.Errors, r.Err))
 		}
-		fmt.Fprintf(w, "  %-*s %10s %9s %9s %10.1f %8s  %s\n", width, r.Impl,
-			rateString(r.OpsPerSec), latString(r.P50), latString(r.P99), r.AllocsPerOp, vs, strings.Join(notes, "; "))
+		fmt.Fprintf(w, "  %-*s %10s %9s %9s %10.1f %13s %8s  %s\n", width, r.Impl,
+			rateString(r.OpsPerSec), latString(r.P50), latString(r.P99), r.AllocsPerOp, cpuString(r), vs, strings.Join(notes, "; "))
 	}
+}
+
+// cpuString prints the CPU time per operation in microseconds, client and
+// server ("c+s"), or the client's alone when the server's is unknown.
+func cpuString(r result) string {
+	us := func(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e3) }
+	if r.ServerCPU == 0 {
+		return us(r.ClientCPU)
+	}
+	return us(r.ClientCPU) + "+" + us(r.ServerCPU)
 }
 
 // percent prints a share with two significant digits below 1%, so that a

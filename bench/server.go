@@ -21,6 +21,7 @@ type server struct {
 	embedded *miniredis.Miniredis // nil against a real server
 	cluster  bool
 	version  string // redis_version from INFO, "" when unknown
+	pids     []int  // the servers' process ids, when they run on this machine
 }
 
 // startEmbedded runs a miniredis on a free loopback port.
@@ -77,6 +78,7 @@ func dialServer(ctx context.Context, spec string) (*server, error) {
 			s.version = v
 		}
 	}
+	s.pids = serverPIDs(ctx, c)
 	return s, nil
 }
 
