@@ -62,6 +62,10 @@
 -- Fencing tokens are the server's TIME in microseconds, or one more than the
 -- previous token if that is larger (it is kept briefly after a release), so
 -- they increase across acquisitions without a counter key that lives forever.
+-- TIME is read on every outermost acquisition, though "one more than the
+-- stored token" would save a call: after a failover to a replica that missed
+-- the last acquisitions, the stored token is stale, and only the clock keeps
+-- the next token above those the lost acquisitions were given.
 --
 -- KEYS[1]  lock hash
 -- KEYS[2]  tombstones: abandoned attempt id -> 1

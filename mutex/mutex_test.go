@@ -331,6 +331,54 @@ func TestTokensIncrease(t *testing.T) {
 	}
 }
 
+// TestTokensAfterStaleHash: a failover to a replica that missed the last
+// acquisitions gives the lock's hash back as it was before them. The next
+// token must still be above every token issued, because tokens come from
+// the server's clock, not only from the previous token the hash keeps: a
+// token of "one more than the stored one" would hand out again the token of
+// the first acquisition the replica missed, and two holders (the lock is
+// doubled by such a failover) would pass the same fencing check. DUMP and
+// RESTORE stand in for the failover; the clock moves on in between, as it
+// does on a promoted replica.
+func TestTokensAfterStaleHash(t *testing.T) {
+	ctx := context.Background()
+	for _, tg := range realTargets {
+		t.Run(tg.name, func(t *testing.T) {
+			client := clientFor(t, tg)
+			l := newLocker(t, client, mutex.Options{})
+			name := "tokens-stale:" + t.Name()
+			key := lockKey(name)
+			m := newMutex(t, l, name)
+			pair := func() int64 {
+				t.Helper()
+				if err := m.Lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				tok := m.Token()
+				if err := m.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				return tok
+			}
+			pair()
+			stale, err := client.Do(ctx, client.B().Dump().Key(key).Build()).ToString()
+			if err != nil {
+				t.Fatalf("DUMP: %v", err)
+			}
+			var last int64
+			for range 50 {
+				last = max(last, pair())
+			}
+			if err := client.Do(ctx, client.B().Restore().Key(key).Ttl(0).SerializedValue(stale).Replace().Build()).Error(); err != nil {
+				t.Fatalf("RESTORE: %v", err)
+			}
+			if tok := pair(); tok <= last {
+				t.Fatalf("token %d after the hash went back, want above every earlier token (%d): a token was issued twice", tok, last)
+			}
+		})
+	}
+}
+
 // TestHandOff: a waiter gets a released lock through pub/sub, not by
 // waiting out the 30 s lease.
 func TestHandOff(t *testing.T) {
