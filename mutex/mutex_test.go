@@ -339,43 +339,58 @@ func TestTokensIncrease(t *testing.T) {
 // the first acquisition the replica missed, and two holders (the lock is
 // doubled by such a failover) would pass the same fencing check. DUMP and
 // RESTORE stand in for the failover; the clock moves on in between, as it
-// does on a promoted replica.
+// does on a promoted replica. Mutex and RWMutex writers alike.
 func TestTokensAfterStaleHash(t *testing.T) {
 	ctx := context.Background()
+	type lock interface {
+		Lock(context.Context) error
+		Unlock(context.Context) error
+		Token() int64
+	}
+	kinds := []struct {
+		name string
+		key  func(name string) string
+		open func(t *testing.T, l *mutex.Locker, name string) lock
+	}{
+		{"mutex", lockKey, func(t *testing.T, l *mutex.Locker, name string) lock { return newMutex(t, l, name) }},
+		{"rwmutex", func(name string) string { return rwKey(name, "h") }, func(t *testing.T, l *mutex.Locker, name string) lock { return newRW(t, l, name) }},
+	}
 	for _, tg := range realTargets {
-		t.Run(tg.name, func(t *testing.T) {
-			client := clientFor(t, tg)
-			l := newLocker(t, client, mutex.Options{})
-			name := "tokens-stale:" + t.Name()
-			key := lockKey(name)
-			m := newMutex(t, l, name)
-			pair := func() int64 {
-				t.Helper()
-				if err := m.Lock(ctx); err != nil {
-					t.Fatal(err)
+		for _, k := range kinds {
+			t.Run(tg.name+"/"+k.name, func(t *testing.T) {
+				client := clientFor(t, tg)
+				l := newLocker(t, client, mutex.Options{})
+				name := "tokens-stale:" + t.Name()
+				key := k.key(name)
+				m := k.open(t, l, name)
+				pair := func() int64 {
+					t.Helper()
+					if err := m.Lock(ctx); err != nil {
+						t.Fatal(err)
+					}
+					tok := m.Token()
+					if err := m.Unlock(ctx); err != nil {
+						t.Fatal(err)
+					}
+					return tok
 				}
-				tok := m.Token()
-				if err := m.Unlock(ctx); err != nil {
-					t.Fatal(err)
+				pair()
+				stale, err := client.Do(ctx, client.B().Dump().Key(key).Build()).ToString()
+				if err != nil {
+					t.Fatalf("DUMP %s: %v", key, err)
 				}
-				return tok
-			}
-			pair()
-			stale, err := client.Do(ctx, client.B().Dump().Key(key).Build()).ToString()
-			if err != nil {
-				t.Fatalf("DUMP: %v", err)
-			}
-			var last int64
-			for range 50 {
-				last = max(last, pair())
-			}
-			if err := client.Do(ctx, client.B().Restore().Key(key).Ttl(0).SerializedValue(stale).Replace().Build()).Error(); err != nil {
-				t.Fatalf("RESTORE: %v", err)
-			}
-			if tok := pair(); tok <= last {
-				t.Fatalf("token %d after the hash went back, want above every earlier token (%d): a token was issued twice", tok, last)
-			}
-		})
+				var last int64
+				for range 50 {
+					last = max(last, pair())
+				}
+				if err := client.Do(ctx, client.B().Restore().Key(key).Ttl(0).SerializedValue(stale).Replace().Build()).Error(); err != nil {
+					t.Fatalf("RESTORE: %v", err)
+				}
+				if tok := pair(); tok <= last {
+					t.Fatalf("token %d after the hash went back, want above every earlier token (%d): a token was issued twice", tok, last)
+				}
+			})
+		}
 	}
 }
 
