@@ -20,7 +20,8 @@ import (
 // an implementation spends it.
 type cpuTime struct {
 	client time.Duration // this process: every implementation's client, and the harness
-	server time.Duration // the Redis servers' threads; 0 when unknown
+	server time.Duration // the Redis servers' threads
+	seen   bool          // whether server was read: the servers run on this machine
 }
 
 // cpuNow reads the CPU time of this process and of the servers in pids.
@@ -33,6 +34,7 @@ func cpuNow(pids []int) cpuTime {
 	for _, pid := range pids {
 		t.server += threadsCPU(pid)
 	}
+	t.seen = len(pids) > 0
 	return t
 }
 

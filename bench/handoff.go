@@ -24,19 +24,31 @@ type gate struct {
 
 // handoff measures how long a release takes to reach a waiter. Every
 // goroutine (each with its own instance, as separate programs) loops: take,
-// hold for holdTime, note the time, give, then step aside until another
-// goroutine has taken the gate, so that the releaser cannot simply take it
-// back. The recorded latency is from the note to the next holder's take
-// returning; it includes the release's round trip.
+// wait until another goroutine is in its take, hold for holdTime, note the
+// time, give, then step aside until another goroutine has taken the gate, so
+// that the releaser cannot simply take it back. The recorded latency is from
+// the note to the next holder's take returning; it includes the release's
+// round trip.
+//
+// The holder counts its holdTime from when another goroutine is known to be
+// in its take, not from its own take: a goroutine stepping aside notices
+// the other's take only after its next sleep, and a sleep of 50 µs can
+// overshoot the whole hold on an idle machine. Its take would then find the
+// gate free and return at once, which measures no wake-up at all (a polling
+// peer seemed to hand over in 150 µs instead of its 10 ms poll).
 type handoff struct {
 	released atomic.Int64 // UnixNano just before the last give, 0 before the first
 	takes    atomic.Int64 // how many takes so far
+	waiting  atomic.Int64 // goroutines inside take
 }
 
 func (h *handoff) loop(g gate) loop {
 	return func(ctx context.Context, deadline time.Time, r *recorder) {
 		for i := 0; i < maxOpsPerGoroutine && time.Now().Before(deadline); i++ {
-			if err := g.take(ctx); err != nil {
+			h.waiting.Add(1)
+			err := g.take(ctx)
+			h.waiting.Add(-1)
+			if err != nil {
 				if ctx.Err() != nil {
 					// The other goroutine gave the gate and stepped
 					// aside before the deadline, yet this wait lasted
@@ -52,6 +64,9 @@ func (h *handoff) loop(g gate) loop {
 				r.done(now.Sub(time.Unix(0, rel)), nil)
 			}
 			mine := h.takes.Add(1)
+			for h.waiting.Load() == 0 && time.Now().Before(deadline) {
+				time.Sleep(50 * time.Microsecond)
+			}
 			time.Sleep(holdTime)
 			h.released.Store(time.Now().UnixNano())
 			if err := g.give(ctx); err != nil {

@@ -31,7 +31,7 @@ func (s *sample) cpuPerOp() cpuTime {
 	if s.ops == 0 {
 		return cpuTime{}
 	}
-	return cpuTime{client: s.cpu.client / time.Duration(s.ops), server: s.cpu.server / time.Duration(s.ops)}
+	return cpuTime{client: s.cpu.client / time.Duration(s.ops), server: s.cpu.server / time.Duration(s.ops), seen: s.cpu.seen}
 }
 
 func (s *sample) allocsPerOp() float64 {
@@ -109,7 +109,7 @@ func measure(ctx context.Context, d time.Duration, loops []loop, pids []int) sam
 	runtime.ReadMemStats(&after)
 
 	s := sample{elapsed: elapsed, mallocs: after.Mallocs - before.Mallocs,
-		cpu: cpuTime{client: cpu1.client - cpu0.client, server: cpu1.server - cpu0.server}}
+		cpu: cpuTime{client: cpu1.client - cpu0.client, server: cpu1.server - cpu0.server, seen: cpu1.seen}}
 	for i := range recs {
 		s.ops += recs[i].ops
 		s.errs += recs[i].errs

@@ -115,10 +115,10 @@ func printResults(w io.Writer, results []result) {
 // server ("c+s"), or the client's alone when the server's is unknown.
 func cpuString(r result) string {
 	us := func(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e3) }
-	if r.ServerCPU == 0 {
+	if r.ServerCPU == nil {
 		return us(r.ClientCPU)
 	}
-	return us(r.ClientCPU) + "+" + us(r.ServerCPU)
+	return us(r.ClientCPU) + "+" + us(*r.ServerCPU)
 }
 
 // percent prints a share with two significant digits below 1%, so that a

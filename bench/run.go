@@ -41,9 +41,10 @@ type result struct {
 	AllocsPerOp float64       `json:"allocs_per_op"`
 	// ClientCPU and ServerCPU are the CPU time per operation of this
 	// process (every client in it, and the harness) and of the Redis
-	// servers; ServerCPU is 0 when the servers' processes are not visible.
-	ClientCPU time.Duration `json:"client_cpu_ns_per_op"`
-	ServerCPU time.Duration `json:"server_cpu_ns_per_op,omitempty"`
+	// servers; ServerCPU is absent when the servers' processes are not
+	// visible (another machine, or the embedded server in this process).
+	ClientCPU time.Duration  `json:"client_cpu_ns_per_op"`
+	ServerCPU *time.Duration `json:"server_cpu_ns_per_op,omitempty"`
 	// VsBestPeer is how many times better than the best peer this is by
 	// the workload's judge: ops/s over the best peer's, or the best peer's
 	// latency over this one's. 0 when no peer ran.
@@ -183,7 +184,10 @@ func summarize[T any](w workload[T], entries []*entry[T]) []result {
 		r.P50, r.P99 = m.lat.quantile(0.50), m.lat.quantile(0.99)
 		r.AllocsPerOp = m.allocsPerOp()
 		cpu := m.cpuPerOp()
-		r.ClientCPU, r.ServerCPU = cpu.client, cpu.server
+		r.ClientCPU = cpu.client
+		if cpu.seen {
+			r.ServerCPU = &cpu.server
+		}
 		if w.mark != "" && m.ops > 0 {
 			r.MarkShare = float64(m.marks) / float64(m.ops)
 		}
