@@ -59,7 +59,9 @@ func NewChecker(l *Limiter, opts CheckerOptions) (*Checker, error) {
 }
 
 // Check decides one request for key under ps (nil: the Limiter's own
-// Limit) and counts it if allowed. With FallbackLocal, a Redis failure is
+// Limit) and counts it if allowed. A key longer than 1024 bytes, or one
+// that starts with "~#", is counted under "~#" and its SHA-256, as
+// MiddlewareOptions.KeyFunc says: keys often come from the client. With FallbackLocal, a Redis failure is
 // answered locally (and told to OnLocal); otherwise Check returns the
 // error, and the caller chooses to pass the request (fail open) or refuse
 // it (fail closed). A caller whose client is gone should not pass it: it

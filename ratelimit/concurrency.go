@@ -148,7 +148,10 @@ func (c *concurrency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 	var p *semaphore.Permit
 	if err == nil {
 		var sem *semaphore.Semaphore
-		if sem, err = c.mgr.NewSemaphore(concurrencyName+key, int64(c.opts.Limit)); err == nil {
+		// Bounded as the rate middleware's keys are (see boundKey): a
+		// name the semaphore refuses would fail open.
+		name := concurrencyName + boundKey(key, maxKeyLen-len(concurrencyName))
+		if sem, err = c.mgr.NewSemaphore(name, int64(c.opts.Limit)); err == nil {
 			// Not r.Context(), as in the rate middleware: the decision must
 			// not be the client's.
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), c.timeout)

@@ -129,7 +129,10 @@ const DefaultLocalHold = time.Second
 type MiddlewareOptions struct {
 	// KeyFunc returns the limiter key of a request. An empty key with a nil
 	// error lets the request through unlimited (for health checks, say); an
-	// error is handled like a Redis error (OnError, then FailClosed).
+	// error is handled like a Redis error (OnError, then Fallback). A key
+	// longer than 1024 bytes, or one that starts with "~#", is counted
+	// under "~#" and its SHA-256, so that a client cannot escape its limit
+	// by sending a long key (which the Limiter itself refuses).
 	// Default: the client IP of ClientIP with TrustedProxies and
 	// ClientIPHeader, grouped by IPKey with the prefix lengths below.
 	KeyFunc func(r *http.Request) (string, error)
@@ -508,6 +511,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 // about one request for key under ps (nil: the Limiter's own Limit). A
 // Redis error that the local fallback answers goes to report.
 func (m *checker) decide(parent context.Context, key string, ps *Policies, one *[1]Result, report func(error)) (Decision, error) {
+	key = boundKey(key, maxKeyLen)
 	// A key the deny cache answers needs no context and no timer: this is
 	// the path a flood from one client takes.
 	now := m.l.now()

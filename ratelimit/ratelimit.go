@@ -515,8 +515,10 @@ func (l *Limiter) denialCoversAll(res Result, n int) bool {
 
 // Reset forgets key: its next request starts from a full limit. With sets,
 // it also forgets the key's state under each set, and its local denials
-// under them. Other processes' deny caches do not hear of
-// it and may keep denying the key until the time Redis last gave them.
+// under them. Only this Limiter's deny cache hears of it: other Limiters
+// with the same prefix, in this process or others, may keep denying the
+// key until the time Redis last gave them. Share one Limiter per prefix in
+// a process.
 //
 // In this process, a denial of key that Redis decided before the DEL but
 // whose reply arrives after it is not cached: the local entry is dropped
