@@ -129,6 +129,7 @@ type Waiter struct {
 	id     string        // grants addressed to it; "" for none
 	grant  string        // payload of a grant received; guarded by Hub.mu
 	got    bool          // a grant was received; guarded by Hub.mu
+	early  bool          // Ready gave up before the subscription was confirmed; guarded by Hub.mu
 }
 
 // Subscribe registers a waiter of the given weight on channel, subscribing
@@ -215,9 +216,14 @@ func (w *Waiter) Wake() {
 
 // Ready waits until the channel's subscription is confirmed by Redis, so no
 // message published after Ready returns nil can be missed, or until timeout
-// passes (nil too: a waiter then relies on its timeout). It returns ctx.Err()
-// if ctx ends first, ErrClosed at once if the hub is closed, and an error
-// wrapping ErrSubscribe if Redis refused the subscription.
+// passes (nil too). It returns ctx.Err() if ctx ends first, ErrClosed at
+// once if the hub is closed, and an error wrapping ErrSubscribe if Redis
+// refused the subscription.
+//
+// A waiter whose timeout passed first is woken when the confirmation comes:
+// its caller has tried again meanwhile and waits for a message, but what
+// was published between that attempt and the confirmation never reaches
+// the process, and the caller's next timeout (a lease, say) may be long.
 func (w *Waiter) Ready(ctx context.Context, timeout time.Duration) error {
 	if err := w.stopped(); err != nil {
 		return err
@@ -233,6 +239,9 @@ func (w *Waiter) Ready(ctx context.Context, timeout time.Duration) error {
 	case <-w.ch.ready:
 		return w.stopped()
 	case <-t.C:
+		w.h.mu.Lock()
+		w.early = !w.ch.ok
+		w.h.mu.Unlock()
 		return w.stopped()
 	case <-ctx.Done():
 		return ctx.Err()
@@ -452,6 +461,17 @@ func (h *Hub) confirmed(ch *channel) {
 	if !ch.ok {
 		ch.ok = true
 		close(ch.ready)
+		// Waiters that stopped waiting for this may have missed a
+		// message (see Ready): they try again.
+		for e := ch.waiters.Front(); e != nil; e = e.Next() {
+			if w := e.Value.(*Waiter); w.early {
+				w.early = false
+				select {
+				case w.c <- struct{}{}:
+				default:
+				}
+			}
+		}
 		h.mu.Unlock()
 		return
 	}

@@ -513,3 +513,49 @@ func TestSubscribedAndConfirmed(t *testing.T) {
 		t.Fatal("Subscribed to a channel nobody waits on")
 	}
 }
+
+// heldConfirmation is a Client whose subscription confirmations wait until
+// release is closed, like a slow SUBSCRIBE round trip.
+type heldConfirmation struct {
+	scriptcache.Client
+	release chan struct{}
+}
+
+func (c heldConfirmation) Subscribe(ctx context.Context, channel string, sharded bool, subscribed func(), message func(string)) error {
+	return c.Client.Subscribe(ctx, channel, sharded, func() {
+		select {
+		case <-c.release:
+			subscribed()
+		case <-ctx.Done():
+		}
+	}, message)
+}
+
+// TestEarlyReadyWokenAtConfirmation: a waiter whose Ready gave up before
+// the subscription was confirmed has tried again and waits for a message,
+// but whatever was published before the confirmation never reached the
+// process: it is woken when the confirmation comes, and no other waiter is.
+func TestEarlyReadyWokenAtConfirmation(t *testing.T) {
+	c := heldConfirmation{hubClient(t, redistest.Client(t, redistest.Single(t).Addr())), make(chan struct{})}
+	h := New(c, false)
+	t.Cleanup(h.Close)
+	ch := "{n}:" + t.Name()
+	early, err := h.Subscribe(ch, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer early.Close()
+	patient, err := h.Subscribe(ch, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer patient.Close()
+	if err := early.Ready(context.Background(), time.Millisecond); err != nil || early.Confirmed() {
+		t.Fatalf("Ready before the confirmation = %v, confirmed %v; want a timeout", err, early.Confirmed())
+	}
+	notWoken(t, early)
+	close(c.release)
+	ready(t, early)
+	woken(t, early)
+	notWoken(t, patient)
+}
