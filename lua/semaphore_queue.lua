@@ -95,9 +95,14 @@ local function publish(msg)
   end
 end
 
+-- Take qid out of the queue. When that empties the queue, the entries
+-- hash goes too: its ':b' would keep it alive for a lease.
 local function dequeue(qid)
-  redis.call('ZREM', KEYS[4], qid)
+  local removed = redis.call('ZREM', KEYS[4], qid)
   redis.call('HDEL', KEYS[5], qid)
+  if removed == 1 and redis.call('EXISTS', KEYS[4]) == 0 then
+    redis.call('DEL', KEYS[5])
+  end
 end
 
 -- Remove permits: ids (their weights from the hash), counted in freed.
