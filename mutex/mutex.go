@@ -256,9 +256,10 @@ type Locker struct {
 	// call, one group per cluster slot (see queueEntry).
 	queued *lease.Slots
 
-	bgMu     sync.Mutex
-	bgClosed bool           // guarded by bgMu
-	bg       sync.WaitGroup // give-backs of abandoned attempts
+	// bg runs give-backs of abandoned attempts and the calls of
+	// ExecWaitOrLate (ReplicaAcks) whose callers may leave; Close waits
+	// for them.
+	bg *scriptcache.Group
 }
 
 // NewLocker returns a Locker that runs its scripts through sc.
@@ -270,7 +271,7 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Locker{opts: opts, pubMode: "p", sc: sc}
+	l := &Locker{opts: opts, pubMode: "p", sc: sc, bg: scriptcache.NewGroup()}
 	if sc.ShardedPubSub() {
 		l.pubMode = "s"
 	}
@@ -301,10 +302,7 @@ func (l *Locker) Close() {
 	}
 	l.hub.Close()
 	l.keeper.Close()
-	l.bgMu.Lock()
-	l.bgClosed = true
-	l.bgMu.Unlock()
-	l.bg.Wait()
+	l.bg.Close()
 }
 
 // giveBack releases, in the background, the lock an abandoned outermost
@@ -314,20 +312,13 @@ func (l *Locker) Close() {
 // attempt can no longer run after it (rueidis spreads calls over several
 // connections, so sending it earlier could overtake the attempt), and it
 // names the attempt, so it leaves alone any hold a later attempt made.
+// Once the Locker is closed, nothing is sent: the lease will end it.
 func (l *Locker) giveBack(m *Mutex, attempt string) {
-	l.bgMu.Lock()
-	if l.bgClosed {
-		l.bgMu.Unlock()
-		return // the lease will end it
-	}
-	l.bg.Add(1)
-	l.bgMu.Unlock()
-	go func() {
-		defer l.bg.Done()
+	l.bg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), m.lease)
 		defer cancel()
 		l.release.Exec(ctx, m.releaseKeys, []string{"a", l.pubMode, m.keepMs, m.owner, attempt, m.leaseMs})
-	}()
+	})
 }
 
 // MutexOption configures one Mutex.
@@ -821,7 +812,7 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 	if m.l.opts.ReplicaAcks > 0 && holds == 0 {
 		var rr scriptcache.Reply
 		attempt := m.argv[3]
-		rr, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.lockKeys, m.argv[:], int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
+		rr, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.l.bg, m.lockKeys, m.argv[:], int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
 			func(late scriptcache.Reply, _ int64, _ error) {
 				// Whatever the replicas said, nobody waits for this grant.
 				if grantedOrUnknown(late) || m.fair {

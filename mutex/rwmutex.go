@@ -439,7 +439,7 @@ func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Du
 	acks := int64(-1) // not asked
 	if rw.l.opts.ReplicaAcks > 0 && holds == 0 {
 		var res scriptcache.Reply
-		res, acks, err = script.ExecWaitOrLate(ctx, rw.lockKeys, argv, int64(rw.l.opts.ReplicaAcks), rw.l.opts.ReplicaTimeout,
+		res, acks, err = script.ExecWaitOrLate(ctx, rw.l.bg, rw.lockKeys, argv, int64(rw.l.opts.ReplicaAcks), rw.l.opts.ReplicaTimeout,
 			func(late scriptcache.Reply, _ int64, _ error) {
 				if grantedOrUnknown(late) {
 					rw.giveBack(attemptID, kindArg)
@@ -531,19 +531,12 @@ func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Du
 // waits for it.
 func (rw *RWMutex) giveBack(attempt, kind string) {
 	l := rw.l
-	l.bgMu.Lock()
-	if l.bgClosed {
-		l.bgMu.Unlock()
-		return // the lease (or the mark) will end it
-	}
-	l.bg.Add(1)
-	l.bgMu.Unlock()
-	go func() {
-		defer l.bg.Done()
+	// Once the Locker is closed, the lease (or the mark) will end it.
+	l.bg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), rw.lease)
 		defer cancel()
 		rw.s.abandon.Exec(ctx, rw.abandonKeys, []string{rw.owner, attempt, kind, l.pubMode, rw.keepMs, rw.leaseMs})
-	}()
+	})
 }
 
 // releaseGrant gives back, at once, a grant this RWMutex will not keep.

@@ -245,7 +245,11 @@ func (s *Script) Exec(ctx context.Context, keys, args []string) Reply {
 // until its lease ran out. When ctx can be cancelled this costs a goroutine
 // per call, which ends when Redis answers or the client's own timeouts
 // (ConnWriteTimeout) or Close end the call; the client itself never sees ctx.
-func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(Reply)) Reply {
+//
+// With a Group g, the goroutine is g's: g.Close waits for it, and gives up
+// the call if its caller has left (late then gets the error). Once g is
+// closed, ExecOrLate is Exec, and late is never called.
+func (s *Script) ExecOrLate(ctx context.Context, g *Group, keys, args []string, late func(Reply)) Reply {
 	done := ctx.Done()
 	if done == nil || late == nil {
 		return s.Exec(ctx, keys, args)
@@ -258,18 +262,29 @@ func (s *Script) ExecOrLate(ctx context.Context, keys, args []string, late func(
 	}
 	reply := make(chan Reply) // unbuffered: the reply goes to the caller or to late, never both
 	abandoned := make(chan struct{})
-	go func() {
-		r := s.exec(context.WithoutCancel(ctx), keys, args)
+	var left func() bool // undoes g.afterLeft; set before abandoned closes
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	run := func() {
+		defer cancel()
+		r := s.exec(cctx, keys, args)
 		select {
 		case reply <- r:
 		case <-abandoned:
+			left()
 			late(r)
 		}
-	}()
+	}
+	if g == nil {
+		go run()
+	} else if !g.Go(run) {
+		cancel()
+		return s.Exec(ctx, keys, args)
+	}
 	select {
 	case r := <-reply:
 		return r
 	case <-done:
+		left = g.afterLeft(cancel)
 		close(abandoned)
 		// The reply may have come at the same moment: take it if so.
 		select {
@@ -334,7 +349,7 @@ func (c *Cache) eval(ctx context.Context, sha, body string, keys, args []string)
 // It returns when ctx ends, like Exec, but the script may still run; a
 // caller that must undo a late grant uses ExecWaitOrLate.
 func (s *Script) ExecWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
-	return s.ExecWaitOrLate(ctx, keys, args, replicas, timeout, nil)
+	return s.ExecWaitOrLate(ctx, nil, keys, args, replicas, timeout, nil)
 }
 
 // WaitSlack bounds how long after its WAIT timeout a call of ExecWait or
@@ -353,8 +368,8 @@ const WaitSlack = 5 * time.Second
 // WAIT blocks its connection, so the pair goes on a connection of its own
 // (Client.EvalWait); unlike Exec, the call can carry a deadline without
 // harming other callers. It costs a goroutine while in flight when ctx can
-// be cancelled.
-func (s *Script) ExecWaitOrLate(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration, late func(r Reply, acks int64, err error)) (Reply, int64, error) {
+// be cancelled; with a Group g, that goroutine is g's, as for ExecOrLate.
+func (s *Script) ExecWaitOrLate(ctx context.Context, g *Group, keys, args []string, replicas int64, timeout time.Duration, late func(r Reply, acks int64, err error)) (Reply, int64, error) {
 	if err := s.c.checkSlots(keys); err != nil {
 		return ErrorReply(err), 0, err
 	}
@@ -375,22 +390,31 @@ func (s *Script) ExecWaitOrLate(ctx context.Context, keys, args []string, replic
 	}
 	replies := make(chan reply) // unbuffered: the reply goes to the caller or to late, never both
 	abandoned := make(chan struct{})
-	go func() {
+	var left func() bool // undoes g.afterLeft; set before abandoned closes
+	run := func() {
 		defer cancel()
 		var rep reply
 		rep.r, rep.acks, rep.err = s.execWait(cctx, keys, args, replicas, timeout)
 		select {
 		case replies <- rep:
 		case <-abandoned:
+			left()
 			if late != nil {
 				late(rep.r, rep.acks, rep.err)
 			}
 		}
-	}()
+	}
+	if g == nil {
+		go run()
+	} else if !g.Go(run) {
+		defer cancel()
+		return s.execWait(cctx, keys, args, replicas, timeout)
+	}
 	select {
 	case rep := <-replies:
 		return rep.r, rep.acks, rep.err
 	case <-done:
+		left = g.afterLeft(cancel)
 		close(abandoned)
 		select {
 		case rep := <-replies: // it came at the same moment

@@ -371,7 +371,7 @@ func TestExecOrLate(t *testing.T) {
 	late := make(chan int64, 1)
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	err = s.ExecOrLate(short, []string{"late"}, nil, func(r scriptcache.Reply) {
+	err = s.ExecOrLate(short, nil, []string{"late"}, nil, func(r scriptcache.Reply) {
 		n, _ := r.AsInt64()
 		late <- n
 	}).Error()
@@ -388,6 +388,66 @@ func TestExecOrLate(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("late was not called with the reply")
+	}
+}
+
+// TestGroupCloseEndsLeftCalls: a Group's Close gives up the calls their
+// callers left (late gets the error, not a reply), waits for their
+// goroutines even while the server hangs, and afterwards ExecOrLate is a
+// plain Exec that never calls late.
+func TestGroupCloseEndsLeftCalls(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	sc, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()), scriptcache.WithFS(testFS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := sc.Script("incr")
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	g := scriptcache.NewGroup()
+	late := make(chan scriptcache.Reply, 1)
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	err = s.ExecOrLate(short, g, []string{"group"}, nil, func(r scriptcache.Reply) { late <- r }).Error()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ExecOrLate on a paused server = %v, want DeadlineExceeded", err)
+	}
+	closed := make(chan struct{})
+	go func() {
+		g.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Group.Close did not end a left call on a hung server")
+	}
+	select {
+	case r := <-late:
+		if r.Error() == nil || r.ServerError() {
+			t.Fatalf("late got %v (server error %v), want the error of a call given up", r.Error(), r.ServerError())
+		}
+	default:
+		t.Fatal("Close returned before late ran")
+	}
+	if !g.Closed() {
+		t.Fatal("Closed() = false after Close")
+	}
+	resumed = true
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.ExecOrLate(ctx, g, []string{"group"}, nil, func(scriptcache.Reply) { t.Error("late called after Close") }).AsInt64()
+	if err != nil || n < 1 {
+		t.Fatalf("ExecOrLate after Close = %d, %v; want the reply", n, err)
 	}
 }
 
@@ -409,7 +469,7 @@ func TestExecWaitReturnsWithContext(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, _, err = s.ExecWaitOrLate(short, []string{"wait"}, nil, 0, 100*time.Millisecond, func(r scriptcache.Reply, _ int64, _ error) {
+	_, _, err = s.ExecWaitOrLate(short, nil, []string{"wait"}, nil, 0, 100*time.Millisecond, func(r scriptcache.Reply, _ int64, _ error) {
 		n, _ := r.AsInt64()
 		late <- n
 	})

@@ -323,10 +323,9 @@ type Manager struct {
 	// call, one group per cluster slot (see queueEntry); nil if not Fair.
 	queued *lease.Slots
 
-	bgMu     sync.Mutex
-	bgClosed bool           // guarded by bgMu
-	bg       sync.WaitGroup // fair waiters leaving the queue
-
+	// bg runs fair waiters leaving the queue and the calls of ExecOrLate
+	// and ExecWaitOrLate whose callers may leave; Close waits for them.
+	bg *scriptcache.Group
 }
 
 // NewManager returns a Manager that runs its scripts through sc. Close it
@@ -339,7 +338,7 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Manager{opts: opts, pubMode: "p"}
+	m := &Manager{opts: opts, pubMode: "p", bg: scriptcache.NewGroup()}
 	c := opts.leaseConfig()
 	m.lease, m.watchdog = c.Effective()
 	m.leaseMs = strconv.FormatInt(m.lease.Milliseconds(), 10)
@@ -376,10 +375,7 @@ func (m *Manager) Close() {
 	}
 	m.hub.Close()
 	m.keeper.Close()
-	m.bgMu.Lock()
-	m.bgClosed = true
-	m.bgMu.Unlock()
-	m.bg.Wait()
+	m.bg.Close()
 }
 
 // leave takes a fair waiter that gives up out of the queue, and gives back
@@ -388,18 +384,9 @@ func (m *Manager) Close() {
 // for the background, before Acquire returns ErrClosed. Left in the queue,
 // the entry would be granted permits nobody takes for a lease.
 func (m *Manager) leave(s *Semaphore, id string) {
-	m.bgMu.Lock()
-	if m.bgClosed {
-		m.bgMu.Unlock()
+	if !m.bg.Go(func() { s.cleanup(context.Background(), id) }) {
 		s.cleanup(context.Background(), id)
-		return
 	}
-	m.bg.Add(1)
-	m.bgMu.Unlock()
-	go func() {
-		defer m.bg.Done()
-		s.cleanup(context.Background(), id)
-	}()
 }
 
 // waitFor is how long a waiting Acquire sleeps before trying again, given
@@ -789,7 +776,7 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (
 		args = []string{mode, s.capArg, args[1], id, s.m.leaseMs, s.m.pubMode}
 	}
 	if acks := int64(s.m.opts.ReplicaAcks); acks > 0 && n > 0 {
-		res, got, err := script.ExecWaitOrLate(ctx, keys, args, acks, s.m.opts.ReplicaTimeout,
+		res, got, err := script.ExecWaitOrLate(ctx, s.m.bg, keys, args, acks, s.m.opts.ReplicaTimeout,
 			func(r scriptcache.Reply, _ int64, _ error) { s.releaseLate(r, id, mode) })
 		if err != nil {
 			// If the script ran and only WAIT failed, attempt releases the
@@ -812,7 +799,7 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (
 	case n > 0:
 		late = func(r scriptcache.Reply) { s.releaseLate(r, id, mode) }
 	}
-	return s.parse(script.ExecOrLate(ctx, keys, args, late))
+	return s.parse(script.ExecOrLate(ctx, s.m.bg, keys, args, late))
 }
 
 // releaseLate handles the reply to an acquire whose caller had gone: it
@@ -820,6 +807,9 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (
 // mode, nothing queued either). An unknown outcome (no reply at all) is
 // released too; releasing an id that is not held frees nothing.
 func (s *Semaphore) releaseLate(r scriptcache.Reply, id, mode string) {
+	if s.m.bg.Closed() {
+		return // Close gave up the call, or came since: the lease ends it
+	}
 	if err := r.Error(); err != nil {
 		if r.ServerError() {
 			return // the script failed: nothing granted
