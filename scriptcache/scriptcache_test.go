@@ -355,12 +355,12 @@ func TestCallerDeadlinesAreIsolated(t *testing.T) {
 	}
 }
 
-// TestExecOrLate: a caller that gives up gets ctx.Err() at once, and the
-// reply, when it comes, goes to late.
-func TestExecOrLate(t *testing.T) {
-	ctx := context.Background()
+// pausedIncr returns the script "incr" of testFS, loaded on a server of
+// its own that is then paused (SIGSTOP): calls hang until srv.Resume.
+func pausedIncr(t *testing.T) (*redistest.Server, *scriptcache.Script) {
+	t.Helper()
 	srv := redistest.NewServer(t)
-	sc, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()), scriptcache.WithFS(testFS))
+	sc, err := scriptcache.New(context.Background(), redistest.Client(t, srv.Addr()), scriptcache.WithFS(testFS))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,10 +368,18 @@ func TestExecOrLate(t *testing.T) {
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
 	}
+	return srv, s
+}
+
+// TestExecOrLate: a caller that gives up gets ctx.Err() at once, and the
+// reply, when it comes, goes to late.
+func TestExecOrLate(t *testing.T) {
+	ctx := context.Background()
+	srv, s := pausedIncr(t)
 	late := make(chan int64, 1)
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	err = s.ExecOrLate(short, nil, []string{"late"}, nil, func(r scriptcache.Reply) {
+	err := s.ExecOrLate(short, nil, []string{"late"}, nil, func(r scriptcache.Reply) {
 		n, _ := r.AsInt64()
 		late <- n
 	}).Error()
@@ -397,15 +405,7 @@ func TestExecOrLate(t *testing.T) {
 // plain Exec that never calls late.
 func TestGroupCloseEndsLeftCalls(t *testing.T) {
 	ctx := context.Background()
-	srv := redistest.NewServer(t)
-	sc, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()), scriptcache.WithFS(testFS))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, _ := sc.Script("incr")
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
+	srv, s := pausedIncr(t)
 	resumed := false
 	defer func() {
 		if !resumed {
@@ -416,7 +416,7 @@ func TestGroupCloseEndsLeftCalls(t *testing.T) {
 	late := make(chan scriptcache.Reply, 1)
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	err = s.ExecOrLate(short, g, []string{"group"}, nil, func(r scriptcache.Reply) { late <- r }).Error()
+	err := s.ExecOrLate(short, g, []string{"group"}, nil, func(r scriptcache.Reply) { late <- r }).Error()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("ExecOrLate on a paused server = %v, want DeadlineExceeded", err)
 	}
@@ -456,20 +456,12 @@ func TestGroupCloseEndsLeftCalls(t *testing.T) {
 // the reply still reaches late (issue 10, item 6).
 func TestExecWaitReturnsWithContext(t *testing.T) {
 	ctx := context.Background()
-	srv := redistest.NewServer(t)
-	sc, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()), scriptcache.WithFS(testFS))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, _ := sc.Script("incr")
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
+	srv, s := pausedIncr(t)
 	late := make(chan int64, 1)
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, _, err = s.ExecWaitOrLate(short, nil, []string{"wait"}, nil, 0, 100*time.Millisecond, func(r scriptcache.Reply, _ int64, _ error) {
+	_, _, err := s.ExecWaitOrLate(short, nil, []string{"wait"}, nil, 0, 100*time.Millisecond, func(r scriptcache.Reply, _ int64, _ error) {
 		n, _ := r.AsInt64()
 		late <- n
 	})
