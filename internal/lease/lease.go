@@ -364,12 +364,13 @@ func (k *Keeper) run() {
 			until = k.groups[0].queue[0].due()
 		}
 		k.until = until
-		wait := time.Until(until)
 		k.mu.Unlock()
 		for _, l := range lost {
 			l.onLost(ErrExpired)
 		}
-		timer.Reset(wait)
+		// Measured after the callbacks: time they took must not be
+		// waited again, or a loss due meanwhile is reported that late.
+		timer.Reset(time.Until(until))
 		select {
 		case <-k.ctx.Done():
 			return
