@@ -49,7 +49,19 @@ func (r rueidisClient) Cluster() bool { return r.c.Mode() == rueidis.ClientModeC
 // yet, and the call may have run. Calls without a deadline do not take it:
 // rueidis sets no socket deadline for a blocking command, so a server that
 // stopped answering would hold the call for ever.
+//
+// As a Client method it refuses keys of two cluster slots, on which the
+// rueidis cluster client would panic; Cache.eval, which checked them
+// already, calls evalChecked.
 func (r rueidisClient) Eval(ctx context.Context, sha, body string, keys, args []string) Reply {
+	if err := checkSlots(r.Cluster(), keys); err != nil {
+		return ErrorReply(err)
+	}
+	return r.evalChecked(ctx, sha, body, keys, args)
+}
+
+// evalChecked is Eval for keys already known to share a slot.
+func (r rueidisClient) evalChecked(ctx context.Context, sha, body string, keys, args []string) Reply {
 	n := r.inflight.Add(1)
 	defer r.inflight.Add(-1)
 	_, hasDeadline := ctx.Deadline()
@@ -118,10 +130,19 @@ func (r rueidisClient) do(ctx context.Context, sha, body string, keys, args []st
 }
 
 // EvalWait sends the pair with DoMulti: rueidis runs a pipeline holding a
-// blocking command (WAIT) on a dedicated connection, so the call can carry
-// ctx's deadline without harming other callers, and a deadline that passes
-// closes that connection.
+// blocking command (WAIT) on a dedicated connection, so the call does not
+// hold up other callers, and when ctx ends mid-call (its deadline, or a
+// cancellation) that connection is closed. rueidis is given ctx without
+// its deadline: with one, it runs the pair in its synchronous mode, which
+// sets a socket deadline and never looks at a cancellation, so a
+// scriptcache.Group could not end a left call before WAIT's timeout.
 func (r rueidisClient) EvalWait(ctx context.Context, sha, body string, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
+	if err := checkSlots(r.Cluster(), keys); err != nil {
+		return ErrorReply(err), 0, err
+	}
+	if _, ok := ctx.Deadline(); ok {
+		ctx = &cancelOnly{ctx}
+	}
 	// On a cluster a keyless command goes to the node of the keyed one.
 	res := r.c.DoMulti(ctx, r.eval(sha, body, keys, args),
 		r.c.B().Wait().Numreplicas(replicas).Timeout(max(timeout.Milliseconds(), 1)).Build())

@@ -289,6 +289,7 @@ func (s *Script) ExecOrLate(ctx context.Context, g *Group, keys, args []string, 
 		// The reply may have come at the same moment: take it if so.
 		select {
 		case r := <-reply:
+			left()
 			return r
 		default:
 		}
@@ -336,7 +337,7 @@ func (s *Script) exec(ctx context.Context, keys, args []string) Reply {
 // reason.
 func (c *Cache) eval(ctx context.Context, sha, body string, keys, args []string) Reply {
 	if rc, ok := c.client.(rueidisClient); ok {
-		return rc.Eval(ctx, sha, body, keys, args)
+		return rc.evalChecked(ctx, sha, body, keys, args)
 	}
 	return c.client.Eval(ctx, sha, body, slices.Clone(keys), slices.Clone(args))
 }
@@ -407,8 +408,12 @@ func (s *Script) ExecWaitOrLate(ctx context.Context, g *Group, keys, args []stri
 	if g == nil {
 		go run()
 	} else if !g.Go(run) {
+		// Closed: nothing may outlive the call, so it runs here, bounded
+		// by ctx as well.
+		cancel()
+		wctx, cancel := context.WithTimeout(ctx, timeout+WaitSlack)
 		defer cancel()
-		return s.execWait(cctx, keys, args, replicas, timeout)
+		return s.execWait(wctx, keys, args, replicas, timeout)
 	}
 	select {
 	case rep := <-replies:
@@ -418,6 +423,7 @@ func (s *Script) ExecWaitOrLate(ctx context.Context, g *Group, keys, args []stri
 		close(abandoned)
 		select {
 		case rep := <-replies: // it came at the same moment
+			left()
 			return rep.r, rep.acks, rep.err
 		default:
 		}
@@ -455,7 +461,13 @@ func (s *Script) load(ctx context.Context) error {
 }
 
 func (c *Cache) checkSlots(keys []string) error {
-	if !c.cluster || len(keys) < 2 {
+	return checkSlots(c.cluster, keys)
+}
+
+// checkSlots returns an error wrapping ErrCrossSlot if cluster is set and
+// keys hash to more than one slot.
+func checkSlots(cluster bool, keys []string) error {
+	if !cluster || len(keys) < 2 {
 		return nil
 	}
 	slot := keyspace.Slot(keys[0])
