@@ -3,6 +3,7 @@ package scriptcache
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // Group owns the goroutines a primitive starts for work its callers do not
@@ -10,17 +11,25 @@ import (
 // before the reply, and give-backs sent in the background. The primitive's
 // Close calls Group.Close, so that none of them outlives it.
 type Group struct {
-	ctx    context.Context // ended by Close
-	cancel context.CancelFunc
-	mu     sync.Mutex
-	closed bool // guarded by mu
-	wg     sync.WaitGroup
+	ctx     context.Context // ended by Close: calls their callers left
+	cancel  context.CancelFunc
+	work    context.Context // ended closeGrace after Close: see Bounded
+	endWork context.CancelFunc
+	mu      sync.Mutex
+	closed  bool // guarded by mu
+	wg      sync.WaitGroup
 }
+
+// closeGrace is how long Close lets work started under Bounded go on: a
+// give-back on a server that answers takes far less, so it is sent, and
+// one on a server that stopped answering holds Close up no longer.
+const closeGrace = time.Second
 
 // NewGroup returns an open Group.
 func NewGroup() *Group {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Group{ctx: ctx, cancel: cancel}
+	work, endWork := context.WithCancel(context.Background())
+	return &Group{ctx: ctx, cancel: cancel, work: work, endWork: endWork}
 }
 
 // Go runs f in a goroutine that Close waits for, and reports true. Once
@@ -39,19 +48,36 @@ func (g *Group) Go(f func()) bool {
 	return true
 }
 
+// Bounded returns a context for work of the group, such as a give-back: it
+// ends after d, or a second (closeGrace) after Close is called. It has no
+// deadline on purpose: a call with one may take the lone-call path (see
+// New), which notices a cancellation only when its reply comes, so Close
+// would wait up to d for a server that stopped answering.
+func (g *Group) Bounded(d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(g.work)
+	t := time.AfterFunc(d, cancel)
+	return ctx, func() {
+		t.Stop()
+		cancel()
+	}
+}
+
 // Closed reports whether Close has been called.
 func (g *Group) Closed() bool { return g.ctx.Err() != nil }
 
 // Close starts nothing more, ends the calls that their callers left and
 // that still wait for a reply (their late funcs get the error, and should
-// do nothing more once Closed reports true), and waits for every goroutine
-// of the group.
+// do nothing more once Closed reports true), gives work under Bounded a
+// second to finish, and waits for every goroutine of the group.
 func (g *Group) Close() {
 	g.mu.Lock()
 	g.closed = true
 	g.mu.Unlock()
 	g.cancel()
+	t := time.AfterFunc(closeGrace, g.endWork)
 	g.wg.Wait()
+	t.Stop()
+	g.endWork()
 }
 
 // afterLeft makes cancel run when g closes, from now on: a call its caller

@@ -384,7 +384,7 @@ func (m *Manager) Close() {
 // for the background, before Acquire returns ErrClosed. Left in the queue,
 // the entry would be granted permits nobody takes for a lease.
 func (m *Manager) leave(s *Semaphore, id string) {
-	if !m.bg.Go(func() { s.cleanup(context.Background(), id) }) {
+	if !m.bg.Go(func() { s.cleanupInGroup(id) }) {
 		s.cleanup(context.Background(), id)
 	}
 }
@@ -817,7 +817,16 @@ func (s *Semaphore) releaseLate(r scriptcache.Reply, id, mode string) {
 	} else if got, err := s.parse(r); err == nil && got.status != 1 && (mode == "" || got.status < 0) {
 		return
 	}
-	s.cleanup(context.Background(), id)
+	s.cleanupInGroup(id)
+}
+
+// cleanupInGroup is cleanup run in a goroutine of the Manager's group,
+// which Close ends at once rather than wait cleanupTimeout for a server
+// that stopped answering: the lease ends what is left.
+func (s *Semaphore) cleanupInGroup(id string) {
+	ctx, cancel := s.m.bg.Bounded(cleanupTimeout)
+	defer cancel()
+	s.releaseCall(ctx, id)
 }
 
 // parse reads the acquire script's reply.
