@@ -86,6 +86,11 @@ if not s or s <= now then
 end
 redis.call('ZREM', KEYS[2], ARGV[2])
 if redis.call('ZCOUNT', KEYS[2], '(' .. num(now), '+inf') == 0 then
+  -- No live reader left: the set lasts only as long as released marks
+  -- (see rwmutex_runlock).
+  if redis.call('PTTL', KEYS[2]) > tonumber(ARGV[5]) then
+    redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  end
   redis.call(pub, KEYS[5], '1')
 end
 return 1

@@ -5,7 +5,8 @@
 -- -(now + keep), which marks it released: a retried RUnlock whose first
 -- try's reply was lost then succeeds instead of reporting a loss. When the
 -- last live reader leaves, one waiting writer per subscribed process is
--- woken.
+-- woken, and the set expires when the marks do (the keep time) instead of
+-- a reader's lease after the last read.
 --
 -- KEYS[1]  readers sorted set
 -- KEYS[2]  writers' wake-up channel
@@ -36,6 +37,9 @@ if redis.call('PTTL', KEYS[1]) < keep then
   redis.call('PEXPIRE', KEYS[1], keep)
 end
 if redis.call('ZCOUNT', KEYS[1], '(' .. num(now), '+inf') == 0 then
+  -- No live reader is left: the set need only last as long as the
+  -- released members' marks, not a reader's lease.
+  redis.call('PEXPIRE', KEYS[1], keep)
   if ARGV[2] == 's' then
     redis.call('SPUBLISH', KEYS[2], '1')
   else

@@ -186,11 +186,16 @@ func (mm *MultiMutex) acquire(ctx context.Context, lock func(*Mutex, context.Con
 }
 
 // unwind gives back one hold of each of taken, in reverse order, even if
-// ctx has ended.
+// ctx has ended. A member whose Unlock fails (the connection, not
+// ErrNotHeld) must not stay counted and renewed after Lock reported
+// failure: its hold is dropped here, and the server's lease ends what
+// Redis still keeps of it.
 func (mm *MultiMutex) unwind(ctx context.Context, taken []*Mutex) {
 	ctx = context.WithoutCancel(ctx)
 	for i := len(taken) - 1; i >= 0; i-- {
-		taken[i].Unlock(ctx)
+		if err := taken[i].Unlock(ctx); err != nil && !errors.Is(err, ErrNotHeld) {
+			taken[i].dropHold(err)
+		}
 	}
 	mm.stopWatchIfFree()
 }

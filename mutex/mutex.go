@@ -127,6 +127,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -315,7 +316,7 @@ func (l *Locker) Close() {
 // Once the Locker is closed, nothing is sent: the lease will end it.
 func (l *Locker) giveBack(m *Mutex, attempt string) {
 	l.bg.Go(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), m.lease)
+		ctx, cancel := l.bg.Bounded(m.lease) // Close ends it too
 		defer cancel()
 		l.release.Exec(ctx, m.releaseKeys, []string{"a", l.pubMode, m.keepMs, m.owner, attempt, m.leaseMs})
 	})
@@ -441,7 +442,7 @@ type Mutex struct {
 	// back so that it does not linger for the rest of its lease.
 	orphan string
 	// scoped cancels the contexts Context made for the current hold.
-	scoped []context.CancelCauseFunc
+	scoped scopes
 }
 
 func (m *Mutex) setLease(d time.Duration) {
@@ -566,11 +567,22 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 		if err := w.Wait(ctx, m.waitFor(res.wait)); err != nil {
 			return false, false, waitErr(ctx, m.name, err)
 		}
-		if grant, got := w.Granted(); got && m.l.opts.ReplicaAcks == 0 {
+		if grant, got := w.TakeGrant(); got && m.l.opts.ReplicaAcks == 0 {
 			// The release handed the lock to this waiter directly. (With
 			// ReplicaAcks the next attempt confirms it through WAIT.)
-			if ok, err = m.takeGrant(ctx, id, grant, entry.Sent(res.sent)); ok || err != nil {
+			var gaveBack bool
+			if ok, gaveBack, err = m.takeGrant(ctx, id, grant, entry.Sent(res.sent)); ok || err != nil {
 				return ok, ok, err
+			}
+			if gaveBack {
+				// Given back under id, whose tombstone now refuses it:
+				// the next attempts, outermost if the other hold ends
+				// first, go under a new id. The grant took the old one's
+				// queue entry.
+				entry.Stop()
+				entry, queued = nil, false
+				id = m.newAttemptID()
+				w.SetID(id)
 			}
 		}
 		if m.l.closed.Load() {
@@ -676,10 +688,14 @@ func (m *Mutex) leaveQueue(queued bool, id string) {
 // sent: the grant came after that attempt reached Redis, and its lease ends
 // when that attempt's queue entry would have, so the lease is counted from
 // then.
-func (m *Mutex) takeGrant(ctx context.Context, id, grant string, sent time.Time) (bool, error) {
+//
+// gaveBack reports that another goroutine of this Mutex held it already, so
+// the grant was given back (it releases the grant if still current, and
+// leaves a tombstone for id) and the Lock must go on under a new id.
+func (m *Mutex) takeGrant(ctx context.Context, id, grant string, sent time.Time) (ok, gaveBack bool, _ error) {
 	token, err := strconv.ParseInt(grant, 10, 64)
 	if err != nil {
-		return false, nil // not ours to parse: try again the slow way
+		return false, false, nil // not ours to parse: try again the slow way
 	}
 	m.op.Lock()
 	defer m.op.Unlock()
@@ -690,12 +706,12 @@ func (m *Mutex) takeGrant(ctx context.Context, id, grant string, sent time.Time)
 		// Another goroutine of this Mutex holds it already; give the
 		// grant back and nest on the next attempt.
 		m.l.giveBack(m, id)
-		return false, nil
+		return false, true, nil
 	}
 	if err := m.startHold(ctx, sent, token, 1); err != nil {
-		return false, err
+		return false, false, err
 	}
-	return true, nil
+	return true, false, nil
 }
 
 // waitErr is Lock's error on name when waiting for a release failed: the
@@ -812,7 +828,10 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 	if m.l.opts.ReplicaAcks > 0 && holds == 0 {
 		var rr scriptcache.Reply
 		attempt := m.argv[3]
-		rr, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.l.bg, m.lockKeys, m.argv[:], int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
+		// A copy: the call may outlive this Lock (its caller left), and
+		// a NOSCRIPT retry would otherwise resend whatever the next call
+		// of this Mutex wrote into m.argv.
+		rr, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.l.bg, m.lockKeys, slices.Clone(m.argv[:]), int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
 			func(late scriptcache.Reply, _ int64, _ error) {
 				// Whatever the replicas said, nobody waits for this grant.
 				if grantedOrUnknown(late) || m.fair {
@@ -1051,6 +1070,22 @@ func (m *Mutex) loseLocked(cause error) {
 	}
 	m.closeLost()
 	m.endScopedLocked(m.err)
+}
+
+// dropHold declares the current hold lost without a word to Redis, after
+// a give-back that failed: the watchdog stops renewing it, the server's
+// lease ends it, and a later Unlock gives back what the server may still
+// keep (as after any loss).
+func (m *Mutex) dropHold(cause error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.holds == 0 {
+		return
+	}
+	if m.lse != nil {
+		m.lse.Stop()
+	}
+	m.loseLocked(cause)
 }
 
 // closeLost closes the current hold's Lost channel. Called with m.mu held.

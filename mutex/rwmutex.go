@@ -216,7 +216,7 @@ type RWMutex struct {
 	lost chan struct{} // made on demand by Lost; closedChan once lost
 	err  error
 	// scoped cancels the contexts Context made while something is held.
-	scoped []context.CancelCauseFunc
+	scoped scopes
 }
 
 // rwSide is the state of one kind of hold (write or read) of an RWMutex,
@@ -533,7 +533,7 @@ func (rw *RWMutex) giveBack(attempt, kind string) {
 	l := rw.l
 	// Once the Locker is closed, the lease (or the mark) will end it.
 	l.bg.Go(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), rw.lease)
+		ctx, cancel := l.bg.Bounded(rw.lease) // Close ends it too
 		defer cancel()
 		rw.s.abandon.Exec(ctx, rw.abandonKeys, []string{rw.owner, attempt, kind, l.pubMode, rw.keepMs, rw.leaseMs})
 	})

@@ -29,7 +29,7 @@ func (m *Mutex) Context(parent context.Context) (context.Context, context.Cancel
 		}
 		cancel(cause)
 	} else {
-		m.scoped = append(m.scoped, cancel)
+		m.scoped.add(ctx, cancel)
 	}
 	return ctx, func() { cancel(context.Canceled) }
 }
@@ -37,10 +37,38 @@ func (m *Mutex) Context(parent context.Context) (context.Context, context.Cancel
 // endScopedLocked cancels the contexts of the hold that just ended. Called
 // with m.mu held.
 func (m *Mutex) endScopedLocked(cause error) {
-	for _, cancel := range m.scoped {
-		cancel(cause)
+	m.scoped.end(cause)
+}
+
+// scopes are the contexts Context made for a hold, to cancel when it ends.
+type scopes []scope
+
+type scope struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+// add keeps ctx and its cancel, and drops the contexts already done
+// (cancelled by their callers, or their parents ended): a long hold that
+// scopes each request with Context or Do would otherwise keep them all
+// until it ends.
+func (s *scopes) add(ctx context.Context, cancel context.CancelCauseFunc) {
+	live := (*s)[:0]
+	for _, e := range *s {
+		if e.ctx.Err() == nil {
+			live = append(live, e)
+		}
 	}
-	m.scoped = nil
+	clear((*s)[len(live):])
+	*s = append(live, scope{ctx, cancel})
+}
+
+// end cancels every context with cause.
+func (s *scopes) end(cause error) {
+	for _, e := range *s {
+		e.cancel(cause)
+	}
+	*s = nil
 }
 
 // Do locks m, runs fn with a context that ends if the hold is lost, and

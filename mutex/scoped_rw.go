@@ -23,7 +23,7 @@ func (rw *RWMutex) Context(parent context.Context) (context.Context, context.Can
 		}
 		cancel(cause)
 	} else {
-		rw.scoped = append(rw.scoped, cancel)
+		rw.scoped.add(ctx, cancel)
 	}
 	return ctx, func() { cancel(context.Canceled) }
 }
@@ -31,10 +31,7 @@ func (rw *RWMutex) Context(parent context.Context) (context.Context, context.Can
 // endScopedLocked cancels the contexts made by Context. Called with rw.mu
 // held.
 func (rw *RWMutex) endScopedLocked(cause error) {
-	for _, cancel := range rw.scoped {
-		cancel(cause)
-	}
-	rw.scoped = nil
+	rw.scoped.end(cause)
 }
 
 // Do takes the write lock, runs fn with a context that ends if a hold is

@@ -204,6 +204,38 @@ func (w *Waiter) Granted() (string, bool) {
 	return w.grant, w.got
 }
 
+// TakeGrant is Granted, and forgets the grant it returns: a caller that
+// acts on a grant once (starts a hold with its token, or gives it back)
+// must not find it again at its next wake-up, when the grant may long
+// have been superseded.
+func (w *Waiter) TakeGrant() (string, bool) {
+	w.h.mu.Lock()
+	defer w.h.mu.Unlock()
+	grant, got := w.grant, w.got
+	w.grant, w.got = "", false
+	return grant, got
+}
+
+// SetID makes the waiter receive grants addressed to id instead of the id
+// it had. Ids must be unique per channel.
+func (w *Waiter) SetID(id string) {
+	h := w.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ch := w.ch
+	if w.id != "" && ch.byID[w.id] == w {
+		delete(ch.byID, w.id)
+	}
+	w.id = id
+	if w.elem == nil || id == "" {
+		return
+	}
+	if ch.byID == nil {
+		ch.byID = make(map[string]*Waiter)
+	}
+	ch.byID[id] = w
+}
+
 // Wake wakes the waiter as a message would, for a reason learnt outside
 // the channel (its queue entry is gone, say). Like a message, it is kept
 // until the waiter's next Wait if the waiter is not waiting now.

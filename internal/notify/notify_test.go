@@ -559,3 +559,37 @@ func TestEarlyReadyWokenAtConfirmation(t *testing.T) {
 	woken(t, early)
 	notWoken(t, patient)
 }
+
+// TestTakeGrantOnceAndSetID: TakeGrant hands a grant out once; after SetID
+// the waiter takes grants for its new id only.
+func TestTakeGrantOnceAndSetID(t *testing.T) {
+	s := setups()[0]
+	h := s.hub(t)
+	ch := "{n}:" + t.Name()
+	w, err := h.SubscribeID(ch, 1, "a.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	ready(t, w)
+	s.publish(t, ch, "g a.1 7")
+	woken(t, w)
+	if g, ok := w.TakeGrant(); !ok || g != "7" {
+		t.Fatalf("TakeGrant = %q, %v; want 7, true", g, ok)
+	}
+	if g, ok := w.TakeGrant(); ok {
+		t.Fatalf("TakeGrant again = %q; want the grant taken once", g)
+	}
+	w.SetID("a.2")
+	s.publish(t, ch, "g a.1 8") // the old id: not this waiter's any more
+	s.publish(t, ch, "1")       // delivered after it, in order: a wake-up
+	woken(t, w)
+	if g, ok := w.TakeGrant(); ok {
+		t.Fatalf("a grant for the old id reached the waiter: %q", g)
+	}
+	s.publish(t, ch, "g a.2 9")
+	woken(t, w)
+	if g, ok := w.TakeGrant(); !ok || g != "9" {
+		t.Fatalf("TakeGrant after SetID = %q, %v; want 9, true", g, ok)
+	}
+}
