@@ -30,6 +30,10 @@
 // returns ctx.Err() as soon as ctx ends; the call itself goes on until the
 // reply comes or go-redis's own ReadTimeout (3 s by default) ends it, and
 // the primitive treats the outcome as unknown, as it does with rueidis.
+// That goroutine is the adapter's: Close of a Locker or Manager does not
+// wait for it (go-redis offers no way to end the call sooner), so it may
+// outlive Close by up to ReadTimeout. A goroutine-leak check in tests must
+// allow for it, or use the rueidis client.
 package goredis
 
 import (
@@ -141,28 +145,39 @@ func evalCmd(ctx context.Context, sha, body string, keys, args []string) noRetry
 // the call to finish (see the package doc).
 func (c *Client) Eval(ctx context.Context, sha, body string, keys, args []string) scriptcache.Reply {
 	cmd := evalCmd(ctx, sha, body, keys, args)
+	if err := await(ctx, func() { _ = c.cmd.Process(ctx, cmd) }); err != nil {
+		return scriptcache.ErrorReply(err)
+	}
+	return reply(cmd.Cmd)
+}
+
+// await runs f and returns when it does, or, with ctx.Err(), when ctx ends
+// first: then f runs on in a goroutine of its own until go-redis's own
+// timeouts end it (see the package doc). A ctx that cannot end costs no
+// goroutine.
+func await(ctx context.Context, f func()) error {
 	if ctx.Done() == nil {
-		_ = c.cmd.Process(ctx, cmd)
-		return reply(cmd.Cmd)
+		f()
+		return nil
 	}
 	if err := ctx.Err(); err != nil {
-		return scriptcache.ErrorReply(err)
+		return err
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = c.cmd.Process(ctx, cmd)
+		f()
 	}()
 	select {
 	case <-done:
-		return reply(cmd.Cmd)
+		return nil
 	case <-ctx.Done():
 		select {
 		case <-done: // it came at the same moment
-			return reply(cmd.Cmd)
+			return nil
 		default:
 		}
-		return scriptcache.ErrorReply(ctx.Err())
+		return ctx.Err()
 	}
 }
 
@@ -290,8 +305,17 @@ func (c *Client) EvalWait(ctx context.Context, sha, body string, keys, args []st
 // LoadScripts sends SCRIPT LOAD of every body to every node: on a cluster
 // to every primary and replica go-redis knows (ForEachShard), else to the
 // client's server (for a Sentinel failover client, the current primary).
-// Each node gets its loads in one pipeline.
+// Each node gets its loads in one pipeline. Like Eval, it returns when ctx
+// ends: a reload after NOSCRIPT is part of the caller's call.
 func (c *Client) LoadScripts(ctx context.Context, bodies ...string) error {
+	errc := make(chan error, 1)
+	if err := await(ctx, func() { errc <- c.loadScripts(ctx, bodies...) }); err != nil {
+		return err
+	}
+	return <-errc
+}
+
+func (c *Client) loadScripts(ctx context.Context, bodies ...string) error {
 	load := func(ctx context.Context, node *redis.Client) error {
 		cmds, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, b := range bodies {
