@@ -72,15 +72,7 @@ func TestReloadHonoursContext(t *testing.T) {
 	if err := srv.FlushScripts(); err != nil {
 		t.Fatal(err)
 	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			if err := srv.Resume(); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	resume := srv.Resumer(t)
 	defer resume()
 
 	const budget = time.Second

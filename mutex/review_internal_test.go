@@ -153,7 +153,7 @@ func TestFairGrantGivenBackNotReused(t *testing.T) {
 func TestContextsDoNotPileUpDuringHold(t *testing.T) {
 	ctx := context.Background()
 	l, _ := reviewLocker(t, Options{})
-	m := reviewMutex(t, l, "adv-scoped:"+t.Name())
+	m := reviewMutex(t, l, "scoped:"+t.Name())
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestContextsDoNotPileUpDuringHold(t *testing.T) {
 		t.Errorf("after 1000 Context calls and 50 nested Do, each cancelled, the hold keeps %d cancel functions (and their contexts)", n)
 	}
 
-	rw, err := l.NewRWMutex("adv-scoped-rw:" + t.Name())
+	rw, err := l.NewRWMutex("scoped-rw:" + t.Name())
 	if err != nil {
 		t.Fatal(err)
 	}

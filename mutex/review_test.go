@@ -25,7 +25,7 @@ func TestRWReadersSetGoesWithLastReader(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Single(t)
 	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{WatchdogLease: 20 * time.Second})
-	name := "adv-rwz:" + t.Name()
+	name := "rw-readers-set:" + t.Name()
 	rw := newRW(t, l, name)
 	if err := rw.RLock(ctx); err != nil {
 		t.Fatal(err)
@@ -70,7 +70,7 @@ func TestMultiUnwindDropsFailedGiveBack(t *testing.T) {
 	const lease = 1500 * time.Millisecond
 	lp := newLocker(t, redistest.Client(t, proxy.Addr()), mutex.Options{WatchdogLease: lease})
 	ld := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{WatchdogLease: lease})
-	p := "adv-unwind:" + t.Name() + ":"
+	p := "unwind:" + t.Name() + ":"
 	mm := newMulti(t, lp, []string{p + "a", p + "b"})
 	first, last := mm.Names()[0], mm.Names()[1]
 	blocker := newMutex(t, ld, last)
@@ -152,16 +152,21 @@ func TestCloseEndsGiveBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(l.Close)
-	m := newMutex(t, l, "adv-close:"+t.Name())
+	m := newMutex(t, l, "close-give-back:"+t.Name())
+	// rueidis spreads keyed calls over several pipelining connections, each
+	// dialled on first use, and a dial's handshake is bounded by the
+	// client's dial timeout (5 s), not by any context: the documented
+	// exception. Dial them all before the server stops answering, so the
+	// give-back waits for Redis, not for a handshake.
+	for range 64 {
+		if _, err := m.Info(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
 	}
-	resumed := false
-	defer func() {
-		if !resumed {
-			srv.Resume()
-		}
-	}()
+	resume := srv.Resumer(t)
 	lctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	err = m.Lock(lctx)
 	cancel()
@@ -176,7 +181,6 @@ func TestCloseEndsGiveBack(t *testing.T) {
 	case <-time.After(4 * time.Second):
 		t.Errorf("Locker.Close has blocked for %v on the give-back of an abandoned attempt (bounded only by the 6 s lease)", time.Since(start).Round(time.Millisecond))
 	}
-	srv.Resume()
-	resumed = true
+	resume()
 	<-done
 }

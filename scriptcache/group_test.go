@@ -54,15 +54,7 @@ func pausedWarmIncr(t *testing.T) (*redistest.Server, *scriptcache.Script) {
 func TestGroupCloseEndsLeftExecWait(t *testing.T) {
 	ctx := context.Background()
 	srv, s := pausedWarmIncr(t)
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			if err := srv.Resume(); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	resume := srv.Resumer(t)
 	defer resume()
 
 	g := scriptcache.NewGroup()
@@ -112,15 +104,7 @@ func TestGroupCloseEndsLeftExecWait(t *testing.T) {
 func TestExecWaitClosedGroupHonoursContext(t *testing.T) {
 	ctx := context.Background()
 	srv, s := pausedWarmIncr(t)
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			if err := srv.Resume(); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	resume := srv.Resumer(t)
 	defer resume()
 
 	g := scriptcache.NewGroup()

@@ -406,12 +406,7 @@ func TestExecOrLate(t *testing.T) {
 func TestGroupCloseEndsLeftCalls(t *testing.T) {
 	ctx := context.Background()
 	srv, s := pausedIncr(t)
-	resumed := false
-	defer func() {
-		if !resumed {
-			srv.Resume()
-		}
-	}()
+	resume := srv.Resumer(t)
 	g := scriptcache.NewGroup()
 	late := make(chan scriptcache.Reply, 1)
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
@@ -441,10 +436,7 @@ func TestGroupCloseEndsLeftCalls(t *testing.T) {
 	if !g.Closed() {
 		t.Fatal("Closed() = false after Close")
 	}
-	resumed = true
-	if err := srv.Resume(); err != nil {
-		t.Fatal(err)
-	}
+	resume()
 	n, err := s.ExecOrLate(ctx, g, []string{"group"}, nil, func(scriptcache.Reply) { t.Error("late called after Close") }).AsInt64()
 	if err != nil || n < 1 {
 		t.Fatalf("ExecOrLate after Close = %d, %v; want the reply", n, err)

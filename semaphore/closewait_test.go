@@ -59,15 +59,7 @@ func TestCloseWaitsForAbandonedCalls(t *testing.T) {
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
 	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			if err := srv.Resume(); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	resume := srv.Resumer(t)
 	defer resume()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)

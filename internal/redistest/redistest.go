@@ -180,6 +180,23 @@ func (s *Server) Pause() error {
 
 func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
 
+// Resumer returns a function that resumes the server (after Pause) the
+// first time it is called and does nothing after; the test calls it when
+// it ends too, so that a test that fails while the server is paused does
+// not leave it stopped.
+func (s *Server) Resumer(t testing.TB) (resume func()) {
+	var once sync.Once
+	resume = func() {
+		once.Do(func() {
+			if err := s.Resume(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(resume)
+	return resume
+}
+
 // allStopped reports whether every thread of pid is in state T (stopped),
 // from /proc. Where /proc cannot be read it reports true: nothing better
 // can be known.
