@@ -27,21 +27,13 @@ const advWaitTimeout = 20 * time.Second
 // dial timeout, the documented exception), only for its reply.
 func pausedWarmIncr(t *testing.T) (*redistest.Server, *scriptcache.Script) {
 	t.Helper()
-	srv := redistest.NewServer(t)
-	sc, err := scriptcache.New(context.Background(), redistest.Client(t, srv.Addr()), scriptcache.WithFS(testFS))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, _ := sc.Script("incr")
-	warm, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, _, err := s.ExecWait(warm, []string{"warm"}, nil, 0, time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	return srv, s
+	return pausedIncrAfter(t, func(s *scriptcache.Script) {
+		warm, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, _, err := s.ExecWait(warm, []string{"warm"}, nil, 0, time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // TestGroupCloseEndsLeftExecWait is the ExecWaitOrLate twin of

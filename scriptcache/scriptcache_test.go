@@ -359,12 +359,22 @@ func TestCallerDeadlinesAreIsolated(t *testing.T) {
 // its own that is then paused (SIGSTOP): calls hang until srv.Resume.
 func pausedIncr(t *testing.T) (*redistest.Server, *scriptcache.Script) {
 	t.Helper()
+	return pausedIncrAfter(t, nil)
+}
+
+// pausedIncrAfter is pausedIncr, with warm run on the script before the
+// pause (nil: nothing).
+func pausedIncrAfter(t *testing.T, warm func(*scriptcache.Script)) (*redistest.Server, *scriptcache.Script) {
+	t.Helper()
 	srv := redistest.NewServer(t)
 	sc, err := scriptcache.New(context.Background(), redistest.Client(t, srv.Addr()), scriptcache.WithFS(testFS))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s, _ := sc.Script("incr")
+	if warm != nil {
+		warm(s)
+	}
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
 	}
