@@ -16,10 +16,10 @@ import (
 // scriptcache.WaitSlack (25 s here), far above it.
 const advBound = 3 * time.Second
 
-// advWaitTimeout is the WAIT timeout the tests pass: long, so that a call
+// longWaitTimeout is the WAIT timeout the tests pass: long, so that a call
 // bounded by it rather than by its context or by Group.Close is told apart
 // from one that ends in time.
-const advWaitTimeout = 20 * time.Second
+const longWaitTimeout = 20 * time.Second
 
 // pausedWarmIncr is pausedIncr with rueidis's pool of dedicated
 // connections warmed first by one ExecWait: a call on the paused server
@@ -57,7 +57,7 @@ func TestGroupCloseEndsLeftExecWait(t *testing.T) {
 	late := make(chan lateReply, 1)
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	_, _, err := s.ExecWaitOrLate(short, g, []string{"groupwait"}, nil, 0, advWaitTimeout,
+	_, _, err := s.ExecWaitOrLate(short, g, []string{"groupwait"}, nil, 0, longWaitTimeout,
 		func(r scriptcache.Reply, _ int64, err error) { late <- lateReply{r, err} })
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("ExecWaitOrLate on a paused server = %v, want DeadlineExceeded", err)
@@ -111,7 +111,7 @@ func TestExecWaitClosedGroupHonoursContext(t *testing.T) {
 	done := make(chan result, 1)
 	start := time.Now()
 	go func() {
-		_, _, err := s.ExecWaitOrLate(short, g, []string{"closedwait"}, nil, 0, advWaitTimeout,
+		_, _, err := s.ExecWaitOrLate(short, g, []string{"closedwait"}, nil, 0, longWaitTimeout,
 			func(scriptcache.Reply, int64, error) { t.Error("late called on a closed Group") })
 		done <- result{err, time.Since(start)}
 	}()
