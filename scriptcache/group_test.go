@@ -10,11 +10,11 @@ import (
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
-// advBound is how long a call that must end with its context (or a Group
+// endBound is how long a call that must end with its context (or a Group
 // whose Close must give up left calls) may take on a loaded 2-core machine
 // with -race. The code under test, when wrong, takes the WAIT timeout plus
 // scriptcache.WaitSlack (25 s here), far above it.
-const advBound = 3 * time.Second
+const endBound = 3 * time.Second
 
 // longWaitTimeout is the WAIT timeout the tests pass: long, so that a call
 // bounded by it rather than by its context or by Group.Close is told apart
@@ -71,8 +71,8 @@ func TestGroupCloseEndsLeftExecWait(t *testing.T) {
 	}()
 	select {
 	case <-closed:
-	case <-time.After(advBound):
-		t.Errorf("Group.Close still waiting %v after it was called: it did not give up the left ExecWaitOrLate call on a hung server", advBound)
+	case <-time.After(endBound):
+		t.Errorf("Group.Close still waiting %v after it was called: it did not give up the left ExecWaitOrLate call on a hung server", endBound)
 		resume() // let the call end so that Close returns
 		<-closed
 		t.Logf("Group.Close returned %v after it was called, once the server was resumed", time.Since(start))
@@ -118,8 +118,8 @@ func TestExecWaitClosedGroupHonoursContext(t *testing.T) {
 	var res result
 	select {
 	case res = <-done:
-	case <-time.After(advBound):
-		t.Errorf("ExecWaitOrLate on a closed Group still running %v after its 100 ms context ended (server hung)", advBound)
+	case <-time.After(endBound):
+		t.Errorf("ExecWaitOrLate on a closed Group still running %v after its 100 ms context ended (server hung)", endBound)
 		resume()
 		res = <-done
 		t.Logf("it returned %v after it was called, once the server was resumed, with err %v", res.elapsed, res.err)
