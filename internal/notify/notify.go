@@ -160,15 +160,31 @@ func (h *Hub) SubscribeID(channelName string, weight int64, id string) (*Waiter,
 		ch.linger.Stop()
 		ch.linger = nil
 	}
-	w := &Waiter{h: h, ch: ch, weight: max(weight, 1), c: make(chan struct{}, 1), id: id}
+	w := &Waiter{h: h, ch: ch, weight: max(weight, 1), c: make(chan struct{}, 1)}
 	w.elem = ch.waiters.PushBack(w)
-	if id != "" {
-		if ch.byID == nil {
-			ch.byID = make(map[string]*Waiter)
-		}
-		ch.byID[id] = w
-	}
+	ch.setID(w, id)
 	return w, nil
+}
+
+// setID registers w for grants addressed to id ("": none), in place of
+// the id it had. Called with Hub.mu held.
+func (ch *channel) setID(w *Waiter, id string) {
+	ch.dropID(w)
+	w.id = id
+	if id == "" {
+		return
+	}
+	if ch.byID == nil {
+		ch.byID = make(map[string]*Waiter)
+	}
+	ch.byID[id] = w
+}
+
+// dropID ends w's registration for grants. Called with Hub.mu held.
+func (ch *channel) dropID(w *Waiter) {
+	if w.id != "" && ch.byID[w.id] == w {
+		delete(ch.byID, w.id)
+	}
 }
 
 // Subscribed reports whether the hub has a subscription of channel that
@@ -219,21 +235,13 @@ func (w *Waiter) TakeGrant() (string, bool) {
 // SetID makes the waiter receive grants addressed to id instead of the id
 // it had. Ids must be unique per channel.
 func (w *Waiter) SetID(id string) {
-	h := w.h
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	ch := w.ch
-	if w.id != "" && ch.byID[w.id] == w {
-		delete(ch.byID, w.id)
-	}
-	w.id = id
-	if w.elem == nil || id == "" {
+	w.h.mu.Lock()
+	defer w.h.mu.Unlock()
+	if w.elem == nil { // closed: registered no more
+		w.id = id
 		return
 	}
-	if ch.byID == nil {
-		ch.byID = make(map[string]*Waiter)
-	}
-	ch.byID[id] = w
+	w.ch.setID(w, id)
 }
 
 // Wake wakes the waiter as a message would, for a reason learnt outside
@@ -375,9 +383,7 @@ func (w *Waiter) Close() {
 	ch := w.ch
 	ch.waiters.Remove(w.elem)
 	w.elem = nil
-	if w.id != "" && ch.byID[w.id] == w {
-		delete(ch.byID, w.id)
-	}
+	ch.dropID(w)
 	select {
 	case <-w.c:
 		h.wakeLocked(ch, w.weight)
@@ -498,10 +504,7 @@ func (h *Hub) confirmed(ch *channel) {
 		for e := ch.waiters.Front(); e != nil; e = e.Next() {
 			if w := e.Value.(*Waiter); w.early {
 				w.early = false
-				select {
-				case w.c <- struct{}{}:
-				default:
-				}
+				w.Wake()
 			}
 		}
 		h.mu.Unlock()
