@@ -75,7 +75,9 @@ func (s *scopes) end(cause error) {
 // unlocks. It returns fn's error, joined with an error wrapping ErrLost if
 // the hold was lost while fn ran (fn then ran, at least in part, without the
 // lock, even if it returned nil), and with Unlock's error if that failed.
-// If Lock fails, fn does not run and Do returns Lock's error.
+// A loss that the final Unlock finds (the lock was deleted, expired or
+// taken over before it) counts as one while fn ran: nothing tells when it
+// happened. If Lock fails, fn does not run and Do returns Lock's error.
 //
 // The Unlock runs even when ctx has ended meanwhile, bounded by the lock's
 // lease: a hold should not outlive the work it guarded.
@@ -83,30 +85,69 @@ func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) erro
 	if err := m.Lock(ctx); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	gen := m.gen
-	m.mu.Unlock()
+	lost := m.Lost()
 	hctx, cancel := m.Context(ctx)
 	err := fn(hctx)
 	cancel()
-	m.mu.Lock()
-	lost := m.gen == gen && m.holds == 0 && m.err != nil
-	lostErr := m.err
-	m.mu.Unlock()
+	during := lossBy(lost, m.Err, m.name)
 	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), m.lease)
 	defer ucancel()
-	uerr := m.Unlock(uctx)
-	switch {
-	case lost:
-		return errors.Join(err, lostErr)
-	case errors.Is(uerr, ErrLost):
-		// Lost between fn's return and the Unlock: fn finished while the
-		// lock was still held.
-		return err
-	case uerr != nil:
-		return errors.Join(err, uerr)
+	return doErr(err, during, m.Unlock(uctx))
+}
+
+// lossBy returns the loss of a hold whose Lost channel is lost, if it has
+// closed by now (errOf says why; the error wraps ErrLost), or nil.
+func lossBy(lost <-chan struct{}, errOf func() error, name string) error {
+	select {
+	case <-lost:
+	default:
+		return nil
 	}
-	return err
+	if err := errOf(); errors.Is(err, ErrLost) {
+		return err
+	}
+	// The hold was lost, then fn locked afresh, which reset Err.
+	return fmt.Errorf("%w: %q", ErrLost, name)
+}
+
+// doErr is the error of a Do (Mutex, RWMutex and MultiMutex alike): fn's
+// error err, joined with during, the loss of the hold declared by the time
+// fn returned (nil if none), and with what the release's errors uerrs add
+// (one per hold released: a MultiMutex's members each have one).
+//
+// A loss that comes to light after fn returned counts as a loss while fn
+// ran unless this client declared it itself, on its own clock: the lease
+// ran out (lease.ErrExpired: the hold lasted until its lease, after fn) or
+// the Locker was closed (lease.ErrClosed). A loss that was found (the
+// release, a renewal or a nested Lock saw the hold gone from Redis) can
+// date from any time while fn ran (an operator's ForceUnlock, a DEL, a
+// restart), so it is reported. Losses are left out once one is reported.
+func doErr(err, during error, uerrs ...error) error {
+	errs := []error{err}
+	if during != nil {
+		errs = append(errs, during)
+	}
+	for _, e := range uerrs {
+		switch {
+		case e == nil:
+		case !errors.Is(e, ErrLost):
+			errs = append(errs, e)
+		case during == nil && !declaredLoss(e):
+			errs = append(errs, e)
+			during = e
+		}
+	}
+	if len(errs) == 1 {
+		return err
+	}
+	return errors.Join(errs...)
+}
+
+// declaredLoss reports whether the loss that err wraps is one this client
+// declared on its own clock (its lease ran out, or its Locker was closed),
+// rather than one found in Redis.
+func declaredLoss(err error) bool {
+	return errors.Is(err, lease.ErrExpired) || errors.Is(err, lease.ErrClosed)
 }
 
 // ErrNotFixed means Extend was called on a Mutex whose lease the watchdog

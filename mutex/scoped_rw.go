@@ -2,7 +2,6 @@ package mutex
 
 import (
 	"context"
-	"errors"
 	"fmt"
 )
 
@@ -50,29 +49,14 @@ func (rw *RWMutex) do(ctx context.Context, write bool, fn func(ctx context.Conte
 	if err := rw.observed(ctx, write, false); err != nil {
 		return err
 	}
+	lost := rw.Lost()
 	hctx, cancel := rw.Context(ctx)
 	err := fn(hctx)
-	cause := context.Cause(hctx)
 	cancel()
+	during := lossBy(lost, rw.Err, rw.name)
 	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), rw.lease)
 	defer ucancel()
-	return doErr(err, cause, rw.release(uctx, write))
-}
-
-// doErr is the error of a Do: fn's, joined with the loss if the hold was
-// lost while fn ran (cause, the cause of fn's context, wraps ErrLost), or
-// with the release's error otherwise, unless that only reports a loss
-// after fn returned.
-func doErr(err, cause, uerr error) error {
-	switch {
-	case errors.Is(cause, ErrLost):
-		return errors.Join(err, cause)
-	case errors.Is(uerr, ErrLost):
-		return err
-	case uerr != nil:
-		return errors.Join(err, uerr)
-	}
-	return err
+	return doErr(err, during, rw.release(uctx, write))
 }
 
 // Context returns a context derived from parent that is cancelled when
@@ -100,9 +84,9 @@ func (mm *MultiMutex) Do(ctx context.Context, fn func(ctx context.Context) error
 	}
 	hctx, cancel := mm.Context(ctx)
 	err := fn(hctx)
-	cause := context.Cause(hctx)
 	cancel()
+	during := mm.Err() // the set's hold's loss, if any by now
 	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), mm.ms[0].lease)
 	defer ucancel()
-	return doErr(err, cause, mm.Unlock(uctx))
+	return doErr(err, during, mm.Unlock(uctx))
 }
