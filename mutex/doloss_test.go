@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/mutex"
@@ -98,4 +99,190 @@ func TestDoReportsLossFoundAtRelease(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// lostMember locks a set of three, deletes the middle member's key and
+// waits until the set is told. It returns the set and the names of the
+// members that remain held.
+func lostMember(t *testing.T, l *mutex.Locker, srv *redistest.Server, nested int) (*mutex.MultiMutex, []string) {
+	t.Helper()
+	ctx := context.Background()
+	p := "mmloss:" + t.Name() + ":"
+	mm := newMulti(t, l, []string{p + "a", p + "b", p + "c"})
+	for range nested {
+		if err := mm.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lost := mm.Lost()
+	names := mm.Names()
+	if _, err := srv.Do("DEL", lockKey(names[1])); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lost:
+	case <-time.After(signal):
+		t.Fatal("the set was not told that a member was lost")
+	}
+	return mm, []string{names[0], names[2]}
+}
+
+// heldBy reports which of names Redis says mm's owner holds.
+func heldBy(t *testing.T, l *mutex.Locker, mm *mutex.MultiMutex, names []string) []string {
+	t.Helper()
+	var out []string
+	for _, name := range names {
+		info, err := newMutex(t, l, name).Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Owner == mm.Owner() {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// TestMultiLossNotErased: a set whose member was lost is lost as a set.
+// A nested Lock returns the loss and starts nothing (the lost member is
+// not taken afresh, so Err and Lost keep the loss), and one Unlock gives
+// back what the other members still hold, whatever the nesting.
+func TestMultiLossNotErased(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{WatchdogLease: 600 * time.Millisecond})
+
+	t.Run("nested Lock returns the loss", func(t *testing.T) {
+		mm, rest := lostMember(t, l, srv, 1)
+		for _, lock := range []func(context.Context) error{mm.Lock, mm.TryLock} {
+			if err := lock(ctx); !errors.Is(err, mutex.ErrLost) {
+				t.Fatalf("Lock of a set with a lost member = %v, want ErrLost", err)
+			}
+		}
+		if !errors.Is(mm.Err(), mutex.ErrLost) {
+			t.Fatalf("Err() after the nested Lock = %v, want the loss kept", mm.Err())
+		}
+		select {
+		case <-mm.Lost():
+		default:
+			t.Fatal("Lost() open again after the nested Lock: the loss was erased")
+		}
+		if mm.Holds() != 0 {
+			t.Fatalf("Holds() of a lost set = %d, want 0", mm.Holds())
+		}
+		if got := heldBy(t, l, mm, mm.Names()); len(got) != len(rest) {
+			t.Fatalf("the set holds %v in Redis, want only the members not lost %v", got, rest)
+		}
+		err := mm.Unlock(ctx)
+		if !errors.Is(err, mutex.ErrNotHeld) || !errors.Is(err, mutex.ErrLost) {
+			t.Fatalf("Unlock of a lost set = %v, want ErrNotHeld and ErrLost", err)
+		}
+		if got := heldBy(t, l, mm, mm.Names()); len(got) != 0 {
+			t.Fatalf("after Unlock, the set still holds %v in Redis", got)
+		}
+		// Released: the set can be locked afresh.
+		if err := mm.Lock(ctx); err != nil {
+			t.Fatalf("Lock after the lost set's Unlock = %v", err)
+		}
+		if mm.Err() != nil || mm.Holds() != 1 {
+			t.Fatalf("fresh hold: Err %v, Holds %d; want nil, 1", mm.Err(), mm.Holds())
+		}
+		if err := mm.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("Lock then one Unlock leaves nothing held", func(t *testing.T) {
+		mm, _ := lostMember(t, l, srv, 1)
+		mm.Lock(ctx) // the loss (checked above); before the fix, nil
+		mm.Unlock(ctx)
+		if mm.Holds() != 0 {
+			t.Fatalf("Holds() = %d, want 0", mm.Holds())
+		}
+		if got := heldBy(t, l, mm, mm.Names()); len(got) != 0 {
+			t.Fatalf("Holds() is 0 but the set still holds %v in Redis (renewed by the watchdog)", got)
+		}
+	})
+	t.Run("nested holds all given back", func(t *testing.T) {
+		mm, _ := lostMember(t, l, srv, 2)
+		err := mm.Unlock(ctx)
+		if !errors.Is(err, mutex.ErrLost) {
+			t.Fatalf("Unlock of a lost set = %v, want ErrLost", err)
+		}
+		if got := heldBy(t, l, mm, mm.Names()); len(got) != 0 {
+			t.Fatalf("after one Unlock of a lost set held twice, the set still holds %v in Redis", got)
+		}
+		if err := mm.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
+			t.Fatalf("second Unlock = %v, want ErrNotHeld", err)
+		}
+	})
+	t.Run("nested Lock finds a member gone", func(t *testing.T) {
+		// The client has not noticed yet (the key was deleted between
+		// renewals): the nested Lock finds it, and leaves every count as
+		// it was.
+		l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{}) // 30 s lease: no renewal during the test
+		p := "mmloss:" + t.Name() + ":"
+		mm := newMulti(t, l, []string{p + "a", p + "b", p + "c"})
+		if err := mm.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := srv.Do("DEL", lockKey(mm.Names()[1])); err != nil {
+			t.Fatal(err)
+		}
+		if err := mm.Lock(ctx); !errors.Is(err, mutex.ErrLost) {
+			t.Fatalf("nested Lock with a member gone = %v, want ErrLost", err)
+		}
+		if err := mm.Lock(ctx); !errors.Is(err, mutex.ErrLost) {
+			t.Fatalf("second nested Lock = %v, want ErrLost again", err)
+		}
+		if err := mm.Unlock(ctx); !errors.Is(err, mutex.ErrLost) {
+			t.Fatalf("Unlock = %v, want ErrLost", err)
+		}
+		if got := heldBy(t, l, mm, mm.Names()); len(got) != 0 {
+			t.Fatalf("after Unlock, the set still holds %v in Redis", got)
+		}
+	})
+}
+
+// TestMultiTryLockDoesNotWaitForLock: the set's Lock, TryLock and Unlock
+// run one at a time, so that the members' counts move together; a TryLock
+// must still not wait while another Lock of the set waits for a name.
+func TestMultiTryLockDoesNotWaitForLock(t *testing.T) {
+	ctx := context.Background()
+	l := newLocker(t, redistest.Client(t, redistest.Single(t).Addr()), mutex.Options{})
+	p := "mmtry:" + t.Name() + ":"
+	mm := newMulti(t, l, []string{p + "a", p + "b"})
+	first, last := mm.Names()[0], mm.Names()[1]
+	blocker := newMutex(t, l, last)
+	if err := blocker.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- mm.Lock(lctx) }()
+	if !redistest.WaitFor(ctx, signal, func() bool {
+		in, _ := newMutex(t, l, first).Info(ctx)
+		return in.Owner == mm.Owner()
+	}) {
+		t.Fatal("the set's Lock never took its first name")
+	}
+	tctx, tcancel := context.WithTimeout(ctx, signal)
+	defer tcancel()
+	if err := mm.TryLock(tctx); !errors.Is(err, mutex.ErrNotObtained) || tctx.Err() != nil {
+		t.Fatalf("TryLock while the set's Lock waits = %v (ctx %v), want ErrNotObtained at once", err, tctx.Err())
+	}
+	if err := blocker.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("the set's Lock = %v", err)
+	}
+	if err := mm.TryLock(ctx); err != nil || mm.Holds() != 2 {
+		t.Fatalf("TryLock of the held set = %v, Holds %d; want it nested, 2", err, mm.Holds())
+	}
+	for range 2 {
+		if err := mm.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -48,7 +48,7 @@ func (l *Locker) NewMultiMutex(names []string, opts ...MutexOption) (*MultiMutex
 		return cmp.Or(cmp.Compare(a.slot, b.slot), cmp.Compare(a.name, b.name))
 	})
 	opts = append([]MutexOption{WithOwner(uuid.NewString())}, opts...)
-	mm := &MultiMutex{}
+	mm := &MultiMutex{op: make(chan struct{}, 1)}
 	for _, m := range ms {
 		mu, err := l.NewMutex(m.name, opts...)
 		if err != nil {
@@ -85,19 +85,42 @@ func (l *Locker) NewMultiMutex(names []string, opts ...MutexOption) (*MultiMutex
 // never can two holders of overlapping sets both be inside: each name is an
 // ordinary lock. Each name costs a round trip.
 //
+// # Holds
+//
+// Lock on a MultiMutex that holds nests in every member, so the members
+// always count as many holds as the set; Unlock gives one back from each.
+// The set's Lock, TryLock and Unlock run one at a time: a Lock of a set
+// that holds nothing, waiting for a name, holds up the set's other Locks
+// (a TryLock fails at once instead).
+//
 // # Loss
 //
 // Lost's channel closes as soon as any member's hold is lost; from then on
-// the set no longer excludes anyone on that name. Unlock still releases the
-// members that remain.
+// the set no longer excludes anyone on that name, and the set is lost as a
+// whole, however many holds it had: Holds is 0, Err says why, and Lock and
+// TryLock return that loss (wrapping ErrLost) without touching Redis. The
+// next Unlock gives back everything the members still hold, the lost
+// member's leftovers included, and returns an error wrapping ErrNotHeld
+// and the loss; after it the set can be locked afresh. Until that Unlock
+// the other members stay held (and renewed), as their names are still
+// locked by this set.
 //
-// Its methods are safe for concurrent use; Lock on a MultiMutex that holds
-// nests in every member.
+// Its methods are safe for concurrent use.
 type MultiMutex struct {
 	ms []*Mutex // in the canonical order
 
-	mu    sync.Mutex // guards watch
-	watch *lossWatch // merges the members' Lost channels; nil if none
+	// op is held by one Lock, TryLock or Unlock at a time (a channel, so
+	// that waiting for it can end with ctx), so that the members' hold
+	// counts move together.
+	op chan struct{}
+
+	mu    sync.Mutex // guards the fields below; never held across a call
+	holds int64      // the set's holds; each member has as many unless lost, or an Unlock failed part way
+	// lost are the members' Lost channels of the current set hold, taken
+	// when it was acquired; nil when the set holds nothing.
+	lost  []<-chan struct{}
+	err   error      // why the current (or last) set hold was lost
+	watch *lossWatch // merges lost for Lost; nil if nobody asked
 }
 
 // lossWatch is one goroutine waiting for the first of several Lost
@@ -152,37 +175,140 @@ func (mm *MultiMutex) Owner() string { return mm.ms[0].Owner() }
 // member that failed (wrapping ErrNotObtained and ctx.Err() if ctx ended).
 // If a member taken early is lost before the last one is taken, Lock gives
 // the set back and returns an error wrapping ErrNotObtained and the loss.
+// On a set that holds, Lock nests in every member, never waiting; if the
+// set's hold is lost it returns the loss (wrapping ErrLost) and takes
+// nothing.
 func (mm *MultiMutex) Lock(ctx context.Context) error {
-	return mm.acquire(ctx, (*Mutex).Lock)
+	return mm.acquire(ctx, (*Mutex).Lock, false)
 }
 
 // TryLock makes one attempt at each name in order and returns an error
 // wrapping ErrNotObtained, holding none of them, at the first that is held
-// by another owner.
+// by another owner, or while another Lock of this set is taking it. On a
+// set that holds, it nests as Lock does.
 func (mm *MultiMutex) TryLock(ctx context.Context) error {
-	return mm.acquire(ctx, (*Mutex).TryLock)
+	return mm.acquire(ctx, (*Mutex).TryLock, true)
 }
 
-func (mm *MultiMutex) acquire(ctx context.Context, lock func(*Mutex, context.Context) error) error {
+func (mm *MultiMutex) acquire(ctx context.Context, lock func(*Mutex, context.Context) error, try bool) error {
+	if !mm.tryEnter() {
+		mm.mu.Lock()
+		h := mm.holds
+		mm.mu.Unlock()
+		if try && h == 0 {
+			// Another Lock of this set is under way, maybe waiting for a
+			// name: a TryLock does not wait for it. (With the set held,
+			// the Lock only nests, and a TryLock nests after it.)
+			return fmt.Errorf("%w: %s %w", ErrNotObtained, mm.label(), errHeld)
+		}
+		if err := mm.enter(ctx); err != nil {
+			return notObtained(mm.label(), err)
+		}
+	}
+	defer mm.leave()
+	mm.mu.Lock()
+	h := mm.holds
+	mm.mu.Unlock()
+	if h > 0 {
+		return mm.nest(ctx, h)
+	}
 	for i, m := range mm.ms {
 		if err := lock(m, ctx); err != nil {
 			mm.unwind(ctx, mm.ms[:i])
 			return err
 		}
 	}
-	for _, m := range mm.ms {
+	lost := make([]<-chan struct{}, len(mm.ms))
+	for i, m := range mm.ms {
+		lost[i] = m.Lost()
 		select {
-		case <-m.Lost():
-			err := m.Err()
+		case <-lost[i]:
+			err := lossBy(lost[i], m.Err, m.name)
 			mm.unwind(ctx, mm.ms)
-			if err == nil {
-				err = fmt.Errorf("%w: %q", ErrLost, m.Name())
-			}
 			return fmt.Errorf("%w: %w", ErrNotObtained, err)
 		default:
 		}
 	}
+	mm.mu.Lock()
+	w := mm.watch
+	mm.holds, mm.lost, mm.err, mm.watch = 1, lost, nil, nil
+	mm.mu.Unlock()
+	if w != nil {
+		w.end()
+	}
 	return nil
+}
+
+// nest adds one hold to a set that has h. A nested Lock joins only a live
+// hold: if a member is lost, the set is, and nest returns the loss without
+// a call. Each member nests with one attempt (TryLock), which Redis refuses
+// if that member's acquisition is gone; nothing is left added on failure.
+// Called with op held.
+func (mm *MultiMutex) nest(ctx context.Context, h int64) error {
+	if err := mm.joinable(h); err != nil {
+		return err
+	}
+	for _, m := range mm.ms {
+		if err := m.TryLock(ctx); err != nil {
+			mm.settle(ctx, h)
+			if lerr := mm.Err(); lerr != nil {
+				return lerr
+			}
+			return err
+		}
+	}
+	if err := mm.joinable(h + 1); err != nil {
+		// A member was lost meanwhile (after its nested attempt, or
+		// before it, which then started a new hold).
+		mm.settle(ctx, h)
+		return err
+	}
+	mm.mu.Lock()
+	mm.holds = h + 1
+	mm.mu.Unlock()
+	return nil
+}
+
+// joinable returns nil if every member of the set has its hold of the
+// set's current acquisition, h holds each; else the set's loss (wrapping
+// ErrLost), or an error wrapping ErrNotObtained if an Unlock failed part
+// way and must be called again first.
+func (mm *MultiMutex) joinable(h int64) error {
+	if err := mm.Err(); err != nil {
+		return err
+	}
+	for _, m := range mm.ms {
+		if m.Holds() != h {
+			return fmt.Errorf("%w: %s: an Unlock failed part way; call Unlock again", ErrNotObtained, mm.label())
+		}
+	}
+	return nil
+}
+
+// settle brings the members back to h holds each after a nested Lock that
+// failed, or to none for a member whose hold of the set's acquisition was
+// lost (one a nested attempt started afresh). A member whose Unlock fails
+// must not stay counted beyond what the set says: its hold is dropped as
+// unwind does. Called with op held.
+func (mm *MultiMutex) settle(ctx context.Context, h int64) {
+	ctx = context.WithoutCancel(ctx)
+	mm.mu.Lock()
+	lost := mm.lost
+	mm.mu.Unlock()
+	for i := len(mm.ms) - 1; i >= 0; i-- {
+		m, want := mm.ms[i], h
+		if isClosed(lost[i]) {
+			want = 0
+		}
+		for m.Holds() > want {
+			if err := m.Unlock(ctx); err != nil {
+				if !errors.Is(err, ErrNotHeld) {
+					m.dropHold(err)
+				}
+				break
+			}
+		}
+	}
 }
 
 // unwind gives back one hold of each of taken, in reverse order, even if
@@ -197,83 +323,166 @@ func (mm *MultiMutex) unwind(ctx context.Context, taken []*Mutex) {
 			taken[i].dropHold(err)
 		}
 	}
-	mm.stopWatchIfFree()
+}
+
+// tryEnter takes op if it is free, and reports whether it did.
+func (mm *MultiMutex) tryEnter() bool {
+	select {
+	case mm.op <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// enter takes op, unless ctx ends first.
+func (mm *MultiMutex) enter(ctx context.Context) error {
+	if mm.tryEnter() {
+		return nil
+	}
+	select {
+	case mm.op <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (mm *MultiMutex) leave() { <-mm.op }
+
+// label names the set in errors.
+func (mm *MultiMutex) label() string { return fmt.Sprintf("set %q", mm.Names()) }
+
+// isClosed reports whether c is closed; a nil c is not.
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return c != nil
+	default:
+		return false
+	}
 }
 
 // Unlock gives back one hold of every member, in reverse order. It returns
-// the members' errors joined: one wrapping ErrNotHeld for each member not
-// held (after a loss it also wraps the loss, as Mutex.Unlock does).
-// Members whose Unlock failed otherwise stay counted, and calling Unlock
-// again releases them; members already released then report ErrNotHeld.
+// the members' errors joined; if the set holds nothing it returns an error
+// wrapping ErrNotHeld (and the loss, after one). After a loss (see
+// MultiMutex) it gives back everything the members still hold, the lost
+// member's leftovers included, and returns an error wrapping ErrNotHeld and
+// the loss. Members whose Unlock failed otherwise (the connection) stay
+// counted, and calling Unlock again releases them, and only them.
 func (mm *MultiMutex) Unlock(ctx context.Context) error {
-	var errs []error
-	for i := len(mm.ms) - 1; i >= 0; i-- {
-		if err := mm.ms[i].Unlock(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	mm.stopWatchIfFree()
-	return errors.Join(errs...)
+	return errors.Join(mm.unlock(ctx)...)
 }
 
-// stopWatchIfFree ends the loss watcher once no member holds anything.
-// It checks under mm.mu, as Lost collects the members' channels, so a Lost
-// racing with the Unlock either sees the members released or leaves a
-// watcher that this call ends.
-func (mm *MultiMutex) stopWatchIfFree() {
+// unlock is Unlock; it returns the errors one by one.
+func (mm *MultiMutex) unlock(ctx context.Context) []error {
 	mm.mu.Lock()
-	for _, m := range mm.ms {
-		if m.Holds() > 0 {
-			mm.mu.Unlock()
-			return
+	h := mm.holds
+	mm.mu.Unlock()
+	if h == 0 {
+		return []error{mm.notHeld()}
+	}
+	if err := mm.enter(ctx); err != nil {
+		return []error{fmt.Errorf("mutex: unlock %s: %w", mm.label(), err)}
+	}
+	defer mm.leave()
+	mm.mu.Lock()
+	h, lost := mm.holds, mm.lost
+	mm.mu.Unlock()
+	if h == 0 {
+		return []error{mm.notHeld()}
+	}
+	wasLost := mm.Err()
+	target := h - 1
+	if wasLost != nil {
+		target = 0 // give back everything
+	}
+	var errs []error
+	for i := len(mm.ms) - 1; i >= 0; i-- {
+		m := mm.ms[i]
+		if isClosed(lost[i]) {
+			// Lost: the member's Unlock gives back what Redis may still
+			// keep of its hold, and reports the loss.
+			if err := m.Unlock(ctx); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		for m.Holds() > target {
+			if err := m.Unlock(ctx); err != nil {
+				errs = append(errs, err)
+				break
+			}
 		}
 	}
-	w := mm.watch
-	mm.watch = nil
+	if wasLost != nil && !errors.Is(errors.Join(errs...), ErrLost) {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrNotHeld, wasLost))
+	}
+	// The set is down to target once every member is (a member lost has
+	// nothing left): else an Unlock failed, and the next one goes on.
+	for i, m := range mm.ms {
+		if !isClosed(lost[i]) && m.Holds() > target {
+			return errs
+		}
+	}
+	mm.mu.Lock()
+	mm.holds = target
+	var w *lossWatch
+	if target == 0 {
+		mm.lost, w, mm.watch = nil, mm.watch, nil
+	}
 	mm.mu.Unlock()
 	if w != nil {
 		w.end()
 	}
+	return errs
+}
+
+// notHeld is Unlock's error when the set holds nothing.
+func (mm *MultiMutex) notHeld() error {
+	if err := mm.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotHeld, err)
+	}
+	return fmt.Errorf("%w: %s", ErrNotHeld, mm.label())
 }
 
 // Lost returns a channel that is closed when the hold of any member is
-// lost. If the set is not held (some member holds nothing) it returns a
-// closed channel. The first call for a hold starts a goroutine that waits
-// for the members' Lost channels; it ends at the loss, at the Unlock that
-// frees the set, or when the Locker is closed.
+// lost. If the set is not held it returns a closed channel. The first call
+// for a hold starts a goroutine that waits for the members' Lost channels;
+// it ends at the loss, at the Unlock that frees the set, or when the Locker
+// is closed.
 func (mm *MultiMutex) Lost() <-chan struct{} {
 	mm.mu.Lock()
 	defer mm.mu.Unlock()
-	in := make([]<-chan struct{}, len(mm.ms))
-	for i, m := range mm.ms {
-		in[i] = m.Lost()
-		select {
-		case <-in[i]:
-			return closedChan
-		default:
-		}
+	if mm.holds == 0 || mm.lossLocked() != nil {
+		return closedChan
 	}
-	if w := mm.watch; w != nil {
-		if slices.Equal(w.in, in) {
-			return w.out
-		}
-		// A watcher of an earlier hold: end it (its goroutine exits at
-		// once, its channels having closed or being stopped now).
-		w.end()
+	if mm.watch == nil {
+		mm.watch = newLossWatch(mm.lost)
 	}
-	mm.watch = newLossWatch(in)
 	return mm.watch.out
 }
 
-// Err returns why a member's last hold was lost (wrapping ErrLost), or
-// nil; with several, the first in lock order.
+// Err returns why the set's current or last hold was lost (wrapping
+// ErrLost: the first member lost, in lock order, and why), or nil.
 func (mm *MultiMutex) Err() error {
-	for _, m := range mm.ms {
-		if err := m.Err(); err != nil {
-			return err
+	mm.mu.Lock()
+	defer mm.mu.Unlock()
+	return mm.lossLocked()
+}
+
+// lossLocked is Err; it keeps the first loss it finds, so that it outlives
+// the member's next hold. Called with mm.mu held.
+func (mm *MultiMutex) lossLocked() error {
+	if mm.err == nil {
+		for i, c := range mm.lost {
+			if isClosed(c) {
+				mm.err = lossBy(c, mm.ms[i].Err, mm.ms[i].name)
+				break
+			}
 		}
 	}
-	return nil
+	return mm.err
 }
 
 // Tokens returns the fencing tokens of the members' current holds, in the
@@ -286,11 +495,13 @@ func (mm *MultiMutex) Tokens() []int64 {
 	return out
 }
 
-// Holds returns how many holds the set has: the fewest of any member.
+// Holds returns how many holds the set has: 0 if it holds nothing or its
+// hold was lost.
 func (mm *MultiMutex) Holds() int64 {
-	n := mm.ms[0].Holds()
-	for _, m := range mm.ms[1:] {
-		n = min(n, m.Holds())
+	mm.mu.Lock()
+	defer mm.mu.Unlock()
+	if mm.lossLocked() != nil {
+		return 0
 	}
-	return n
+	return mm.holds
 }

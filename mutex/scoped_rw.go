@@ -88,5 +88,5 @@ func (mm *MultiMutex) Do(ctx context.Context, fn func(ctx context.Context) error
 	during := mm.Err() // the set's hold's loss, if any by now
 	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), mm.ms[0].lease)
 	defer ucancel()
-	return doErr(err, during, mm.Unlock(uctx))
+	return doErr(err, during, mm.unlock(uctx)...)
 }
