@@ -170,6 +170,7 @@ func Run(t testing.TB, cfg Config) Report {
 	w.checkKeysExpire()
 	w.hist.settle()
 	w.hist.checkTokens()
+	w.hist.checkLiveness(w.cfg.Lease / 4)
 	w.lim.check(w.hist)
 
 	r := Report{Seed: cfg.Seed, Ops: w.ops, Holds: w.hist.holdsBy(), Faults: faults, Schedule: sched.lines(w.hist)}
@@ -285,7 +286,9 @@ func (w *world) checkQuiet(t testing.TB) {
 		return w.heldKeys() == ""
 	})
 	if !ok {
-		w.hist.violation("held after every holder released and %v passed: %s", deadline, w.heldKeys())
+		left := w.heldKeys()
+		w.hist.violation("held after every holder released and %v passed: %s", deadline, left)
+		w.hist.noteLastHolds(left)
 	}
 }
 

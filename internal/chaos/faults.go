@@ -130,7 +130,10 @@ func (w *world) inject(ctx context.Context, s schedule) map[string]int {
 
 // apply injects f and, for a fault with a length, waits it out and heals.
 func (w *world) apply(ctx context.Context, f fault) error {
-	from := time.Now()
+	// A fault is in force from just before it is applied until a lease
+	// after it ends: calls sent meanwhile may still be answered late or
+	// find its effects.
+	w.hist.fault(time.Now(), time.Now().Add(f.length+w.cfg.Lease), f.kind)
 	nd := w.nodes[f.node]
 	hold := func() {
 		select {
@@ -165,26 +168,35 @@ func (w *world) apply(ctx context.Context, f fault) error {
 			err = w.srv.Resume()
 		}
 	case "restart":
-		w.hist.operator("", "restart")
+		done := w.hist.operator("", "restart")
 		err = w.srv.Restart()
+		done()
 	case "flushall":
-		w.hist.operator("", "FLUSHALL")
+		done := w.hist.operator("", "FLUSHALL")
 		_, err = w.srv.Do("FLUSHALL")
+		done()
 	case "del":
-		w.hist.operator(f.res, "DEL of its keys")
+		done := w.hist.operator(f.res, "DEL of its keys")
 		err = w.delKeys(f.res)
+		done()
 	case "wrongtype":
-		w.hist.operator(f.res, "SET of its key to a string")
-		_, err = w.srv.Do("SET", mainKey(f.res), "operator", "PX", strconv.FormatInt(w.cfg.Lease.Milliseconds(), 10))
+		done := w.hist.operator(f.res, "SET of its key to a string")
+		for _, k := range holderKeys(f.res) {
+			if _, err = w.srv.Do("SET", k, "operator", "PX", strconv.FormatInt(w.cfg.Lease.Milliseconds(), 10)); err != nil {
+				break
+			}
+		}
+		done()
 	case "forceunlock":
-		w.hist.operator(f.res, "ForceUnlock")
+		done := w.hist.operator(f.res, "ForceUnlock")
 		err = w.forceUnlock(ctx, f.res)
+		done()
 	case "close":
 		w.closeNode(nd, "with calls in flight")
 	}
-	// A fault is in force for a lease after it ends: calls sent meanwhile
-	// may still be answered late or find its effects.
-	w.hist.fault(from, time.Now().Add(w.cfg.Lease), f.kind)
+	// A fault can last longer than planned (a stalled Close, a slow
+	// restart): it is in force for a lease after it really ended.
+	w.hist.fault(time.Now(), time.Now().Add(w.cfg.Lease), f.kind)
 	return err
 }
 
@@ -199,15 +211,16 @@ func (w *world) heal() {
 	w.srv.Do("CLIENT", "UNPAUSE")
 }
 
-// mainKey is the key that holds a resource's holders.
-func mainKey(res string) string {
+// holderKeys are the keys that record a resource's holders: overwriting
+// them removes every hold.
+func holderKeys(res string) []string {
 	switch {
 	case strings.HasPrefix(res, "rw"):
-		return "sluice:mutex:{" + res + "}:rw.h"
+		return []string{"sluice:mutex:{" + res + "}:rw.h", "sluice:mutex:{" + res + "}:rw.z"}
 	case strings.HasPrefix(res, "s"):
-		return "sluice:sem:{" + res + "}"
+		return []string{"sluice:sem:{" + res + "}"}
 	}
-	return "sluice:mutex:{" + res + "}"
+	return []string{"sluice:mutex:{" + res + "}"}
 }
 
 func (w *world) delKeys(res string) error {

@@ -58,6 +58,7 @@ type history struct {
 	faults    []faultSpan      // network and server faults
 	viol      []string
 	incidents []incident
+	waits     []wait
 }
 
 type opEvent struct {
@@ -97,20 +98,30 @@ func (h *history) violationLocked(format string, args ...any) {
 }
 
 // operator records an action that removes holds behind their holders'
-// backs. Every hold of res (every hold, for "") active now is owed a loss
-// signal by the end of the hold.
-func (h *history) operator(res, what string) {
+// backs. It is called before the action is sent and returns a function to
+// call once it has been done: every hold of res (every hold, for "")
+// in progress all that while is owed a loss signal by the end of the
+// hold. A hold that started or ended meanwhile may have come before or
+// after the action on the server; begin's incidents cover those.
+func (h *history) operator(res, what string) (done func()) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	now := time.Now()
 	h.ops = append(h.ops, opEvent{at: now, res: res, what: what})
+	var before []*hold
 	for r, hs := range h.active {
-		if res != "" && r != res {
-			continue
+		if res == "" || r == res {
+			before = append(before, hs...)
 		}
-		for _, x := range hs {
-			x.owed = true
-			x.owedWhy = what + " at " + h.since(now)
+	}
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, x := range before {
+			if !x.ended {
+				x.owed = true
+				x.owedWhy = what + " at " + h.since(now)
+			}
 		}
 	}
 }
@@ -287,6 +298,21 @@ func (h *history) nestedAfterLoss(x *hold) {
 	defer h.mu.Unlock()
 	h.violationLocked("nested Lock of %s hold #%d of %q returned nil after its loss signal had closed", x.kind, x.id, x.res)
 	h.noteInvolvedLocked(x)
+}
+
+// noteLastHolds adds to the last violation the last holds of every
+// resource named (in braces) in keys.
+func (h *history) noteLastHolds(keys string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var xs []*hold
+	for _, x := range h.done {
+		if strings.Contains(keys, "{"+x.res+"}") {
+			xs = append(xs, x)
+		}
+	}
+	slices.SortFunc(xs, func(a, b *hold) int { return a.end.Compare(b.end) })
+	h.noteInvolvedLocked(xs[max(0, len(xs)-4):]...)
 }
 
 // noteInvolvedLocked adds the last events of the given holds to the

@@ -121,6 +121,9 @@ func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	cancel()
 	if err != nil {
 		w.expected("Mutex.Lock", call, err, mutexErrs...)
+		if !try {
+			w.gaveUp(ctx, "mutex", name, 1, call, err)
+		}
 		return
 	}
 	x := &hold{kind: "mutex", res: name, owner: id, node: n.i, weight: 1, token: m.Token(), note: note, call: call, start: time.Now(),
@@ -131,6 +134,14 @@ func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 		w.nested(ctx, x, m.Lost(), m.Lock, m.Unlock)
 	}
 	w.release(x, func(c context.Context) error { return m.Unlock(c) }, func() bool { return m.Err() != nil }, mutexErrs)
+}
+
+// gaveUp records a blocking acquisition that ended with its context, for
+// the liveness check; not those cut short by the end of the workload.
+func (w *world) gaveUp(ctx context.Context, kind, res string, weight int64, call time.Time, err error) {
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		w.hist.gaveUp(wait{kind: kind, res: res, weight: weight, call: call, ret: time.Now()})
+	}
 }
 
 // nested takes and releases a nested hold: a nested Lock must not join a
@@ -231,6 +242,7 @@ func (w *world) rwOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 	cancel()
 	if err != nil {
 		w.expected("RWMutex."+kind, call, err, mutexErrs...)
+		w.gaveUp(ctx, kind, name, 1, call, err)
 		return
 	}
 	var token int64
@@ -322,6 +334,9 @@ func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 	cancel()
 	if err != nil {
 		w.expected("Semaphore.Acquire", call, err, semErrs...)
+		if !try {
+			w.gaveUp(ctx, "permit", name, weight, call, err)
+		}
 		return
 	}
 	x := &hold{kind: "permit", res: name, owner: p.ID(), node: n.i, weight: weight, note: note, call: call, start: time.Now(),
