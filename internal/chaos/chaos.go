@@ -1,0 +1,325 @@
+// Package chaos is sluice's randomized fault harness: from a seed it runs a
+// mixed workload over the public API of every primitive, on several
+// clients of one real redis-server, while it injects faults (network,
+// server, operator mistakes), and checks what the API reported against
+// an oracle written from the README's guarantees, not from the
+// implementation:
+//
+//   - exclusion: two conflicting holds of one name at once only if one of
+//     them was told of its loss (loss signal, Err, a release or Do error
+//     wrapping ErrLost); a hold an operator removed must be told by the
+//     time it ends; a nested Lock never joins a hold already known lost;
+//   - fencing tokens grow in the order holds were granted;
+//   - a semaphore's permits held by holders not told of a loss never weigh
+//     more than its capacity;
+//   - rate limits: allowed cost in any span of one period within each
+//     algorithm's documented bound;
+//   - every error is one of the documented sentinels or a context error,
+//     unless a fault was in force around the call; nothing panics;
+//   - after the workload, no lock or permit is left held (renewed for
+//     nobody), Close returns within its bound, and once the leases have
+//     run out no key is left; goleak (redistest.Main) checks goroutines.
+//
+// A failure prints the seed, the fault schedule and the last events of the
+// holders involved; SLUICE_CHAOS_SEED reruns one seed. The schedule is
+// drawn from the seed; what the machine's timing makes of it is not, so a
+// rerun replays the same workload and faults, not the same interleaving.
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluicekit/sluice/internal/faultproxy"
+	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/ratelimit"
+	"github.com/sluicekit/sluice/scriptcache"
+	"github.com/sluicekit/sluice/semaphore"
+)
+
+// Config sets one run.
+type Config struct {
+	Seed     uint64
+	Duration time.Duration // how long the workload runs
+	Nodes    int           // clients, each behind its own fault proxy
+	Workers  int           // goroutines per node
+	// Lease is the watchdog lease of every Locker and Manager. The loss
+	// margin is a tenth of it (lease.Margin), and the oracle reads loss
+	// signals the moment a conflicting hold starts, so the margin must
+	// cover the worst timer lateness of a loaded machine: 2 s gives 200 ms.
+	Lease time.Duration
+	// Faults lists the fault kinds to draw from; nil means all.
+	Faults []string
+	// Logf reports progress and the schedule (t.Logf).
+	Logf func(format string, args ...any)
+}
+
+// Report is what a run did and found.
+type Report struct {
+	Seed       uint64
+	Ops        map[string]int // operations by kind
+	Holds      map[string]int // finished holds by kind
+	Faults     map[string]int // faults injected by kind
+	Schedule   []string       // the faults in order, with times
+	Violations []string
+}
+
+// Summary is a one-line account of the run.
+func (r Report) Summary() string {
+	ops := 0
+	for _, n := range r.Ops {
+		ops += n
+	}
+	return fmt.Sprintf("seed %d: %d operations %v, holds %v, faults %v, %d violations",
+		r.Seed, ops, r.Ops, r.Holds, r.Faults, len(r.Violations))
+}
+
+const (
+	lockNames = 3 // m0..m2, shared by Mutexes of every node and by MultiMutexes
+	rwNames   = 2 // rw0, rw1
+	semNames  = 2 // s0, s1
+	semCap    = 3
+	limitKeys = 2
+)
+
+// world is what one run works on.
+type world struct {
+	cfg   Config
+	srv   *redistest.Server
+	hist  *history
+	lim   *limitLog
+	nodes []*node
+	admin *node // no proxy: the operator's ForceUnlock
+
+	opsMu sync.Mutex
+	ops   map[string]int
+}
+
+// node is one client of the server with its own primitives, as one process
+// of a fleet would have.
+type node struct {
+	i        int
+	proxy    *faultproxy.Proxy
+	client   rueidis.Client
+	sc       *scriptcache.Cache
+	locks    *mutex.Locker
+	fair     *mutex.Locker
+	sems     *semaphore.Manager
+	fairSems *semaphore.Manager
+	limiters []*ratelimit.Limiter
+	closed   atomic.Bool
+	once     sync.Once
+}
+
+// Run runs one seed and returns its report. The caller fails the test on
+// Report.Violations.
+func Run(t testing.TB, cfg Config) Report {
+	if cfg.Nodes == 0 {
+		cfg.Nodes = 3
+	}
+	if cfg.Workers == 0 {
+		cfg.Workers = 4
+	}
+	if cfg.Lease == 0 {
+		cfg.Lease = 2 * time.Second
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = t.Logf
+	}
+	w := &world{cfg: cfg, srv: redistest.NewServer(t, "--enable-debug-command", "local"),
+		hist: newHistory(), lim: newLimitLog(), ops: map[string]int{}}
+	for i := range semNames {
+		w.hist.capacity["s"+strconv.Itoa(i)] = semCap
+	}
+	for i := range cfg.Nodes {
+		w.nodes = append(w.nodes, w.newNode(t, i, true))
+	}
+	w.admin = w.newNode(t, -1, false)
+	defer w.admin.close()
+
+	ctx, stop := context.WithTimeout(context.Background(), cfg.Duration)
+	defer stop()
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5eed))
+	sched := w.schedule(rng)
+
+	var wg sync.WaitGroup
+	for _, n := range w.nodes {
+		for j := range cfg.Workers {
+			seed := rng.Uint64()
+			wg.Go(func() { w.worker(ctx, n, j, rand.New(rand.NewPCG(seed, uint64(n.i)))) })
+		}
+	}
+	faults := w.inject(ctx, sched)
+	wg.Wait()
+	w.heal()
+
+	w.checkQuiet(t)
+	for _, n := range w.nodes {
+		w.closeNode(n, "end")
+	}
+	w.checkKeysExpire()
+	w.hist.settle()
+	w.hist.checkTokens()
+	w.hist.checkLiveness(w.cfg.Lease / 4)
+	w.lim.check(w.hist)
+
+	r := Report{Seed: cfg.Seed, Ops: w.ops, Holds: w.hist.holdsBy(), Faults: faults, Schedule: sched.lines(w.hist)}
+	w.hist.mu.Lock()
+	r.Violations = append(r.Violations, w.hist.viol...)
+	w.hist.mu.Unlock()
+	return r
+}
+
+func (w *world) newNode(t testing.TB, i int, proxied bool) *node {
+	n := &node{i: i}
+	addr := w.srv.Addr()
+	if proxied {
+		p, err := faultproxy.New(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.proxy = p
+		addr = p.Addr()
+	}
+	c, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress:  []string{addr},
+		DisableCache: true,
+		Dialer:       dialer(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.client = c
+	ctx := context.Background()
+	if n.sc, err = scriptcache.New(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	lease := w.cfg.Lease
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.locks, err = mutex.NewLocker(n.sc, mutex.Options{WatchdogLease: lease})
+	must(err)
+	n.fair, err = mutex.NewLocker(n.sc, mutex.Options{WatchdogLease: lease, Fair: true})
+	must(err)
+	n.sems, err = semaphore.NewManager(n.sc, semaphore.Options{WatchdogLease: lease})
+	must(err)
+	n.fairSems, err = semaphore.NewManager(n.sc, semaphore.Options{WatchdogLease: lease, Fair: true})
+	must(err)
+	for _, spec := range limiterSpecs(lease) {
+		l, err := ratelimit.New(n.sc, ratelimit.Options{Algorithm: spec.algo, Limit: spec.limit, Prefix: "sluice:rl:" + algoName(spec.algo) + ":"})
+		must(err)
+		n.limiters = append(n.limiters, l)
+		w.lim.limits[algoName(spec.algo)] = spec
+	}
+	return n
+}
+
+func limiterSpecs(lease time.Duration) []limiterSpec {
+	period := lease / 2
+	return []limiterSpec{
+		{ratelimit.FixedWindow, ratelimit.Limit{Rate: 10, Period: period}},
+		{ratelimit.SlidingWindow, ratelimit.Limit{Rate: 10, Period: period}},
+		{ratelimit.GCRA, ratelimit.Limit{Rate: 10, Period: period, Burst: 4}},
+	}
+}
+
+// close closes what the node holds: its Lockers and Managers, which end
+// their goroutines, then the client.
+func (n *node) close() (took time.Duration) {
+	n.once.Do(func() { took = n.closeOnce() })
+	return took
+}
+
+func (n *node) closeOnce() (took time.Duration) {
+	start := time.Now()
+	n.closed.Store(true)
+	var wg sync.WaitGroup
+	wg.Go(n.locks.Close)
+	wg.Go(n.fair.Close)
+	wg.Go(n.sems.Close)
+	wg.Go(n.fairSems.Close)
+	wg.Wait()
+	took = time.Since(start)
+	n.client.Close()
+	if n.proxy != nil {
+		n.proxy.Close()
+	}
+	return took
+}
+
+// closeBound is how long Close may take whatever the server does: the
+// give-backs' second, the client's dial timeout, and room for a loaded
+// machine.
+const closeBound = 10 * time.Second
+
+func (w *world) closeNode(n *node, why string) {
+	if took := n.close(); took > closeBound {
+		w.hist.violation("Close of node %d (%s) took %v, bound %v", n.i, why, took, closeBound)
+	}
+}
+
+func (w *world) count(op string) {
+	w.opsMu.Lock()
+	w.ops[op]++
+	w.opsMu.Unlock()
+}
+
+// checkQuiet runs after every worker has released everything and the
+// faults are healed: within a lease and a half, nothing may still be held
+// in Redis, since the watchdogs renew only what a holder holds.
+func (w *world) checkQuiet(t testing.TB) {
+	deadline := 3 * w.cfg.Lease
+	ok := redistest.WaitFor(context.Background(), deadline, func() bool {
+		return w.heldKeys() == ""
+	})
+	if !ok {
+		left := w.heldKeys()
+		w.hist.violation("held after every holder released and %v passed: %s", deadline, left)
+		w.hist.noteLastHolds(left)
+	}
+}
+
+// heldKeys lists the lock hashes and permit sets left in Redis.
+func (w *world) heldKeys() string {
+	var left []string
+	for _, pattern := range []string{"sluice:mutex:{*}", "sluice:sem:{*}"} {
+		out, err := w.srv.Do("KEYS", pattern)
+		if err != nil {
+			return "KEYS failed: " + err.Error()
+		}
+		for k := range strings.FieldsSeq(out) {
+			typ, _ := w.srv.Do("TYPE", k)
+			if typ == "string" {
+				continue // an operator's wrong-typed key, with a TTL
+			}
+			left = append(left, k+" ("+typ+")")
+		}
+	}
+	return strings.Join(left, ", ")
+}
+
+// checkKeysExpire runs after Close: every key must go within the longest
+// lease of anything (a queue entry's, a tombstone's) and a margin.
+func (w *world) checkKeysExpire() {
+	ok := redistest.WaitFor(context.Background(), 4*w.cfg.Lease, func() bool {
+		out, err := w.srv.Do("DBSIZE")
+		return err == nil && strings.TrimSpace(out) == "0"
+	})
+	if !ok {
+		keys, _ := w.srv.Do("KEYS", "*")
+		w.hist.violation("keys left %v after every Close: %s", 4*w.cfg.Lease, strings.ReplaceAll(keys, "\n", " "))
+	}
+}

@@ -1,0 +1,280 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Every fault kind the harness can inject.
+var AllFaults = []string{
+	"latency", "blackhole", "dropreplies", "reset", // one node's network (fault proxy)
+	"scriptflush", "clientpause", "sigstop", "restart", // the server
+	"del", "wrongtype", "forceunlock", "flushall", // operator mistakes
+	"close", // Close of a node's Lockers and Managers with calls in flight
+}
+
+// fault is one entry of a schedule: at its offset from the start, kind
+// hits node (network faults, close) or res (operator faults) for length.
+type fault struct {
+	at     time.Duration
+	kind   string
+	node   int
+	res    string
+	length time.Duration
+	base   time.Duration // latency
+}
+
+type schedule []fault
+
+// schedule draws the run's faults from rng: one every lease/4 to lease on
+// average, lengths measured against the lease.
+func (w *world) schedule(rng *rand.Rand) schedule {
+	kinds := w.cfg.Faults
+	if kinds == nil {
+		kinds = AllFaults
+	}
+	lease := w.cfg.Lease
+	span := func(lo, hi float64) time.Duration {
+		return time.Duration((lo + rng.Float64()*(hi-lo)) * float64(lease))
+	}
+	var s schedule
+	closed := false
+	for at := span(0.1, 0.5); at < w.cfg.Duration; at += span(0.25, 1) {
+		f := fault{at: at, kind: kinds[rng.IntN(len(kinds))], node: rng.IntN(w.cfg.Nodes)}
+		switch f.kind {
+		case "latency":
+			f.base, f.length = span(0.05, 1.6), span(0.5, 2)
+		case "blackhole":
+			f.length = span(0.25, 2)
+		case "dropreplies":
+			f.length = span(0.1, 1)
+		case "clientpause":
+			f.length = span(0.1, 1)
+		case "sigstop":
+			f.length = span(0.25, 1.5)
+		case "del", "wrongtype", "forceunlock":
+			f.res = resources[rng.IntN(len(resources))]
+		case "close":
+			// One node at most, and not in the first half: the others go on.
+			if closed || at < w.cfg.Duration/2 || w.cfg.Nodes < 2 {
+				continue
+			}
+			closed = true
+		}
+		s = append(s, f)
+	}
+	return s
+}
+
+// resources are the names operator faults aim at.
+var resources = func() []string {
+	var r []string
+	for i := range lockNames {
+		r = append(r, "m"+strconv.Itoa(i))
+	}
+	for i := range rwNames {
+		r = append(r, "rw"+strconv.Itoa(i))
+	}
+	for i := range semNames {
+		r = append(r, "s"+strconv.Itoa(i))
+	}
+	return r
+}()
+
+func (s schedule) lines(h *history) []string {
+	var out []string
+	for _, f := range s {
+		l := fmt.Sprintf("%.3fs %s", f.at.Seconds(), f.kind)
+		switch {
+		case f.res != "":
+			l += " " + f.res
+		case f.kind == "latency":
+			l += fmt.Sprintf(" node %d base %v for %v", f.node, f.base.Round(time.Millisecond), f.length.Round(time.Millisecond))
+		case f.kind == "sigstop" || f.kind == "clientpause":
+			l += fmt.Sprintf(" for %v", f.length.Round(time.Millisecond))
+		case f.length > 0:
+			l += fmt.Sprintf(" node %d for %v", f.node, f.length.Round(time.Millisecond))
+		case f.kind == "reset" || f.kind == "close":
+			l += fmt.Sprintf(" node %d", f.node)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// inject runs the schedule until ctx ends, one fault at a time, and
+// returns how many of each kind it injected.
+func (w *world) inject(ctx context.Context, s schedule) map[string]int {
+	n := map[string]int{}
+	start := w.hist.epoch
+	for _, f := range s {
+		select {
+		case <-ctx.Done():
+			return n
+		case <-time.After(time.Until(start.Add(f.at))):
+		}
+		if err := w.apply(ctx, f); err != nil {
+			w.hist.violation("fault %s could not be injected: %v", f.kind, err)
+			return n
+		}
+		n[f.kind]++
+	}
+	return n
+}
+
+// apply injects f and, for a fault with a length, waits it out and heals.
+func (w *world) apply(ctx context.Context, f fault) error {
+	// A fault is in force from just before it is applied until a lease
+	// after it ends: calls sent meanwhile may still be answered late or
+	// find its effects.
+	w.hist.fault(time.Now(), time.Now().Add(f.length+w.cfg.Lease), f.kind)
+	nd := w.nodes[f.node]
+	hold := func() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(f.length):
+		}
+	}
+	var err error
+	switch f.kind {
+	case "latency":
+		nd.proxy.SetLatency(f.base, f.base/4)
+		hold()
+		nd.proxy.SetLatency(0, 0)
+	case "blackhole":
+		nd.proxy.Blackhole(true)
+		hold()
+		nd.proxy.Blackhole(false)
+	case "dropreplies":
+		nd.proxy.DropReplies(true)
+		hold()
+		nd.proxy.DropReplies(false)
+	case "reset":
+		nd.proxy.ResetAll()
+	case "scriptflush":
+		_, err = w.srv.Do("SCRIPT", "FLUSH")
+	case "clientpause":
+		_, err = w.srv.Do("CLIENT", "PAUSE", strconv.FormatInt(f.length.Milliseconds(), 10), "ALL")
+		hold()
+	case "sigstop":
+		if err = w.srv.Pause(); err == nil {
+			hold()
+			err = w.srv.Resume()
+		}
+	case "restart":
+		done := w.hist.operator("", "restart")
+		err = w.srv.Restart()
+		done()
+	case "flushall":
+		done := w.hist.operator("", "FLUSHALL")
+		_, err = w.srv.Do("FLUSHALL")
+		done()
+	case "del":
+		done := w.hist.operator(f.res, "DEL of its keys")
+		err = w.delKeys(f.res)
+		done()
+	case "wrongtype":
+		done := w.hist.operator(f.res, "SET of its key to a string")
+		for _, k := range holderKeys(f.res) {
+			if _, err = w.srv.Do("SET", k, "operator", "PX", strconv.FormatInt(w.cfg.Lease.Milliseconds(), 10)); err != nil {
+				break
+			}
+		}
+		done()
+	case "forceunlock":
+		done := w.hist.operator(f.res, "ForceUnlock")
+		err = w.forceUnlock(ctx, f.res)
+		done()
+	case "close":
+		w.closeNode(nd, "with calls in flight")
+	}
+	// A fault can last longer than planned (a stalled Close, a slow
+	// restart): it is in force for a lease after it really ended.
+	w.hist.fault(time.Now(), time.Now().Add(w.cfg.Lease), f.kind)
+	return err
+}
+
+// heal undoes every fault at the end of the workload.
+func (w *world) heal() {
+	w.srv.Resume()
+	for _, n := range w.nodes {
+		n.proxy.SetLatency(0, 0)
+		n.proxy.Blackhole(false)
+		n.proxy.DropReplies(false)
+	}
+	w.srv.Do("CLIENT", "UNPAUSE")
+}
+
+// holderKeys are the keys that record a resource's holders: overwriting
+// them removes every hold.
+func holderKeys(res string) []string {
+	switch {
+	case strings.HasPrefix(res, "rw"):
+		return []string{"sluice:mutex:{" + res + "}:rw.h", "sluice:mutex:{" + res + "}:rw.z"}
+	case strings.HasPrefix(res, "s"):
+		return []string{"sluice:sem:{" + res + "}"}
+	}
+	return []string{"sluice:mutex:{" + res + "}"}
+}
+
+func (w *world) delKeys(res string) error {
+	out, err := w.srv.Do("KEYS", "sluice:*{"+res+"}*")
+	if err != nil {
+		return err
+	}
+	keys := strings.Fields(out)
+	if len(keys) == 0 {
+		return nil
+	}
+	_, err = w.srv.Do(append([]string{"DEL"}, keys...)...)
+	return err
+}
+
+func (w *world) forceUnlock(ctx context.Context, res string) error {
+	fctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+	defer cancel()
+	switch {
+	case strings.HasPrefix(res, "rw"):
+		rw, err := w.admin.locks.NewRWMutex(res)
+		if err != nil {
+			return err
+		}
+		_, err = rw.ForceUnlock(fctx)
+		return ignoreWrongType(err)
+	case strings.HasPrefix(res, "s"):
+		return w.delKeys(res) // a semaphore has no ForceUnlock: an operator deletes it
+	}
+	m, err := w.admin.locks.NewMutex(res)
+	if err != nil {
+		return err
+	}
+	_, err = m.ForceUnlock(fctx)
+	return ignoreWrongType(err)
+}
+
+// ignoreWrongType: a ForceUnlock that meets an earlier operator's string
+// fails, as it should, and is no harness failure.
+func ignoreWrongType(err error) error {
+	if err != nil && strings.Contains(err.Error(), "WRONGTYPE") {
+		return nil
+	}
+	return err
+}
+
+func dialer() net.Dialer { return net.Dialer{Timeout: time.Second} }
+
+// sorted returns the kinds of m in order, for stable reports.
+func sorted(m map[string]int) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}

@@ -1,0 +1,123 @@
+package chaos
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluicekit/sluice/ratelimit"
+)
+
+// decision is one allowed rate-limit request: its cost and when the call
+// was made and returned. The server decided somewhere in between.
+type decision struct {
+	call, ret time.Time
+	cost      int
+}
+
+// limitLog keeps the allowed requests of every limiter key.
+type limitLog struct {
+	mu      sync.Mutex
+	allowed map[string][]decision // by limiter name + key
+	limits  map[string]limiterSpec
+}
+
+type limiterSpec struct {
+	algo  ratelimit.Algorithm
+	limit ratelimit.Limit
+}
+
+func newLimitLog() *limitLog {
+	return &limitLog{allowed: map[string][]decision{}, limits: map[string]limiterSpec{}}
+}
+
+func (l *limitLog) add(name string, d decision) {
+	l.mu.Lock()
+	l.allowed[name] = append(l.allowed[name], d)
+	l.mu.Unlock()
+}
+
+// bound is the most cost an algorithm may allow in any span of one Period,
+// as the README states it: fixed window 2×Rate (a span meets at most two
+// windows), sliding window 2×Rate−1, GCRA Burst plus one Period's refill.
+func (s limiterSpec) bound() int {
+	switch s.algo {
+	case ratelimit.FixedWindow:
+		return 2 * s.limit.Rate
+	case ratelimit.SlidingWindow:
+		return 2*s.limit.Rate - 1
+	}
+	burst := s.limit.Burst
+	if burst == 0 {
+		burst = s.limit.Rate
+	}
+	return burst + s.limit.Rate
+}
+
+// check finds, for every key, a span of one Period holding more allowed
+// cost than the bound. Only requests certainly decided inside the span
+// count: called at or after its start and returned before its end. Keys an
+// operator wiped (excused reports it) are skipped for spans that include
+// the wipe.
+func (l *limitLog) check(h *history) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for name, ds := range l.allowed {
+		spec := l.limits[limiterOf(name)]
+		slices.SortFunc(ds, func(a, b decision) int { return a.call.Compare(b.call) })
+		bound := spec.bound()
+		for i := range ds {
+			from, to := ds[i].call, ds[i].call.Add(spec.limit.Period)
+			sum := 0
+			for _, d := range ds[i:] {
+				if d.call.After(to) {
+					break
+				}
+				if !d.ret.After(to) {
+					sum += d.cost
+				}
+			}
+			if sum > bound && !h.wiped(from, to) {
+				h.violation("rate limit %s: %d allowed within %v from %s, bound %d (%v, %v)",
+					name, sum, spec.limit.Period, h.since(from), bound, algoName(spec.algo), spec.limit)
+				break
+			}
+		}
+	}
+}
+
+// wiped reports whether an operator action or a restart may have reset
+// counters between from and to.
+func (h *history) wiped(from, to time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, o := range h.ops {
+		if (o.res == "" || strings.HasPrefix(o.res, "limit")) && !o.at.Before(from) && !o.at.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
+func limiterOf(name string) string {
+	for i := range name {
+		if name[i] == '/' {
+			return name[:i]
+		}
+	}
+	return name
+}
+
+func algoName(a ratelimit.Algorithm) string {
+	switch a {
+	case ratelimit.FixedWindow:
+		return "fixed"
+	case ratelimit.SlidingWindow:
+		return "sliding"
+	case ratelimit.GCRA:
+		return "gcra"
+	}
+	return fmt.Sprint(int(a))
+}

@@ -1,0 +1,367 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/semaphore"
+)
+
+// worker runs random operations on node n until ctx ends or n is closed.
+func (w *world) worker(ctx context.Context, n *node, j int, rng *rand.Rand) {
+	owner := fmt.Sprintf("n%dw%d", n.i, j)
+	seq := 0
+	for ctx.Err() == nil && !n.closed.Load() {
+		seq++
+		id := owner + "." + strconv.Itoa(seq)
+		switch k := rng.IntN(100); {
+		case k < 25:
+			w.mutexOp(ctx, n, rng, id)
+		case k < 35:
+			w.mutexDo(ctx, n, rng, id)
+		case k < 50:
+			w.rwOp(ctx, n, rng, id)
+		case k < 60:
+			w.multiOp(ctx, n, rng, id)
+		case k < 80:
+			w.semOp(ctx, n, rng, id)
+		default:
+			w.limitOp(ctx, n, rng)
+		}
+	}
+}
+
+// opTimeout is how long an acquisition may wait.
+func (w *world) opTimeout(rng *rand.Rand) time.Duration {
+	return time.Duration((0.1 + rng.Float64()*0.9) * float64(w.cfg.Lease))
+}
+
+// holdFor is how long a holder keeps what it got: mostly short, now and
+// then longer than a lease, so that the watchdog renews it.
+func (w *world) holdFor(ctx context.Context, rng *rand.Rand) {
+	d := time.Duration(rng.Float64() * float64(w.cfg.Lease) / 8)
+	if rng.IntN(20) == 0 {
+		d = time.Duration((1 + rng.Float64()/2) * float64(w.cfg.Lease))
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+func pickLock(n *node, rng *rand.Rand) (*mutex.Locker, string) {
+	if rng.IntN(2) == 0 {
+		return n.fair, "fair"
+	}
+	return n.locks, "plain"
+}
+
+// expected reports whether err is one of the errors the API documents for
+// the operation (or a context error); any other error must come with a
+// fault in force around the call.
+func (w *world) expected(op string, call time.Time, err error, sentinels ...error) {
+	if err == nil {
+		return
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return
+	}
+	for _, s := range sentinels {
+		if errors.Is(err, s) {
+			return
+		}
+	}
+	if w.hist.faultNear(call, time.Now(), w.cfg.Lease) {
+		return
+	}
+	w.hist.violation("%s: undocumented error with no fault in force: %v", op, err)
+}
+
+var (
+	mutexErrs = []error{mutex.ErrNotObtained, mutex.ErrLost, mutex.ErrClosed, mutex.ErrNotHeld}
+	semErrs   = []error{semaphore.ErrNotObtained, semaphore.ErrLost, semaphore.ErrClosed, semaphore.ErrNotHeld}
+)
+
+// releaseCtx bounds a release: it runs even when the workload is over.
+func (w *world) releaseCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), w.cfg.Lease)
+}
+
+func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	name := "m" + strconv.Itoa(rng.IntN(lockNames))
+	lk, note := pickLock(n, rng)
+	m, err := lk.NewMutex(name, mutex.WithOwner(id))
+	if err != nil {
+		w.hist.violation("NewMutex: %v", err)
+		return
+	}
+	try := rng.IntN(4) == 0
+	w.count(map[bool]string{true: "mutex.trylock", false: "mutex.lock"}[try])
+	actx, cancel := context.WithTimeout(ctx, w.opTimeout(rng))
+	call := time.Now()
+	if try {
+		err = m.TryLock(actx)
+	} else {
+		err = m.Lock(actx)
+	}
+	cancel()
+	if err != nil {
+		w.expected("Mutex.Lock", call, err, mutexErrs...)
+		if !try {
+			w.gaveUp(ctx, "mutex", name, 1, call, err)
+		}
+		return
+	}
+	x := &hold{kind: "mutex", res: name, owner: id, node: n.i, weight: 1, token: m.Token(), note: note, call: call, start: time.Now(),
+		lost: func() bool { return closed(m.Lost()) }}
+	w.hist.begin(x)
+	w.holdFor(ctx, rng)
+	if rng.IntN(3) == 0 {
+		w.nested(ctx, x, m.Lost(), m.Lock, m.Unlock)
+	}
+	w.release(x, func(c context.Context) error { return m.Unlock(c) }, func() bool { return m.Err() != nil }, mutexErrs)
+}
+
+// gaveUp records a blocking acquisition that ended with its context, for
+// the liveness check; not those cut short by the end of the workload.
+func (w *world) gaveUp(ctx context.Context, kind, res string, weight int64, call time.Time, err error) {
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		w.hist.gaveUp(wait{kind: kind, res: res, weight: weight, call: call, ret: time.Now()})
+	}
+}
+
+// nested takes and releases a nested hold: a nested Lock must not join a
+// hold already known lost.
+func (w *world) nested(ctx context.Context, x *hold, lost <-chan struct{}, lock, unlock func(context.Context) error) {
+	w.count("nested")
+	wasLost := closed(lost)
+	nctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+	defer cancel()
+	call := time.Now()
+	err := lock(nctx)
+	if err != nil {
+		w.expected("nested Lock", call, err, mutexErrs...)
+		return
+	}
+	if wasLost {
+		w.hist.nestedAfterLoss(x)
+	}
+	rctx, rcancel := w.releaseCtx()
+	defer rcancel()
+	if err := unlock(rctx); err != nil {
+		w.expected("nested Unlock", call, err, mutexErrs...)
+	}
+}
+
+// release ends hold x: the hold interval ends when the release is called,
+// and the release's error (or the holder's Err, read before it) tells
+// whether the holder learnt of a loss.
+//
+// Any error from the release counts as telling: the holder was not told
+// that its hold lasted. What the oracle refuses is a silent loss: a
+// release or Do that returns nil for a hold that was gone.
+func (w *world) release(x *hold, unlock func(context.Context) error, errSet func() bool, allowed []error) {
+	knew := errSet()
+	at := time.Now()
+	w.hist.releasing(x, at)
+	rctx, cancel := w.releaseCtx()
+	err := unlock(rctx)
+	cancel()
+	w.expected(x.kind+" release", at, err, allowed...)
+	how := "Unlock: " + fmt.Sprint(err)
+	if knew {
+		how = "Err set before Unlock"
+	}
+	w.hist.end(x, knew || err != nil, how)
+}
+
+func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	name := "m" + strconv.Itoa(rng.IntN(lockNames))
+	lk, note := pickLock(n, rng)
+	m, err := lk.NewMutex(name, mutex.WithOwner(id))
+	if err != nil {
+		w.hist.violation("NewMutex: %v", err)
+		return
+	}
+	w.count("mutex.do")
+	var x *hold
+	actx, cancel := context.WithTimeout(ctx, w.opTimeout(rng))
+	defer cancel()
+	call := time.Now()
+	err = m.Do(actx, func(fctx context.Context) error {
+		x = &hold{kind: "mutex", res: name, owner: id, node: n.i, weight: 1, token: m.Token(), note: note, call: call, start: time.Now(),
+			lost: func() bool { return closed(m.Lost()) }}
+		w.hist.begin(x)
+		w.holdFor(ctx, rng)
+		if closed(fctx.Done()) && errors.Is(context.Cause(fctx), mutex.ErrLost) {
+			x.told, x.toldHow = true, "fn's context ended with the loss"
+		}
+		w.hist.releasing(x, time.Now())
+		return nil
+	})
+	if x == nil {
+		w.expected("Mutex.Do", call, err, mutexErrs...)
+		return
+	}
+	w.expected("Mutex.Do", call, err, mutexErrs...)
+	w.hist.end(x, err != nil, "Do: "+fmt.Sprint(err))
+}
+
+func (w *world) rwOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	name := "rw" + strconv.Itoa(rng.IntN(rwNames))
+	lk, note := pickLock(n, rng)
+	rw, err := lk.NewRWMutex(name, mutex.WithOwner(id))
+	if err != nil {
+		w.hist.violation("NewRWMutex: %v", err)
+		return
+	}
+	write := rng.IntN(2) == 0
+	kind := map[bool]string{true: "write", false: "read"}[write]
+	w.count("rw." + kind)
+	actx, cancel := context.WithTimeout(ctx, w.opTimeout(rng))
+	call := time.Now()
+	if write {
+		err = rw.Lock(actx)
+	} else {
+		err = rw.RLock(actx)
+	}
+	cancel()
+	if err != nil {
+		w.expected("RWMutex."+kind, call, err, mutexErrs...)
+		w.gaveUp(ctx, kind, name, 1, call, err)
+		return
+	}
+	var token int64
+	if write {
+		token = rw.Token()
+	}
+	x := &hold{kind: kind, res: name, owner: id, node: n.i, weight: 1, token: token, note: note, call: call, start: time.Now(),
+		lost: func() bool { return closed(rw.Lost()) }}
+	w.hist.begin(x)
+	w.holdFor(ctx, rng)
+	unlock := rw.RUnlock
+	if write {
+		unlock = rw.Unlock
+	}
+	w.release(x, unlock, func() bool { return rw.Err() != nil }, mutexErrs)
+}
+
+func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	k := 2 + rng.IntN(2)
+	names := rng.Perm(lockNames)[:k]
+	var ns []string
+	for _, i := range names {
+		ns = append(ns, "m"+strconv.Itoa(i))
+	}
+	lk, note := pickLock(n, rng)
+	mm, err := lk.NewMultiMutex(ns, mutex.WithOwner(id))
+	if err != nil {
+		w.hist.violation("NewMultiMutex: %v", err)
+		return
+	}
+	w.count("multi.lock")
+	actx, cancel := context.WithTimeout(ctx, w.opTimeout(rng))
+	call := time.Now()
+	err = mm.Lock(actx)
+	cancel()
+	if err != nil {
+		w.expected("MultiMutex.Lock", call, err, mutexErrs...)
+		return
+	}
+	start := time.Now()
+	tokens := mm.Tokens()
+	var xs []*hold
+	for i, name := range mm.Names() {
+		x := &hold{kind: "set", res: name, owner: id, node: n.i, weight: 1, token: tokens[i], note: note, call: call, start: start,
+			lost: func() bool { return closed(mm.Lost()) }}
+		w.hist.begin(x)
+		xs = append(xs, x)
+	}
+	w.holdFor(ctx, rng)
+	if rng.IntN(3) == 0 {
+		w.nested(ctx, xs[0], mm.Lost(), mm.Lock, mm.Unlock)
+	}
+	knew := mm.Err() != nil
+	at := time.Now()
+	for _, x := range xs {
+		w.hist.releasing(x, at)
+	}
+	rctx, rcancel := w.releaseCtx()
+	err = mm.Unlock(rctx)
+	rcancel()
+	w.expected("MultiMutex.Unlock", at, err, mutexErrs...)
+	for _, x := range xs {
+		w.hist.end(x, knew || err != nil, "set Unlock: "+fmt.Sprint(err))
+	}
+}
+
+func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	name := "s" + strconv.Itoa(rng.IntN(semNames))
+	mgr, note := n.sems, "plain"
+	if rng.IntN(2) == 0 {
+		mgr, note = n.fairSems, "fair"
+	}
+	s, err := mgr.NewSemaphore(name, semCap)
+	if err != nil {
+		w.hist.violation("NewSemaphore: %v", err)
+		return
+	}
+	weight := int64(1 + rng.IntN(2))
+	try := rng.IntN(4) == 0
+	w.count(map[bool]string{true: "sem.tryacquire", false: "sem.acquire"}[try])
+	actx, cancel := context.WithTimeout(ctx, w.opTimeout(rng))
+	call := time.Now()
+	var p *semaphore.Permit
+	if try {
+		p, err = s.TryAcquire(actx, weight)
+	} else {
+		p, err = s.Acquire(actx, weight)
+	}
+	cancel()
+	if err != nil {
+		w.expected("Semaphore.Acquire", call, err, semErrs...)
+		if !try {
+			w.gaveUp(ctx, "permit", name, weight, call, err)
+		}
+		return
+	}
+	x := &hold{kind: "permit", res: name, owner: p.ID(), node: n.i, weight: weight, note: note, call: call, start: time.Now(),
+		lost: func() bool { return closed(p.Lost()) }}
+	w.hist.begin(x)
+	w.holdFor(ctx, rng)
+	w.release(x, p.Release, func() bool { return p.Err() != nil }, semErrs)
+}
+
+func (w *world) limitOp(ctx context.Context, n *node, rng *rand.Rand) {
+	i := rng.IntN(len(n.limiters))
+	l := n.limiters[i]
+	key := "k" + strconv.Itoa(rng.IntN(limitKeys))
+	cost := 1 + rng.IntN(3)
+	w.count("limit.allow")
+	actx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+	call := time.Now()
+	res, err := l.AllowN(actx, key, cost)
+	ret := time.Now()
+	cancel()
+	if err != nil {
+		w.expected("Limiter.AllowN", call, err)
+		return
+	}
+	if res.Allowed {
+		w.lim.add(algoName(l.Algorithm())+"/"+key, decision{call: call, ret: ret, cost: cost})
+	}
+}
