@@ -1,0 +1,168 @@
+package mutex_test
+
+// Regression tests for suspicions of issue 22 about the fair queue, the
+// writer-waiting mark and the release path. The script calls are seen (and
+// held back, or their replies lost) through hookClient, so every step is
+// ordered by a signal, not by timing.
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// errReplyLost is the error hookClient returns for a call whose reply it
+// drops after the call ran: as a broken connection, the caller cannot tell
+// whether the call took effect.
+var errReplyLost = errors.New("test: connection lost before the reply")
+
+// hookClient is a scriptcache.Client that shows a test every script call
+// with keys before it is sent (hook may block it, and may ask for its reply
+// to be lost: the call runs, and the caller gets errReplyLost) and after
+// its reply came (done).
+type hookClient struct {
+	scriptcache.Client
+
+	mu   sync.Mutex
+	hook func(keys, args []string) (lose bool)
+	done func(keys, args []string)
+}
+
+func (h *hookClient) set(hook func(keys, args []string) bool, done func(keys, args []string)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.hook, h.done = hook, done
+}
+
+func (h *hookClient) Eval(ctx context.Context, sha, body string, keys, args []string) scriptcache.Reply {
+	h.mu.Lock()
+	hook, done := h.hook, h.done
+	h.mu.Unlock()
+	if len(keys) == 0 || hook == nil {
+		return h.Client.Eval(ctx, sha, body, keys, args)
+	}
+	lose := hook(keys, args)
+	r := h.Client.Eval(ctx, sha, body, keys, args)
+	if done != nil {
+		done(keys, args)
+	}
+	if lose {
+		return scriptcache.ErrorReply(errReplyLost)
+	}
+	return r
+}
+
+// hookedLocker returns a Locker whose script calls go through a
+// hookClient, and that client; its subscriptions are not hooked.
+func hookedLocker(t *testing.T, addr string, opts mutex.Options) (*mutex.Locker, *hookClient) {
+	t.Helper()
+	ctx := context.Background()
+	sc0, err := scriptcache.New(ctx, redistest.Client(t, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &hookClient{Client: sc0.Client()}
+	sc, err := scriptcache.NewFrom(ctx, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := mutex.NewLocker(sc, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	return l, hc
+}
+
+// isUnlockOf reports whether a script call is mutex_release's Unlock mode
+// sent by owner.
+func isUnlockOf(owner string, keys, args []string) bool {
+	return len(keys) == 5 && len(args) == 6 && args[0] == "u" && args[3] == owner
+}
+
+// TestFairUnlockRetryAfterTwoHandOffs (issue 22, suspected, confirmed): a
+// fair holder's final Unlock ran but its reply was lost; before the retry,
+// the release's hand-off went on to a second waiter. The hash remembered
+// only the last earlier owner (r), so the retry was told -1 and Unlock
+// reported a loss that never happened. Now the hash keeps the run of
+// acquisitions that ended by their owner's Unlock (c), and the retry is
+// told its first try released the lock. A hold ended otherwise (here a
+// ForceUnlock) is still reported lost, however many hand-offs follow.
+func TestFairUnlockRetryAfterTwoHandOffs(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Single(t)
+	client := redistest.Client(t, srv.Addr())
+	// A long watchdog lease: no renewal runs during the test (one that
+	// found the hold handed on would declare the loss itself).
+	opts := mutex.Options{Fair: true, WatchdogLease: 5 * time.Minute}
+	l, hc := hookedLocker(t, srv.Addr(), opts)
+	waiters := newLocker(t, client, opts)
+
+	for _, forced := range []bool{false, true} {
+		name := "retry-handoffs-" + map[bool]string{false: "unlock", true: "forced"}[forced]
+		a := newMutex(t, l, name)
+		b, c := newMutex(t, waiters, name), newMutex(t, waiters, name)
+		if err := a.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		bGot, cGot := make(chan error, 1), make(chan error, 1)
+		go func() { bGot <- b.Lock(ctx) }()
+		waitQueued(t, client, name, 1)
+		go func() { cGot <- c.Lock(ctx) }()
+		waitQueued(t, client, name, 2)
+
+		if forced {
+			// The hold ends without a's Unlock; the release hands it to b.
+			if ok, err := b.ForceUnlock(ctx); err != nil || !ok {
+				t.Fatalf("ForceUnlock = %v, %v", ok, err)
+			}
+		} else {
+			var once sync.Once
+			hc.set(func(keys, args []string) bool {
+				lose := false
+				if isUnlockOf(a.Owner(), keys, args) {
+					once.Do(func() { lose = true })
+				}
+				return lose
+			}, nil)
+			if err := a.Unlock(ctx); !errors.Is(err, errReplyLost) {
+				t.Fatalf("Unlock whose reply is lost = %v, want the connection error", err)
+			}
+			hc.set(nil, nil)
+			if a.Holds() != 1 {
+				t.Fatalf("Holds after a failed Unlock = %d, want 1 (still counted)", a.Holds())
+			}
+		}
+		// Two hand-offs: a's release to b, b's to c.
+		if err := <-bGot; err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-cGot; err != nil {
+			t.Fatal(err)
+		}
+
+		err := a.Unlock(ctx)
+		if forced {
+			if !errors.Is(err, mutex.ErrNotHeld) || !errors.Is(a.Err(), mutex.ErrLost) {
+				t.Errorf("Unlock of a forced hold = %v (Err %v), want ErrNotHeld and the loss", err, a.Err())
+			}
+		} else if err != nil || a.Err() != nil || a.Holds() != 0 {
+			t.Errorf("retried Unlock = %v (Err %v, Holds %d), want nil: its first try released the lock", err, a.Err(), a.Holds())
+		}
+		if info, err := c.Info(ctx); err != nil || info.Owner != c.Owner() {
+			t.Fatalf("Info = %+v, %v; want c holding", info, err)
+		}
+		if err := c.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
