@@ -66,7 +66,8 @@
 -- first live entry. Up to 16 dead entries at the head are dropped per call;
 -- if that many were dropped without reaching a live one, the call does not
 -- take the lock (a live waiter may still be queued behind them) and answers
--- "try again now" (wait 0). Unfair Locks ignore the queue.
+-- "try again now" (-3): the caller calls again at once, and each call
+-- drops 16 more. Unfair Locks ignore the queue.
 --
 -- Fencing tokens are the server's TIME in microseconds, or one more than the
 -- previous token if that is larger (it is kept briefly after a release), so
@@ -95,6 +96,8 @@
 --          abandoned ({0, 0, 0} if the lock is free);
 --          {0, -2, 0} when the lock is free but a fair waiter queued
 --          earlier has the turn;
+--          {0, -3, 0} when a fair call dropped 16 dead entries and must
+--          try again at once (it is not queued);
 --          {-1, 0, 0} when a nested Lock's acquisition is gone.
 -- Complexity: O(log Q) for Q queued waiters (O(1) unfair). An unfair Lock
 --          of a lock whose hash is there and flags nothing (the common case:
@@ -201,7 +204,7 @@ if fair and queued then
       return enqueue(-2) -- free, but not this waiter's turn
     end
     if reaped == 16 then
-      return {0, 0, 0}
+      return {0, -3, 0}
     end
     redis.call('ZREM', KEYS[3], head)
     redis.call('HDEL', KEYS[4], head)

@@ -564,6 +564,9 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 			queued = queued || res.queued
 			entry = m.trackEntry(entry, res, id, w)
 		}
+		if res.again {
+			continue
+		}
 		if err := w.Wait(ctx, m.waitFor(res.wait)); err != nil {
 			return false, false, waitErr(ctx, m.name, err)
 		}
@@ -776,6 +779,9 @@ var errHeld = errors.New("is held")
 func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 	var id string
 	res, err := m.attempt(ctx, &id, true)
+	for err == nil && res.again {
+		res, err = m.attempt(ctx, &id, true)
+	}
 	if res.ok || err != nil {
 		return res.ok && !res.nested, ctxErr(ctx, m.name, err)
 	}
@@ -788,6 +794,7 @@ type attemptResult struct {
 	nested bool          // ... as one more hold of an outer one
 	handed bool          // ... because a release handed it to this attempt
 	queued bool          // not held; a fair Lock is in the queue
+	again  bool          // not held; a fair call dropped dead queue entries and must call again at once
 	wait   time.Duration // not held: the holder's remaining lease, or 0
 	sent   time.Time     // when the request was sent
 }
@@ -870,6 +877,12 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 		switch {
 		case n == -2: // free, but a fair waiter before this one has the turn
 			res.wait = 0
+		case n == -3:
+			// 16 dead queue entries dropped, more may follow: the call
+			// neither took the lock nor queued, and nothing will wake a
+			// waiter for it (no release is coming); call again at once.
+			res.again = true
+			return res, nil
 		case n < 0:
 			res.wait = m.lease // no TTL: someone set the key by hand
 		default:

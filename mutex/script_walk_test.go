@@ -2,9 +2,9 @@ package mutex_test
 
 // An adversarial review of the lock hash's flags (k), the field that
 // answers a retried Unlock (c; p and r before issue 22), and the queue
-// keys (issue 12's scripts). The interleavings are driven by calling the scripts directly, with the keys
-// edited by hand where time would do it (a hash, queue or tombstones that
-// expire, a waiter that dies).
+// keys (issue 12's scripts). The interleavings are driven by calling the
+// scripts directly, with the keys edited by hand where time would do it (a
+// hash, queue or tombstones that expire, a waiter that dies).
 
 import (
 	"context"
