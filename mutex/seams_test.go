@@ -166,3 +166,64 @@ func TestFairUnlockRetryAfterTwoHandOffs(t *testing.T) {
 		}
 	}
 }
+
+// TestCloseLeavesFairQueue (issue 22, suspected, confirmed): a fair Lock
+// whose Locker is closed while its attempt is in flight gets the reply
+// (queued) after Close returned. Its give-back went through the Locker's
+// background group, which Close had closed, so it was dropped: the entry
+// stayed for a lease, and the holder's release handed the lock to it, held
+// by nobody until that lease ended. Now a fair Lock leaves the queue before
+// it returns, whenever Close ran. The second part closes the Locker while
+// the Lock waits in the queue (the waiter's give-back then races the
+// group's Close; either order must leave the queue).
+func TestCloseLeavesFairQueue(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Single(t)
+	client := redistest.Client(t, srv.Addr())
+	holders := newLocker(t, client, mutex.Options{})
+
+	for _, inFlight := range []bool{true, false} {
+		name := "close-queued-" + map[bool]string{true: "in-flight", false: "waiting"}[inFlight]
+		holder := newMutex(t, holders, name)
+		if err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l, hc := hookedLocker(t, srv.Addr(), mutex.Options{Fair: true})
+		w := newMutex(t, l, name)
+		held, gate := make(chan struct{}), make(chan struct{})
+		if inFlight {
+			var once sync.Once
+			hc.set(func(keys, args []string) bool {
+				if len(keys) == 4 && len(args) == 6 && args[0] == w.Owner() && args[5] == "f" {
+					once.Do(func() {
+						close(held)
+						<-gate
+					})
+				}
+				return false
+			}, nil)
+		}
+		got := make(chan error, 1)
+		go func() { got <- w.Lock(ctx) }()
+		if inFlight {
+			<-held // the attempt is past the closed check, not yet sent
+			l.Close()
+			close(gate)
+		} else {
+			waitQueued(t, client, name, 1)
+			l.Close()
+		}
+		if err := <-got; !errors.Is(err, mutex.ErrClosed) {
+			t.Fatalf("%s: Lock = %v, want ErrClosed", name, err)
+		}
+		if q := queueIDs(t, client, name); len(q) != 0 {
+			t.Errorf("%s: queue %q after the Lock returned, want empty", name, q)
+		}
+		if err := holder.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if info, err := holder.Info(ctx); err != nil || info.Held {
+			t.Errorf("%s: Info after the holder's release = %+v, %v; want free, not handed to the closed Locker's Lock", name, info, err)
+		}
+	}
+}
