@@ -25,16 +25,16 @@ var errReplyLost = errors.New("test: connection lost before the reply")
 // hookClient is a scriptcache.Client that shows a test every script call
 // with keys before it is sent (hook may block it, and may ask for its reply
 // to be lost: the call runs, and the caller gets errReplyLost) and after
-// its reply came (done).
+// its reply came (done), with the caller's context.
 type hookClient struct {
 	scriptcache.Client
 
 	mu   sync.Mutex
-	hook func(keys, args []string) (lose bool)
-	done func(keys, args []string)
+	hook func(ctx context.Context, keys, args []string) (lose bool)
+	done func(ctx context.Context, keys, args []string)
 }
 
-func (h *hookClient) set(hook func(keys, args []string) bool, done func(keys, args []string)) {
+func (h *hookClient) set(hook func(ctx context.Context, keys, args []string) bool, done func(ctx context.Context, keys, args []string)) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.hook, h.done = hook, done
@@ -47,10 +47,10 @@ func (h *hookClient) Eval(ctx context.Context, sha, body string, keys, args []st
 	if len(keys) == 0 || hook == nil {
 		return h.Client.Eval(ctx, sha, body, keys, args)
 	}
-	lose := hook(keys, args)
+	lose := hook(ctx, keys, args)
 	r := h.Client.Eval(ctx, sha, body, keys, args)
 	if done != nil {
-		done(keys, args)
+		done(ctx, keys, args)
 	}
 	if lose {
 		return scriptcache.ErrorReply(errReplyLost)
@@ -124,7 +124,7 @@ func TestFairUnlockRetryAfterTwoHandOffs(t *testing.T) {
 			}
 		} else {
 			var once sync.Once
-			hc.set(func(keys, args []string) bool {
+			hc.set(func(_ context.Context, keys, args []string) bool {
 				lose := false
 				if isUnlockOf(a.Owner(), keys, args) {
 					once.Do(func() { lose = true })
@@ -193,7 +193,7 @@ func TestCloseLeavesFairQueue(t *testing.T) {
 		held, gate := make(chan struct{}), make(chan struct{})
 		if inFlight {
 			var once sync.Once
-			hc.set(func(keys, args []string) bool {
+			hc.set(func(_ context.Context, keys, args []string) bool {
 				if len(keys) == 4 && len(args) == 6 && args[0] == w.Owner() && args[5] == "f" {
 					once.Do(func() {
 						close(held)
@@ -226,4 +226,198 @@ func TestCloseLeavesFairQueue(t *testing.T) {
 			t.Errorf("%s: Info after the holder's release = %+v, %v; want free, not handed to the closed Locker's Lock", name, info, err)
 		}
 	}
+}
+
+// writerOf tells the goroutines of one RWMutex value apart in hookClient
+// hooks: each Lock runs with its own value under this key.
+type writerOf struct{}
+
+// isMarkingLock reports whether a script call is an rwmutex_lock attempt of
+// owner that leaves a writer-waiting mark if refused.
+func isMarkingLock(owner string, args []string) bool {
+	return len(args) >= 6 && args[0] == owner && args[5] != "0" && args[5] != "f" && args[5] != "t" && args[5] != ""
+}
+
+// isWithdrawal reports whether a script call is rwmutex_abandon's
+// withdrawal of a writer-waiting mark sent by owner.
+func isWithdrawal(owner string, args []string) bool {
+	return len(args) >= 6 && args[0] == owner && args[2] == "m"
+}
+
+// TestRWMarkKeptForOtherWaitingWriter (issue 22, suspected, confirmed): two
+// goroutines of one RWMutex value wait for the write lock behind a reader.
+// The writer-waiting mark was keyed by the value's nonce, so when the first
+// gives up, its withdrawal cleared the mark the second still relied on, and
+// new readers got in until the second's next attempt (a grant of one
+// writer cleared it the same way). Now each Lock call has its own mark and
+// the lock's mark runs while any of them does.
+//
+// The second writer's attempts after its first are held back, so that only
+// the mark it already left can keep readers out; the marks last a minute,
+// so that none ends by itself during the test.
+func TestRWMarkKeptForOtherWaitingWriter(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Single(t)
+	client := redistest.Client(t, srv.Addr())
+	name := "rw-mark-shared"
+	l := newLocker(t, client, mutex.Options{})
+	r, r2 := newRW(t, l, name), newRW(t, l, name)
+	if err := r.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lh, hc := hookedLocker(t, srv.Addr(), mutex.Options{})
+	w := newRW(t, lh, name)
+	mutex.SetWriterMark(w, time.Minute)
+
+	var mu sync.Mutex
+	marked := map[string]bool{}
+	holdG2, g2InFlight := false, 0
+	gate := make(chan struct{})
+	withdrawn := make(chan struct{}, 4)
+	hc.set(func(ctx context.Context, keys, args []string) bool {
+		if isMarkingLock(w.Owner(), args) && ctx.Value(writerOf{}) == "G2" {
+			mu.Lock()
+			hold := holdG2
+			if !hold {
+				g2InFlight++
+			}
+			mu.Unlock()
+			if hold {
+				<-gate
+				mu.Lock()
+				g2InFlight++
+				mu.Unlock()
+			}
+		}
+		return false
+	}, func(ctx context.Context, keys, args []string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if isMarkingLock(w.Owner(), args) {
+			who, _ := ctx.Value(writerOf{}).(string)
+			marked[who] = true
+			if who == "G2" {
+				g2InFlight--
+			}
+		}
+		if isWithdrawal(w.Owner(), args) {
+			withdrawn <- struct{}{}
+		}
+	})
+	t.Cleanup(func() {
+		mu.Lock()
+		if holdG2 {
+			close(gate)
+			holdG2 = false
+		}
+		mu.Unlock()
+	})
+
+	ctx1, cancel1 := context.WithCancel(context.WithValue(ctx, writerOf{}, "G1"))
+	defer cancel1()
+	ctx2 := context.WithValue(ctx, writerOf{}, "G2")
+	got1, got2 := make(chan error, 1), make(chan error, 1)
+	go func() { got1 <- w.Lock(ctx1) }()
+	go func() { got2 <- w.Lock(ctx2) }()
+	if !redistest.WaitFor(ctx, signal, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return marked["G1"] && marked["G2"]
+	}) {
+		t.Fatal("the two writers did not both try and wait")
+	}
+	// From now on G2 sends nothing more; wait for an attempt of it that
+	// was already on its way.
+	mu.Lock()
+	holdG2 = true
+	mu.Unlock()
+	if !redistest.WaitFor(ctx, signal, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return g2InFlight == 0
+	}) {
+		t.Fatal("G2's attempt did not return")
+	}
+
+	cancel1()
+	if err := <-got1; !errors.Is(err, mutex.ErrNotObtained) {
+		t.Fatalf("G1's Lock = %v, want ErrNotObtained", err)
+	}
+	select {
+	case <-withdrawn:
+	case <-time.After(signal):
+		t.Fatal("G1 did not withdraw its mark")
+	}
+	if info, err := r.Info(ctx); err != nil || info.WriterWaiting == 0 {
+		t.Errorf("Info = %+v, %v after G1 gave up; want the mark G2 left still running", info, err)
+	}
+	if err := r2.TryRLock(ctx); err == nil {
+		r2.RUnlock(ctx)
+		t.Errorf("a new reader got in while G2 waits for the write lock")
+	} else if !errors.Is(err, mutex.ErrNotObtained) {
+		t.Fatal(err)
+	}
+
+	mu.Lock()
+	close(gate)
+	holdG2 = false
+	mu.Unlock()
+	if err := r.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got2; err != nil {
+		t.Fatalf("G2's Lock = %v", err)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := r.Info(ctx); err != nil || info.WriterWaiting != 0 {
+		t.Errorf("Info = %+v, %v after G2's grant; want no mark left", info, err)
+	}
+}
+
+// TestRWLostRefusalWithdrawsMark (issue 22, suspected, confirmed): a Lock's
+// first attempt is refused (a reader holds) and leaves its mark, but the
+// reply is lost, so Lock fails. It withdrew its mark only when a later
+// attempt failed, never the first, so new readers were refused for the
+// whole mark (here a minute; 2 s by default). Now a failed Lock withdraws
+// its mark whichever attempt failed.
+func TestRWLostRefusalWithdrawsMark(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Single(t)
+	client := redistest.Client(t, srv.Addr())
+	name := "rw-mark-lost"
+	l := newLocker(t, client, mutex.Options{})
+	r, r2 := newRW(t, l, name), newRW(t, l, name)
+	if err := r.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lh, hc := hookedLocker(t, srv.Addr(), mutex.Options{})
+	w := newRW(t, lh, name)
+	mutex.SetWriterMark(w, time.Minute)
+	withdrawn := make(chan struct{}, 4)
+	hc.set(func(_ context.Context, keys, args []string) bool {
+		return isMarkingLock(w.Owner(), args)
+	}, func(_ context.Context, keys, args []string) {
+		if isWithdrawal(w.Owner(), args) {
+			withdrawn <- struct{}{}
+		}
+	})
+	if err := w.Lock(ctx); !errors.Is(err, errReplyLost) {
+		t.Fatalf("Lock whose refusal's reply is lost = %v, want the connection error", err)
+	}
+	select {
+	case <-withdrawn:
+	case <-time.After(signal):
+		t.Fatal("the failed Lock did not withdraw its mark")
+	}
+	if info, err := r.Info(ctx); err != nil || info.WriterWaiting != 0 {
+		t.Errorf("Info = %+v, %v after the Lock failed; want no writer-waiting mark", info, err)
+	}
+	if err := r2.TryRLock(ctx); err != nil {
+		t.Errorf("new reader after the writer's Lock failed = %v, want it in", err)
+	} else {
+		r2.RUnlock(ctx)
+	}
+	r.RUnlock(ctx)
 }
