@@ -2,10 +2,19 @@
 --
 -- The lock is a hash: o = owner id, n = holds, f = fencing token of the
 -- current acquisition, a = the attempt that made it (see mutex_release),
--- p = the owner of the acquisition f names, kept when its owner's Unlock
--- ends it, and r = "owner token" of an acquisition of another owner that
--- ended so before the current one began (p, f and r let a retried Unlock
--- tell that its first try succeeded). A hash without o is free.
+-- and c = the token of the first acquisition of the current run: every
+-- acquisition with a token from c up to (not including) f ended by its
+-- owner's Unlock, and so did f's once o is gone, unless c is above f. A
+-- hash without o is free.
+--
+-- c lets a retried Unlock tell that its first try succeeded however many
+-- hand-offs and acquisitions came since (tokens only grow, and a client
+-- sends only a token it was given): the run is broken, so that c moves
+-- past every acquisition that ended otherwise, by whatever ends one that
+-- way. A new hash starts a run at its first acquisition (an expiry takes
+-- the whole hash); an outermost Lock that finds its own owner still there
+-- starts one (the earlier acquisition ended without an Unlock); a give-back
+-- or ForceUnlock moves c past the hold it ends (mutex_release).
 --
 -- k flags what the other keys may hold, so that the common calls need not
 -- look at them: "q" the queue may have entries, "x" tombstones may exist
@@ -57,7 +66,8 @@
 -- first live entry. Up to 16 dead entries at the head are dropped per call;
 -- if that many were dropped without reaching a live one, the call does not
 -- take the lock (a live waiter may still be queued behind them) and answers
--- "try again now" (wait 0). Unfair Locks ignore the queue.
+-- "try again now" (-3): the caller calls again at once, and each call
+-- drops 16 more. Unfair Locks ignore the queue.
 --
 -- Fencing tokens are the server's TIME in microseconds, or one more than the
 -- previous token if that is larger (it is kept briefly after a release), so
@@ -86,6 +96,8 @@
 --          abandoned ({0, 0, 0} if the lock is free);
 --          {0, -2, 0} when the lock is free but a fair waiter queued
 --          earlier has the turn;
+--          {0, -3, 0} when a fair call dropped 16 dead entries and must
+--          try again at once (it is not queued);
 --          {-1, 0, 0} when a nested Lock's acquisition is gone.
 -- Complexity: O(log Q) for Q queued waiters (O(1) unfair). An unfair Lock
 --          of a lock whose hash is there and flags nothing (the common case:
@@ -93,7 +105,7 @@
 --          waiters, no abandoned attempts) makes four calls: HMGET, TIME,
 --          HSET, PEXPIRE. Each call costs the server about as much as four
 --          fields read, so fields only rare paths need are read there.
-local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'k', 'p')
+local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'k')
 local holds = tonumber(ARGV[3])
 
 if holds > 0 then
@@ -192,7 +204,7 @@ if fair and queued then
       return enqueue(-2) -- free, but not this waiter's turn
     end
     if reaped == 16 then
-      return {0, 0, 0}
+      return {0, -3, 0}
     end
     redis.call('ZREM', KEYS[3], head)
     redis.call('HDEL', KEYS[4], head)
@@ -209,19 +221,15 @@ if last and last >= token then
   token = last + 1
 end
 local ft = string.format('%d', token)
-if not known and k then
-  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4], 'p', ARGV[1], 'k', k)
-elseif not h[1] and h[4] and h[4] ~= ARGV[1] then
-  -- The last hold ended by its owner's Unlock (p names it): r keeps it
-  -- for a retry of that Unlock. Not needed when that owner locks again:
-  -- its client sends no Unlock of an earlier hold once it holds a newer
-  -- one (two live Mutexes never share an owner id), and the hash keeps
-  -- the r of an earlier owner, which still answers that owner's retry.
-  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4], 'p', ARGV[1], 'r', h[4] .. ' ' .. h[2])
-elseif h[4] == ARGV[1] then
-  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4]) -- p is this owner already
+if not known or h[1] then
+  -- A new hash, or this owner's earlier acquisition superseded: a new run.
+  if k then
+    redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4], 'c', ft, 'k', k)
+  else
+    redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4], 'c', ft)
+  end
 else
-  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4], 'p', ARGV[1])
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {1, 1, token}

@@ -6,8 +6,8 @@
 --                  token. The client sends the holds it has; the lock is
 --                  left with one fewer, so a retry after a lost reply does
 --                  not remove two. A retried final Unlock is recognised
---                  through p and f (the hash keeps them after the release)
---                  or, once a later hold began, r (see mutex_lock).
+--                  through c and f (see mutex_lock), however many holds
+--                  began and ended since, as long as the hash lives.
 --   ARGV[1] = "a"  give-back of an abandoned Lock (its caller stopped
 --                  waiting, or the connection failed). It leaves a
 --                  tombstone (its attempt id, kept for a lease) so that the
@@ -17,9 +17,11 @@
 --                  to it), never a hold a later attempt made.
 --   ARGV[1] = "f"  ForceUnlock: release whoever holds it.
 --
--- On release the hash keeps only the token (for the next token), p (Unlock
--- only; the other modes drop it, so that the holder's own Unlock is told it
--- lost the lock), r and k, for a short time. Then the queue (fair waiters,
+-- On release the hash keeps only the token (for the next token), c and k,
+-- for a short time. An Unlock leaves c alone; the other modes end a hold
+-- without its owner's Unlock and move c past it (to the token of the hold
+-- they hand over, or one above the ended one), so that the holder's own
+-- Unlock is told it lost the lock. Then the queue (fair waiters,
 -- see mutex_lock) is looked at if k says it may hold anyone (k = "q" or
 -- "qx"; a release that finds the queue empty clears q): up to 16 dead
 -- entries at its head are dropped, and the first live waiter
@@ -55,9 +57,12 @@ local setx = false -- a give-back whose tombstone the hash does not flag yet
 
 if mode == 'u' then
   if h[1] ~= ARGV[4] or h[2] ~= ARGV[6] then
-    local g = redis.call('HMGET', KEYS[1], 'p', 'r')
-    if (not h[1] and g[1] == ARGV[4] and h[2] == ARGV[6]) or g[2] == ARGV[4] .. ' ' .. ARGV[6] then
-      return 0 -- an earlier try of this Unlock released it; its reply was lost
+    -- Not the current hold: an earlier try of this Unlock released it and
+    -- its reply was lost if the token lies in the current run (the hold it
+    -- names ended by its owner's Unlock), else the hold was lost.
+    local c, f, mine = tonumber(redis.call('HGET', KEYS[1], 'c')), tonumber(h[2]), tonumber(ARGV[6])
+    if c and f and mine and c <= mine and (mine < f or (mine == f and not h[1])) then
+      return 0
     end
     return -1
   end
@@ -117,9 +122,9 @@ if k == 'q' or k == 'qx' then
         end
         local ft = string.format('%d', token)
         -- One write for the release and the grant; the queue stays flagged.
-        local w = {'o', owner, 'n', '1', 'f', ft, 'a', head, 'p', owner}
-        if mode == 'u' then
-          w[11], w[12] = 'r', ARGV[4] .. ' ' .. ARGV[6]
+        local w = {'o', owner, 'n', '1', 'f', ft, 'a', head}
+        if mode ~= 'u' then
+          w[9], w[10] = 'c', ft -- the hold ended otherwise: a new run
         end
         if setx then
           w[#w + 1], w[#w + 2] = 'k', 'qx'
@@ -138,15 +143,19 @@ if mode == 'u' and not emptied then
   redis.call('HDEL', KEYS[1], 'o', 'n', 'a')
 else
   local d = {'o', 'n', 'a'}
-  if mode ~= 'u' then
-    d[4] = 'p'
-  end
   if emptied and k == 'q' and not setx then
     d[#d + 1] = 'k'
   end
   redis.call('HDEL', KEYS[1], unpack(d))
+  local w = {}
+  if mode ~= 'u' and h[2] then
+    w[1], w[2] = 'c', string.format('%d', tonumber(h[2]) + 1) -- the run ends
+  end
   if setx or (emptied and k == 'qx') then
-    redis.call('HSET', KEYS[1], 'k', (emptied or k == nil) and 'x' or 'qx')
+    w[#w + 1], w[#w + 2] = 'k', (emptied or k == nil) and 'x' or 'qx'
+  end
+  if #w > 0 then
+    redis.call('HSET', KEYS[1], unpack(w))
   end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])

@@ -10,9 +10,13 @@
 -- acquisition named by it) and nothing a later attempt took. Tombstones
 -- live for a lease.
 --
--- Kind "m" only withdraws the writer-waiting mark, if this value set it (a
--- Lock that gave up while waiting), so readers are not held up for the rest
--- of the mark.
+-- The writer-waiting mark of one Lock call, named by its mark id (ARGV[7]),
+-- is withdrawn too, so readers are not held up for the rest of that mark
+-- by a writer that gave up; the marks of other waiting writers, of this
+-- RWMutex value or another, stay (see rwmutex_lock). Kind "m" only
+-- withdraws it (a Lock that gave up while waiting); kind "w" also
+-- withdraws the mark its Lock call left if the attempt was refused, in
+-- case the attempt reached Redis before an "m" sent after it.
 --
 -- Wake-up payloads as in rwmutex_unlock.
 --
@@ -21,15 +25,18 @@
 -- KEYS[3]  tombstones hash
 -- KEYS[4]  readers' wake-up channel
 -- KEYS[5]  writers' wake-up channel
+-- KEYS[6]  writers' marks (see rwmutex_lock)
 -- ARGV[1]  owner id
--- ARGV[2]  attempt id "nonce.seq"
+-- ARGV[2]  attempt id "nonce.seq" ("m": the mark id)
 -- ARGV[3]  "w" (a Lock), "r" (an RLock) or "m" (withdraw the mark)
 -- ARGV[4]  "s" to publish with SPUBLISH (cluster), else PUBLISH
 -- ARGV[5]  how long a released hash is kept, in milliseconds
 -- ARGV[6]  how long the tombstone is kept (the lease), in milliseconds
+-- ARGV[7]  the mark id of the attempt's Lock call, or "" (a read, TryLock)
 --
 -- Returns  1 if something was released or withdrawn, else 0.
--- Complexity: O(log R) for R readers, plus the publishes.
+-- Complexity: O(log R + log W) for R readers and W waiting writers, plus at
+--          most 16 removals and the publishes.
 local function num(x) return string.format('%.0f', x) end
 local nonce = string.match(ARGV[2], '^(.*)%.%d+$')
 if not nonce then
@@ -39,24 +46,41 @@ local pub = ARGV[4] == 's' and 'SPUBLISH' or 'PUBLISH'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local h = redis.call('HMGET', KEYS[1], 'o', 'a', 'q', 'qn')
+local h = redis.call('HMGET', KEYS[1], 'o', 'a', 'q')
 local q = tonumber(h[3]) or 0
-local function clearMark()
-  if h[4] == nonce then
-    redis.call('HDEL', KEYS[1], 'q', 'qn')
-    q = 0
+
+-- Withdraw the Lock call's mark: q comes back to the latest mark still
+-- running (as in rwmutex_lock), and marks of writers that vanished go, 16
+-- at most. Readers are woken if no mark runs any more (unless told not
+-- to: a release below wakes them). Returns whether there was a mark.
+local function withdraw(wake)
+  if ARGV[7] == '' or redis.call('ZREM', KEYS[6], ARGV[7]) == 0 then
+    return false
+  end
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', num(now), 'LIMIT', 0, 16)
+  if #dead > 0 then
+    redis.call('ZREM', KEYS[6], unpack(dead))
+  end
+  local top = tonumber(redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')[2])
+  if top and top > now then
+    if h[3] and top ~= q then -- the hash outlives q, and q every mark
+      redis.call('HSET', KEYS[1], 'q', num(top))
+      q = top
+    end
     return true
   end
-  return false
+  if h[3] then
+    redis.call('HDEL', KEYS[1], 'q')
+  end
+  if q > now and wake then
+    redis.call(pub, KEYS[4], '1000000') -- readers may go in now
+  end
+  q = 0
+  return true
 end
 
 if ARGV[3] == 'm' then
-  local was = q
-  if clearMark() and was > now then
-    redis.call(pub, KEYS[4], '1000000')
-    return 1
-  end
-  return 0
+  return withdraw(true) and 1 or 0
 end
 
 -- The tombstone names this attempt only: other Locks of the same value
@@ -68,9 +92,10 @@ end
 
 if ARGV[3] == 'w' then
   if h[1] ~= ARGV[1] or h[2] ~= ARGV[2] then
+    withdraw(true)
     return 0
   end
-  clearMark()
+  withdraw(false)
   redis.call('HDEL', KEYS[1], 'o', 'n', 'a', 'e')
   redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ARGV[5]), q - now))
   redis.call(pub, KEYS[5], '1')

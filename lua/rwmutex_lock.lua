@@ -4,10 +4,12 @@
 -- current (or last) write acquisition, a = the attempt that made it (see
 -- rwmutex_abandon), e = end of the writer's lease (server ms), r = "owner
 -- token" of the last write release (so a retried Unlock can tell its first
--- try succeeded), q = end of the writer-waiting mark (server ms), qn = nonce
--- of the RWMutex value that set it. A writer holds while o is set and e is
--- in the future: expiry is judged from e, not from the key's TTL, which only
--- collects garbage and may be longer (it also covers the mark and f).
+-- try succeeded), q = end of the writer-waiting mark (server ms): the latest
+-- end of the waiting writers' own marks, kept in a sorted set (member = the
+-- waiting Lock's mark id, score = end of its mark). A writer holds while o
+-- is set and e is in the future: expiry is judged from e, not from the
+-- key's TTL, which only collects garbage and may be longer (it also covers
+-- the mark and f).
 --
 -- Readers: a sorted set, member = read acquisition id, score = end of its
 -- lease (server ms). A released read acquisition stays for a moment with
@@ -16,12 +18,15 @@
 -- removed at most 16 per call by this script and rwmutex_rlock.
 --
 -- Starvation: an outermost Lock that is refused (readers or another writer
--- hold) sets the writer-waiting mark for ARGV[6] ms; while it is in the
--- future, rwmutex_rlock refuses new read acquisitions (nested ones and the
--- writer's own go through), so the readers drain and the writer gets in.
--- The waiting writer refreshes the mark on each attempt; a writer that
--- vanishes blocks new readers for one mark at most. A grant clears the mark
--- if this value set it.
+-- hold) sets its own mark for ARGV[6] ms and pushes q to its end if later;
+-- while q is in the future, rwmutex_rlock refuses new read acquisitions
+-- (nested ones and the writer's own go through), so the readers drain and
+-- the writer gets in. The waiting writer refreshes its mark on each
+-- attempt; a writer that vanishes blocks new readers for one mark at most.
+-- A grant takes the granted Lock's own mark out, and q comes back to the
+-- latest mark still running (rwmutex_abandon does the same for a Lock that
+-- gives up): one writer's grant or withdrawal never ends a mark that
+-- another waiting writer, of this RWMutex value or another, still set.
 --
 -- Tokens are the server's TIME in microseconds, or one more than the last
 -- token if that is larger (f stays for a while after a release).
@@ -33,21 +38,24 @@
 -- KEYS[1]  state hash
 -- KEYS[2]  readers sorted set
 -- KEYS[3]  tombstones hash: abandoned attempt id -> 1
+-- KEYS[4]  writers' marks: sorted set, mark id -> end of the mark (ms)
 -- ARGV[1]  owner id
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  write holds the owner's client has now (0 for an outermost Lock)
 -- ARGV[4]  attempt id "nonce.seq" of an outermost Lock (ignored if nested)
 -- ARGV[5]  token of the hold a nested Lock joins (ignored if outermost)
 -- ARGV[6]  writer-waiting mark to set if refused, in ms (0: none, TryLock)
+-- ARGV[7]  the Lock's mark id (one per Lock call; "" for TryLock)
 --
 -- Returns  {1, holds, token} when the owner holds the write lock now;
 --          {0, ms until the blocking lease ends, 0} when refused;
 --          {-1, 0, 0} when a nested Lock's acquisition is gone.
--- Complexity: O(log R) for R readers, plus at most 16 removals.
+-- Complexity: O(log R + log W) for R readers and W waiting writers, plus at
+--          most 16 removals of each.
 local function num(x) return string.format('%.0f', x) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'a', 'e', 'qn')
+local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'a', 'e', 'q')
 local e = tonumber(h[4]) or 0
 local held = h[1] and e > now
 local holds = tonumber(ARGV[3])
@@ -70,8 +78,14 @@ end
 
 local mark = tonumber(ARGV[6])
 local function refuse(wait)
-  if mark > 0 then
-    redis.call('HSET', KEYS[1], 'q', num(now + mark), 'qn', an)
+  if mark > 0 and ARGV[7] ~= '' then
+    redis.call('ZADD', KEYS[4], num(now + mark), ARGV[7])
+    if redis.call('PTTL', KEYS[4]) < mark then
+      redis.call('PEXPIRE', KEYS[4], mark)
+    end
+    if (tonumber(h[5]) or 0) < now + mark then
+      redis.call('HSET', KEYS[1], 'q', num(now + mark))
+    end
     if redis.call('PTTL', KEYS[1]) < mark then
       redis.call('PEXPIRE', KEYS[1], mark)
     end
@@ -105,8 +119,19 @@ if last and last >= token then
 end
 local lease = tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', num(token), 'a', ARGV[4], 'e', num(now + lease))
-if h[5] == an then
-  redis.call('HDEL', KEYS[1], 'q', 'qn')
+if h[5] and ARGV[7] ~= '' and redis.call('ZREM', KEYS[4], ARGV[7]) == 1 then
+  -- q comes back to the latest mark still running (as in rwmutex_abandon);
+  -- marks of writers that vanished go, 16 at most.
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', num(now), 'LIMIT', 0, 16)
+  if #dead > 0 then
+    redis.call('ZREM', KEYS[4], unpack(dead))
+  end
+  local top = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2])
+  if top and top > now then
+    redis.call('HSET', KEYS[1], 'q', num(top))
+  else
+    redis.call('HDEL', KEYS[1], 'q')
+  end
 end
 if redis.call('PTTL', KEYS[1]) < lease then
   redis.call('PEXPIRE', KEYS[1], lease)

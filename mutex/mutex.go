@@ -296,7 +296,8 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 // Close stops the watchdog and the subscriptions and waits for their
 // goroutines. Locks still held are no longer renewed: their holders are told
 // (Lost closes, Err wraps ErrClosed) and the locks expire by their lease
-// unless unlocked. Waiting Locks return ErrClosed.
+// unless unlocked. Waiting Locks return ErrClosed; a fair one leaves the
+// queue before it returns.
 func (l *Locker) Close() {
 	if l.closed.Swap(true) {
 		return
@@ -313,13 +314,19 @@ func (l *Locker) Close() {
 // attempt can no longer run after it (rueidis spreads calls over several
 // connections, so sending it earlier could overtake the attempt), and it
 // names the attempt, so it leaves alone any hold a later attempt made.
-// Once the Locker is closed, nothing is sent: the lease will end it.
-func (l *Locker) giveBack(m *Mutex, attempt string) {
-	l.bg.Go(func() {
+// Once the Locker is closed, nothing is sent (the lease will end it) and
+// giveBack reports false; see leaveQueue for the one exception.
+func (l *Locker) giveBack(m *Mutex, attempt string) bool {
+	return l.bg.Go(func() {
 		ctx, cancel := l.bg.Bounded(m.lease) // Close ends it too
 		defer cancel()
-		l.release.Exec(ctx, m.releaseKeys, []string{"a", l.pubMode, m.keepMs, m.owner, attempt, m.leaseMs})
+		l.sendGiveBack(ctx, m, attempt)
 	})
+}
+
+// sendGiveBack runs mutex_release's give-back of attempt.
+func (l *Locker) sendGiveBack(ctx context.Context, m *Mutex, attempt string) {
+	l.release.Exec(ctx, m.releaseKeys, []string{"a", l.pubMode, m.keepMs, m.owner, attempt, m.leaseMs})
 }
 
 // MutexOption configures one Mutex.
@@ -564,6 +571,9 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 			queued = queued || res.queued
 			entry = m.trackEntry(entry, res, id, w)
 		}
+		if res.again {
+			continue
+		}
 		if err := w.Wait(ctx, m.waitFor(res.wait)); err != nil {
 			return false, false, waitErr(ctx, m.name, err)
 		}
@@ -677,11 +687,30 @@ var (
 
 // leaveQueue takes a fair Lock that gives up out of the queue, and gives
 // back the lock if a release handed it over meanwhile.
+//
+// A Lock that ends because the Locker was closed (Close ran while it
+// waited, or while its attempt was in flight) may get here after Close
+// has closed the background group, which then takes nothing more. Left
+// in the queue, its entry would live for up to a lease, and a release
+// could hand it the lock, which nobody would hold until that lease ended.
+// So the give-back is then sent from here, before Lock returns, bounded
+// as one in the background would be after Close.
 func (m *Mutex) leaveQueue(queued bool, id string) {
-	if queued {
-		m.l.giveBack(m, id)
+	if !queued || m.l.giveBack(m, id) {
+		return
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	// No deadline: see scriptcache.Group.Bounded.
+	t := time.AfterFunc(min(m.lease, leaveAfterClose), cancel)
+	defer t.Stop()
+	defer cancel()
+	m.l.sendGiveBack(ctx, m, id)
 }
+
+// leaveAfterClose bounds the give-back of a fair Lock that ends after its
+// Locker closed (see leaveQueue): as long as Close gives the background
+// give-backs it waits for.
+const leaveAfterClose = time.Second
 
 // takeGrant starts the hold that a release handed to the waiting Lock id.
 // sent is when the waiter's last attempt, which found it still queued, was
@@ -776,6 +805,9 @@ var errHeld = errors.New("is held")
 func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 	var id string
 	res, err := m.attempt(ctx, &id, true)
+	for err == nil && res.again {
+		res, err = m.attempt(ctx, &id, true)
+	}
 	if res.ok || err != nil {
 		return res.ok && !res.nested, ctxErr(ctx, m.name, err)
 	}
@@ -788,6 +820,7 @@ type attemptResult struct {
 	nested bool          // ... as one more hold of an outer one
 	handed bool          // ... because a release handed it to this attempt
 	queued bool          // not held; a fair Lock is in the queue
+	again  bool          // not held; a fair call dropped dead queue entries and must call again at once
 	wait   time.Duration // not held: the holder's remaining lease, or 0
 	sent   time.Time     // when the request was sent
 }
@@ -848,8 +881,13 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 			// attempt may run, or have run, and nobody would know of its
 			// grant (or its queue entry). The give-back goes at once; its
 			// tombstone makes it work in whichever order the two reach
-			// Redis.
-			m.l.giveBack(m, m.argv[3])
+			// Redis. A fair Lock's attempt may have queued: it leaves the
+			// queue even after Close (see leaveQueue).
+			if m.fair && !try {
+				m.leaveQueue(true, m.argv[3])
+			} else {
+				m.l.giveBack(m, m.argv[3])
+			}
 		}
 	}
 	if err != nil {
@@ -870,6 +908,12 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 		switch {
 		case n == -2: // free, but a fair waiter before this one has the turn
 			res.wait = 0
+		case n == -3:
+			// 16 dead queue entries dropped, more may follow: the call
+			// neither took the lock nor queued, and nothing will wake a
+			// waiter for it (no release is coming); call again at once.
+			res.again = true
+			return res, nil
 		case n < 0:
 			res.wait = m.lease // no TTL: someone set the key by hand
 		default:

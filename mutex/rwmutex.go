@@ -79,6 +79,7 @@ func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) 
 	}
 	p := l.opts.Prefix
 	h, z, tomb := keyspace.Key(p, name, ":rw.h"), keyspace.Key(p, name, ":rw.z"), keyspace.Key(p, name, ":rw.t")
+	marks := keyspace.Key(p, name, ":rw.m")
 	rch, wch := keyspace.Key(p, name, ":rw.rd"), keyspace.Key(p, name, ":rw.wr")
 	rw := &RWMutex{
 		l:           l,
@@ -90,11 +91,11 @@ func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) 
 		leaseMs:     scratch.leaseMs,
 		keepMs:      scratch.keepMs,
 		mark:        min(scratch.lease, maxWriterMark),
-		lockKeys:    []string{h, z, tomb},
+		lockKeys:    []string{h, z, tomb, marks},
 		unlockKeys:  []string{h, rch, wch},
 		runlockKeys: []string{z, wch},
 		renewKeys:   []string{h, z},
-		abandonKeys: []string{h, z, tomb, rch, wch},
+		abandonKeys: []string{h, z, tomb, rch, wch, marks},
 		forceKeys:   []string{h, z, rch, wch},
 		rch:         rch,
 		wch:         wch,
@@ -131,11 +132,15 @@ func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) 
 //
 // A Lock that finds the lock taken (by readers or another writer) leaves a
 // writer-waiting mark in Redis that lasts min(lease, 2 s) and renews it on
-// each of its attempts, at least every third of that. While the mark runs,
-// new readers are refused; readers that already hold may still nest, and
-// the writer's own read holds go through, so the readers drain and the
-// writer gets in, clearing the mark. A writer that gives up withdraws its
-// mark; one that crashes holds up new readers for one mark at most. TryLock
+// each of its attempts, at least every third of that. While any waiting
+// writer's mark runs, new readers are refused; readers that already hold
+// may still nest, and the writer's own read holds go through, so the
+// readers drain and the writer gets in, taking its mark out. A writer that
+// gives up (or fails: its last attempt's reply was lost) withdraws its
+// mark; every mark is its Lock call's own, so neither a grant nor a
+// withdrawal ends the mark of another waiting writer, even one of the
+// same RWMutex value. One that crashes holds up new readers for one mark
+// at most. TryLock
 // leaves no mark. Among waiting writers there is no queue: whichever tries
 // first after a release wins, as with Mutex. The policy prefers writers:
 // while writers keep arriving, new readers wait. A waiting writer makes one
@@ -185,7 +190,8 @@ func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) 
 //
 // A read-write lock named N uses PREFIX{N}:rw.h (the writer, the last token
 // and the writer-waiting mark), PREFIX{N}:rw.z (read acquisitions by lease
-// end), PREFIX{N}:rw.t (tombstones of abandoned attempts) and the channels
+// end), PREFIX{N}:rw.m (waiting writers' marks by end), PREFIX{N}:rw.t
+// (tombstones of abandoned attempts) and the channels
 // PREFIX{N}:rw.rd (readers) and PREFIX{N}:rw.wr (writers), all in one cluster
 // slot. Every key has a TTL no longer than the longest lease or mark it
 // covers; a free lock leaves nothing after min(1 s, lease), or a lease
@@ -321,7 +327,7 @@ func (rw *RWMutex) observed(ctx context.Context, write, try bool) error {
 }
 
 func (rw *RWMutex) try(ctx context.Context, write bool) error {
-	ok, _, err := rw.attempt(ctx, write, false)
+	ok, _, err := rw.attempt(ctx, write, "")
 	if ok || err != nil {
 		return ctxErr(ctx, rw.name, err)
 	}
@@ -329,18 +335,22 @@ func (rw *RWMutex) try(ctx context.Context, write bool) error {
 }
 
 func (rw *RWMutex) acquire(ctx context.Context, write bool) (err error) {
-	ok, wait, err := rw.attempt(ctx, write, true)
-	if ok || err != nil {
-		return ctxErr(ctx, rw.name, err)
-	}
+	mark := ""
 	if write {
-		// The refusal left a writer-waiting mark; take it back unless this
-		// Lock ends up holding.
+		// A refused attempt leaves this Lock's writer-waiting mark; take
+		// it back unless this Lock ends up holding (the grant took it
+		// out). Also when the first attempt fails: refused, its reply may
+		// have been lost.
+		mark = rw.newMarkID()
 		defer func() {
-			if err != nil {
-				rw.giveBack(rw.nonce+".0", "m")
+			if err != nil && !errors.Is(err, ErrUpgrade) {
+				rw.giveBack(mark, "m", mark)
 			}
 		}()
+	}
+	ok, wait, err := rw.attempt(ctx, write, mark)
+	if ok || err != nil {
+		return ctxErr(ctx, rw.name, err)
 	}
 	ch := rw.rch
 	if write {
@@ -361,7 +371,7 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool) (err error) {
 		return waitErr(ctx, rw.name, err)
 	}
 	for {
-		if ok, wait, err = rw.attempt(ctx, write, true); ok {
+		if ok, wait, err = rw.attempt(ctx, write, mark); ok {
 			return nil
 		}
 		if err != nil {
@@ -385,10 +395,20 @@ func (rw *RWMutex) capWait(write bool, wait time.Duration) time.Duration {
 	return wait
 }
 
+// newMarkID names the writer-waiting mark of one Lock call: an id of the
+// attempt ids' form that no attempt uses.
+func (rw *RWMutex) newMarkID() string {
+	rw.op.Lock()
+	defer rw.op.Unlock()
+	rw.attempts++
+	return rw.nonce + "." + strconv.FormatUint(rw.attempts, 10)
+}
+
 // attempt runs the lock or rlock script once. It reports whether the hold
 // is now taken and, if not, how long to wait before trying again. mark
-// asks a write attempt to leave a writer-waiting mark if refused.
-func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Duration, error) {
+// names the writer-waiting mark a write attempt leaves if refused ("":
+// none).
+func (rw *RWMutex) attempt(ctx context.Context, write bool, mark string) (bool, time.Duration, error) {
 	if rw.l.closed.Load() {
 		return false, 0, ErrClosed
 	}
@@ -418,10 +438,10 @@ func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Du
 	if write {
 		script = rw.s.lock
 		markMs := "0"
-		if mark {
+		if mark != "" {
 			markMs = rw.markMs
 		}
-		argv = []string{rw.owner, rw.leaseMs, strconv.FormatInt(holds, 10), attemptID, id, markMs}
+		argv = []string{rw.owner, rw.leaseMs, strconv.FormatInt(holds, 10), attemptID, id, markMs, mark}
 	} else {
 		script = rw.s.rlock
 		ref := attemptID
@@ -442,7 +462,7 @@ func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Du
 		res, acks, err = script.ExecWaitOrLate(ctx, rw.l.bg, rw.lockKeys, argv, int64(rw.l.opts.ReplicaAcks), rw.l.opts.ReplicaTimeout,
 			func(late scriptcache.Reply, _ int64, _ error) {
 				if grantedOrUnknown(late) {
-					rw.giveBack(attemptID, kindArg)
+					rw.giveBack(attemptID, kindArg, mark)
 				}
 			})
 		if err == nil {
@@ -452,8 +472,9 @@ func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Du
 		rep := script.Exec(ctx, rw.lockKeys, argv)
 		if r, err = rep.ToArray(); err != nil && holds == 0 && !rep.ServerError() {
 			// The outcome is unknown and nobody would know of a grant:
-			// give it back at once (see Mutex, abandoned attempts).
-			rw.giveBack(attemptID, kindArg)
+			// give it back at once (see Mutex, abandoned attempts), and
+			// the mark a refusal would have left.
+			rw.giveBack(attemptID, kindArg, mark)
 		}
 	}
 	if err != nil {
@@ -526,16 +547,17 @@ func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Du
 }
 
 // giveBack sends, in the background, the rwmutex_abandon script for an
-// attempt nobody waits for (kind "w" or "r"), or to withdraw this value's
-// writer-waiting mark (kind "m"). Like Locker.giveBack, the Locker's Close
-// waits for it.
-func (rw *RWMutex) giveBack(attempt, kind string) {
+// attempt nobody waits for (kind "w" or "r"), or to withdraw the
+// writer-waiting mark of one Lock call (kind "m"); mark names that Lock
+// call's mark, withdrawn in every kind ("": none). Like Locker.giveBack,
+// the Locker's Close waits for it.
+func (rw *RWMutex) giveBack(attempt, kind, mark string) {
 	l := rw.l
 	// Once the Locker is closed, the lease (or the mark) will end it.
 	l.bg.Go(func() {
 		ctx, cancel := l.bg.Bounded(rw.lease) // Close ends it too
 		defer cancel()
-		rw.s.abandon.Exec(ctx, rw.abandonKeys, []string{rw.owner, attempt, kind, l.pubMode, rw.keepMs, rw.leaseMs})
+		rw.s.abandon.Exec(ctx, rw.abandonKeys, []string{rw.owner, attempt, kind, l.pubMode, rw.keepMs, rw.leaseMs, mark})
 	})
 }
 
