@@ -101,6 +101,8 @@ type world struct {
 	nodes []*node
 	admin *node // no proxy: the operator's ForceUnlock
 
+	inflight inflight
+
 	opsMu sync.Mutex
 	ops   map[string]int
 }
@@ -117,6 +119,7 @@ type node struct {
 	sems     *semaphore.Manager
 	fairSems *semaphore.Manager
 	limiters []*ratelimit.Limiter
+	routes   httpRoutes
 	closed   atomic.Bool
 	once     sync.Once
 }
@@ -224,6 +227,7 @@ func (w *world) newNode(t testing.TB, i int, proxied bool) *node {
 		n.limiters = append(n.limiters, l)
 		w.lim.limits[algoName(spec.algo)] = spec
 	}
+	w.newRoutes(t, n)
 	return n
 }
 

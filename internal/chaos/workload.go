@@ -28,8 +28,10 @@ func (w *world) worker(ctx context.Context, n *node, j int, rng *rand.Rand) {
 			w.rwOp(ctx, n, rng, id)
 		case k < 60:
 			w.multiOp(ctx, n, rng, id)
-		case k < 80:
+		case k < 75:
 			w.semOp(ctx, n, rng, id)
+		case k < 85:
+			w.httpOp(ctx, n, rng)
 		default:
 			w.limitOp(ctx, n, rng)
 		}

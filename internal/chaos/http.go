@@ -1,0 +1,80 @@
+package chaos
+
+import (
+	"context"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicekit/sluice/ratelimit"
+)
+
+// Two concurrency middlewares with different limits share each node's
+// semaphore Manager (as the docs ask: one Manager per process), and a
+// rate-limit middleware runs on the fixed-window Limiter; every request
+// comes from one client key.
+var concLimits = [2]int{1, 2}
+
+type httpRoutes struct {
+	conc [2]http.Handler
+	rate http.Handler
+}
+
+// inflight counts, fleet-wide, the requests each concurrency route is
+// serving.
+type inflight [2]atomic.Int64
+
+func (w *world) newRoutes(t testing.TB, n *node) {
+	key := func(*http.Request) (string, error) { return "client", nil }
+	quiet := func(*http.Request, error) {}
+	for i, limit := range concLimits {
+		mw, err := ratelimit.NewConcurrencyMiddleware(n.sems, ratelimit.ConcurrencyOptions{Limit: limit, KeyFunc: key, OnError: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.routes.conc[i] = mw(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { w.serveConc(r.Context(), i) }))
+	}
+	mw, err := ratelimit.NewMiddleware(n.limiters[0], ratelimit.MiddlewareOptions{KeyFunc: key, OnError: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.routes.rate = mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+}
+
+// serveConc is the handler behind concurrency route i: it checks the
+// route's limit while it runs. Over the limit is allowed only as the
+// fallback of a Redis that a fault made unavailable.
+func (w *world) serveConc(ctx context.Context, i int) {
+	n := w.inflight[i].Add(1)
+	defer w.inflight[i].Add(-1)
+	if n > int64(concLimits[i]) && !w.hist.faultNear(time.Now().Add(-w.cfg.Lease), time.Now(), 0) {
+		w.hist.violation("concurrency middleware (Limit %d) serving %d requests of one key at once, with no fault in force", concLimits[i], n)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(w.cfg.Lease / 16):
+	}
+}
+
+func (w *world) httpOp(ctx context.Context, n *node, rng *rand.Rand) {
+	req := httptest.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
+	rec := httptest.NewRecorder()
+	if rng.IntN(3) == 0 {
+		w.count("http.rate")
+		call := time.Now()
+		n.routes.rate.ServeHTTP(rec, req)
+		ret := time.Now()
+		// Served requests count against the limiter's bound, but not
+		// those that a fault may have let through (the fallback).
+		if rec.Code == http.StatusOK && !w.hist.faultNear(call, ret, w.cfg.Lease) {
+			w.lim.add("fixed/http", decision{call: call, ret: ret, cost: 1})
+		}
+		return
+	}
+	i := rng.IntN(len(concLimits))
+	w.count("http.concurrency")
+	n.routes.conc[i].ServeHTTP(rec, req)
+}
