@@ -56,23 +56,30 @@ func keepKeyAfterClientLoss(t *testing.T, srv *redistest.Server, m *mutex.Mutex)
 }
 
 // TestTokenNotReusedAfterLoss: a hold declared lost while the server still
-// keeps it under the same owner must not hand its token out again.
+// keeps it under the same owner must not hand its token out again. The
+// Mutex that lost it refuses to Lock until its Unlock (which gives the
+// orphan back); another Mutex value of the same owner meets the server's
+// stale hold.
 func TestTokenNotReusedAfterLoss(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.NewServer(t)
 	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{})
 	m := newMutex(t, l, "reuse", mutex.WithLease(time.Second))
 	old := keepKeyAfterClientLoss(t, srv, m)
-	if err := m.Lock(ctx); err != nil {
+	if err := m.Lock(ctx); !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("Lock after a loss, before Unlock = %v, want ErrLost", err)
+	}
+	m2 := newMutex(t, l, "reuse", mutex.WithLease(time.Second), mutex.WithOwner(m.Owner()))
+	if err := m2.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if m.Token() <= old {
-		t.Fatalf("token after the loss = %d, want greater than the lost hold's %d", m.Token(), old)
+	if m2.Token() <= old {
+		t.Fatalf("token after the loss = %d, want greater than the lost hold's %d", m2.Token(), old)
 	}
-	if info, _ := m.Info(ctx); info.Token != m.Token() || info.Holds != 1 {
-		t.Fatalf("Info = %+v, want token %d with 1 hold", info, m.Token())
+	if info, _ := m2.Info(ctx); info.Token != m2.Token() || info.Holds != 1 {
+		t.Fatalf("Info = %+v, want token %d with 1 hold", info, m2.Token())
 	}
-	if err := m.Unlock(ctx); err != nil {
+	if err := m2.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -448,6 +448,10 @@ type Mutex struct {
 	// server may still keep under this owner; the next Unlock gives it
 	// back so that it does not linger for the rest of its lease.
 	orphan string
+	// unacked: a hold the caller got was lost and no Unlock has been
+	// called since. A Lock meanwhile would nest in a hold that is gone, so
+	// it returns the loss (see lossUnacked); the first Unlock clears it.
+	unacked bool
 	// scoped cancels the contexts Context made for the current hold.
 	scoped scopes
 }
@@ -501,6 +505,9 @@ func (m *Mutex) observeAcquire(o scriptcache.Observer, start time.Time, outer, h
 // lock is Lock; it also reports whether the lock was acquired as an
 // outermost hold (not nested) and whether a fair release handed it over.
 func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
+	if err := m.lossUnacked(); err != nil {
+		return false, false, err
+	}
 	var id string
 	var w *notify.Waiter
 	live := false // registered on a confirmed subscription before the first attempt
@@ -803,6 +810,9 @@ var errHeld = errors.New("is held")
 
 // tryLock is TryLock; it also reports whether it took an outermost hold.
 func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
+	if err := m.lossUnacked(); err != nil {
+		return false, err
+	}
 	var id string
 	res, err := m.attempt(ctx, &id, true)
 	for err == nil && res.again {
@@ -812,6 +822,20 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 		return res.ok && !res.nested, ctxErr(ctx, m.name, err)
 	}
 	return false, fmt.Errorf("%w: %q %w", ErrNotObtained, m.name, errHeld)
+}
+
+// lossUnacked returns the loss (wrapping ErrLost) of a hold the caller
+// got and has not released since with Unlock, or nil. Until that Unlock a
+// Lock or TryLock would join, as a nested hold, a hold that is gone: it
+// fails with the loss instead, and the loss is never erased by a fresh
+// hold started in its place.
+func (m *Mutex) lossUnacked() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.unacked {
+		return m.err
+	}
+	return nil
 }
 
 // attemptResult is what one run of the lock script found.
@@ -970,7 +994,7 @@ func (m *Mutex) startHold(ctx context.Context, sent time.Time, token, n int64) e
 	m.mu.Lock()
 	m.gen++
 	gen := m.gen
-	m.holds, m.token, m.err, m.lost, m.orphan = n, token, nil, nil, ""
+	m.holds, m.token, m.err, m.lost, m.orphan, m.unacked = n, token, nil, nil, "", false
 	m.since = sent
 	m.tokenArg = strconv.FormatInt(token, 10)
 	m.mu.Unlock()
@@ -988,8 +1012,10 @@ func (m *Mutex) startHold(ctx context.Context, sent time.Time, token, n int64) e
 		return nil
 	}
 	// Lost before it could be tracked: the Locker was closed during the
-	// call (nobody would renew it) or its lease has already run out.
+	// call (nobody would renew it) or its lease has already run out. The
+	// caller is told by Lock's error, and gets no hold to Unlock.
 	lostErr := m.err
+	m.unacked = false
 	m.mu.Unlock()
 	m.releaseGrant(ctx, token)
 	if errors.Is(lostErr, lease.ErrClosed) {
@@ -1105,7 +1131,7 @@ func (m *Mutex) lose(gen uint64, cause error) {
 
 // loseLocked declares the current hold lost. Called with m.mu held.
 func (m *Mutex) loseLocked(cause error) {
-	m.holds, m.lse = 0, nil
+	m.holds, m.lse, m.unacked = 0, nil, true
 	m.orphan = m.tokenArg
 	m.err = fmt.Errorf("%w: %q: %w", ErrLost, m.name, cause)
 	if o := m.l.obs; o != nil { // before the holder is told
@@ -1130,6 +1156,7 @@ func (m *Mutex) dropHold(cause error) {
 		m.lse.Stop()
 	}
 	m.loseLocked(cause)
+	m.unacked = false // the caller was never given this hold
 }
 
 // closeLost closes the current hold's Lost channel. Called with m.mu held.
@@ -1159,7 +1186,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	m.mu.Lock()
 	holds, tokenArg, lostErr, heldGen, orphan := m.holds, m.tokenArg, m.err, m.gen, m.orphan
 	if holds == 0 {
-		m.orphan = ""
+		m.orphan, m.unacked = "", false
 	} else if holds == 1 {
 		m.releasing = heldGen
 	}
@@ -1188,6 +1215,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		// The hold was declared lost while this call was in flight (a
 		// partial Unlock; a final one defers the loss). A partial Unlock
 		// leaves holds that the next Unlock gives back.
+		m.unacked = false // told now
 		return fmt.Errorf("%w: %w", ErrNotHeld, m.err)
 	}
 	if left < 0 {
@@ -1196,7 +1224,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 			m.lse.Stop()
 		}
 		m.loseLocked(errors.New("found not held at unlock"))
-		m.orphan = ""
+		m.orphan, m.unacked = "", false
 		return fmt.Errorf("%w: %w", ErrNotHeld, m.err)
 	}
 	m.holds = left

@@ -782,8 +782,15 @@ func TestNestedLockFindsHoldGone(t *testing.T) {
 	if info, err := m.Info(ctx); err != nil || info.Held {
 		t.Fatalf("Info = %+v, %v; want the fresh acquisition given back", info, err)
 	}
+	// The outer Lock is not released yet: the loss stands until Unlock.
+	if err := m.Lock(ctx); !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("Lock before Unlock = %v, want ErrLost", err)
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) || !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("Unlock after the loss = %v, want ErrNotHeld wrapping ErrLost", err)
+	}
 	if err := m.Lock(ctx); err != nil || m.Holds() != 1 {
-		t.Fatalf("next Lock = %v with %d holds, want a new outermost hold", err, m.Holds())
+		t.Fatalf("Lock after Unlock = %v with %d holds, want a new outermost hold", err, m.Holds())
 	}
 	m.Unlock(ctx)
 }

@@ -245,6 +245,9 @@ type rwSide struct {
 	// orphan is the id of a hold declared lost that the server may still
 	// keep; the next release gives it back.
 	orphan string
+	// unacked: a hold of this kind the caller got was lost and no release
+	// of this kind has been called since (see Mutex.unacked).
+	unacked bool
 }
 
 func (rw *RWMutex) side(write bool) *rwSide {
@@ -326,7 +329,23 @@ func (rw *RWMutex) observed(ctx context.Context, write, try bool) error {
 	return nil
 }
 
+// lossUnacked returns the loss (wrapping ErrLost) of a hold, of either
+// kind, that the caller got and has not released since, or nil: until
+// that release, Lock and RLock would join a hold that is gone, and fail
+// with the loss instead (as Mutex.Lock does).
+func (rw *RWMutex) lossUnacked() error {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.w.unacked || rw.r.unacked {
+		return rw.err
+	}
+	return nil
+}
+
 func (rw *RWMutex) try(ctx context.Context, write bool) error {
+	if err := rw.lossUnacked(); err != nil {
+		return err
+	}
 	ok, _, err := rw.attempt(ctx, write, "")
 	if ok || err != nil {
 		return ctxErr(ctx, rw.name, err)
@@ -335,6 +354,9 @@ func (rw *RWMutex) try(ctx context.Context, write bool) error {
 }
 
 func (rw *RWMutex) acquire(ctx context.Context, write bool) (err error) {
+	if err := rw.lossUnacked(); err != nil {
+		return err
+	}
 	mark := ""
 	if write {
 		// A refused attempt leaves this Lock's writer-waiting mark; take
@@ -522,7 +544,7 @@ func (rw *RWMutex) attempt(ctx context.Context, write bool, mark string) (bool, 
 	if rw.w.holds == 0 && rw.r.holds == 0 {
 		rw.err, rw.lost = nil, nil // a fresh start: nothing else is held
 	}
-	sd.gen, sd.holds, sd.id, sd.token, sd.orphan = gen, 1, newID, token, ""
+	sd.gen, sd.holds, sd.id, sd.token, sd.orphan, sd.unacked = gen, 1, newID, token, "", false
 	rw.mu.Unlock()
 	onLost := func(err error) { rw.lose(write, gen, err) }
 	var lse *lease.Lease
@@ -538,6 +560,7 @@ func (rw *RWMutex) attempt(ctx context.Context, write bool, mark string) (bool, 
 		return true, 0, nil
 	}
 	lostErr := rw.err
+	sd.unacked = false // told by this error; no hold to release
 	rw.mu.Unlock()
 	rw.releaseGrant(ctx, write, newID)
 	if errors.Is(lostErr, lease.ErrClosed) {
@@ -676,7 +699,7 @@ func (rw *RWMutex) lose(write bool, gen uint64, cause error) {
 // rw.mu held.
 func (rw *RWMutex) loseLocked(write bool, cause error) {
 	sd := rw.side(write)
-	sd.holds, sd.lse, sd.orphan = 0, nil, sd.id
+	sd.holds, sd.lse, sd.orphan, sd.unacked = 0, nil, sd.id, true
 	rw.err = fmt.Errorf("%w: %q (%s): %w", ErrLost, rw.name, kind(write), cause)
 	if o := rw.l.obs; o != nil { // before the holder is told
 		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: scriptcache.PrimitiveRWMutex, Name: rw.name, Hold: time.Since(sd.since), Weight: 1,
@@ -710,7 +733,7 @@ func (rw *RWMutex) release(ctx context.Context, write bool) error {
 	holds, id, lostErr, heldGen, orphan := sd.holds, sd.id, rw.err, sd.gen, sd.orphan
 	switch {
 	case holds == 0:
-		sd.orphan = ""
+		sd.orphan, sd.unacked = "", false
 	case holds == 1:
 		sd.releasing = heldGen
 	case !write:
@@ -746,6 +769,7 @@ func (rw *RWMutex) release(ctx context.Context, write bool) error {
 		return fmt.Errorf("mutex: unlock %q (%s): %w", rw.name, kind(write), err)
 	}
 	if sd.gen != heldGen || sd.holds == 0 {
+		sd.unacked = false // told now
 		return fmt.Errorf("%w: %w", ErrNotHeld, rw.err)
 	}
 	if left < 0 {
@@ -753,7 +777,7 @@ func (rw *RWMutex) release(ctx context.Context, write bool) error {
 			sd.lse.Stop()
 		}
 		rw.loseLocked(write, errors.New("found not held at unlock"))
-		sd.orphan = ""
+		sd.orphan, sd.unacked = "", false
 		return fmt.Errorf("%w: %w", ErrNotHeld, rw.err)
 	}
 	sd.holds = left

@@ -689,8 +689,15 @@ func TestRWNestedFindsHoldGone(t *testing.T) {
 			t.Fatalf("%s: Holds() = %d, %d; want none", rw.Name(), wh, rh)
 		}
 	}
+	// The outer RLock is not released yet: the loss stands until RUnlock.
+	if err := r.RLock(ctx); !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("RLock before RUnlock = %v, want ErrLost", err)
+	}
+	if err := r.RUnlock(ctx); !errors.Is(err, mutex.ErrNotHeld) || !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("RUnlock after the loss = %v, want ErrNotHeld wrapping ErrLost", err)
+	}
 	if err := r.RLock(ctx); err != nil {
-		t.Fatalf("next RLock = %v, want a new hold", err)
+		t.Fatalf("RLock after RUnlock = %v, want a new hold", err)
 	}
 	r.RUnlock(ctx)
 }
