@@ -68,3 +68,102 @@ func TestWatchdogBatchWrongTypeOnlyThatLock(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchdogRWBatchWrongTypeOnlyThoseHolds overwrites, among 36 holds of
+// 6 read-write locks of one slot renewed in shared batches, one lock's
+// state hash and another lock's readers set with strings: the writer's
+// hold kept in that hash and the 10 read holds kept in that set are
+// reported lost, saying why, and only those (the writer's own read hold
+// lives on); the others stay held and release. The lease leaves the
+// renewals 510 ms of lateness, as in TestWatchdogBatchGoneOnlyThatLock.
+func TestWatchdogRWBatchWrongTypeOnlyThoseHolds(t *testing.T) {
+	for _, tg := range realTargets {
+		t.Run(tg.name, func(t *testing.T) {
+			ctx := context.Background()
+			client := clientFor(t, tg)
+			const watchdog, perLock = 900 * time.Millisecond, 10
+			l := newLocker(t, client, mutex.Options{WatchdogLease: watchdog})
+			names := sameSlotNames("rwwrongtype:"+t.Name()+":", 6)
+			// Locks 0-2: a writer with its own read hold. Locks 3-5: readers.
+			var all []*mutex.RWMutex
+			for _, name := range names[:3] {
+				w := newRW(t, l, name)
+				if err := writeAndRead(w); err != nil {
+					t.Fatal(err)
+				}
+				all = append(all, w)
+			}
+			for _, name := range names[3:] {
+				for range perLock {
+					rw := newRW(t, l, name)
+					if err := rw.RLock(ctx); err != nil {
+						t.Fatal(err)
+					}
+					all = append(all, rw)
+				}
+			}
+			defer releaseRW(all)
+			const writer, readers = 0, 3 // lock 0's state hash, lock 3's readers set
+			for _, key := range []string{rwKey(names[writer], "h"), rwKey(names[readers], "z")} {
+				if err := client.Do(ctx, client.B().Set().Key(key).Value("not a lock").Build()).Error(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			victims := []int{writer}
+			for i := range perLock {
+				victims = append(victims, readers+i)
+			}
+			for _, i := range victims {
+				select {
+				case <-all[i].Lost():
+				case <-time.After(signal):
+					t.Fatalf("%s (%d): the hold whose key was overwritten was not reported lost", all[i].Name(), i)
+				}
+			}
+			// The others were in the same batches; they must have been
+			// renewed by them, and go on being renewed.
+			time.Sleep(2 * watchdog) // nothing to wait for: asserting that nothing happens
+			if lost := lostRW(all); !slices.Equal(lost, victims) {
+				t.Fatalf("lost %v, want only %v; first: %v", lost, victims, all[lost[0]].Err())
+			}
+			for _, i := range victims {
+				if err := all[i].Err(); !wrongTyped(err) {
+					t.Errorf("%s (%d): Err() = %v, want ErrLost for a key of another type", all[i].Name(), i, err)
+				}
+			}
+			for i, rw := range all {
+				w, r := rw.Holds()
+				wantW, wantR := int64(0), int64(1)
+				switch {
+				case i == writer:
+				case i < 3:
+					wantW = 1
+				case i >= readers && i < readers+perLock:
+					wantR = 0
+				}
+				if w != wantW || r != wantR {
+					t.Errorf("%s (%d): holds %d write, %d read; want %d, %d", rw.Name(), i, w, r, wantW, wantR)
+				}
+			}
+			for i, rw := range all {
+				errR := rw.RUnlock(ctx)
+				var errW error
+				if i < 3 {
+					errW = rw.Unlock(ctx)
+				}
+				switch {
+				case i == writer:
+					if errR != nil || !errors.Is(errW, mutex.ErrNotHeld) {
+						t.Errorf("%s (%d): RUnlock = %v, Unlock = %v; want nil and ErrNotHeld", rw.Name(), i, errR, errW)
+					}
+				case i >= readers && i < readers+perLock:
+					if !errors.Is(errR, mutex.ErrNotHeld) {
+						t.Errorf("%s (%d): RUnlock = %v, want ErrNotHeld", rw.Name(), i, errR)
+					}
+				case errR != nil || errW != nil:
+					t.Errorf("%s (%d): release: %v, %v", rw.Name(), i, errR, errW)
+				}
+			}
+		})
+	}
+}
