@@ -14,7 +14,11 @@
 --   - a waiter queued on a lock that nobody holds: no release will come
 --     (the holder's lease ran out, or a waiter handed the lock died before
 --     it knew), so the head must take it, and dead entries before it must
---     be dropped, which mutex_lock does.
+--     be dropped, which mutex_lock does;
+--   - a waiter one of whose keys holds another type of value (overwritten
+--     by an operator's SET or another program sharing the prefix): its
+--     own call gets the error and reports it. The other waiters of the
+--     call are refreshed as usual.
 --
 -- KEYS[3i-2]   lock hash of the i-th waiter's lock
 -- KEYS[3i-1]   its queue (sorted set of attempt ids)
@@ -25,18 +29,33 @@
 -- ARGV[3i]     its lease in milliseconds
 --
 -- Returns  an array with one entry per waiter: 1 if its entry was
---          refreshed, 0 if it is not queued (granted, or dropped), 2 if its
---          entry was refreshed but the lock is free.
+--          refreshed, 0 if it is not queued (granted, or dropped) or a key
+--          of it holds another type of value, 2 if its entry was refreshed
+--          but the lock is free.
 -- Complexity: O(N log Q) for N waiters of queues of length up to Q; the
 --          caller sends at most lease.MaxBatch (512) per call.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- redis.pcall, but an error other than WRONGTYPE fails the call, as
+-- redis.call would: WRONGTYPE is the answer of that waiter alone.
+local function try(...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then
+    if not string.find(r.err, '^WRONGTYPE') then
+      error(r)
+    end
+    return nil, true
+  end
+  return r
+end
+
 local out = {}
 for i = 1, #KEYS / 3 do
   local h, q, e = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local id, lease = ARGV[3 * i - 2], ARGV[3 * i]
-  if redis.call('ZSCORE', q, id) then
-    redis.call('HSET', e, id, string.format('%d', now + tonumber(lease)) .. ' ' .. ARGV[3 * i - 1])
+  out[i] = 0 -- also if a key holds another type: try gives nil then
+  if try('ZSCORE', q, id) and try('HSET', e, id, string.format('%d', now + tonumber(lease)) .. ' ' .. ARGV[3 * i - 1]) then
     -- Only ever extended, as in mutex_lock: a shorter lease of another
     -- waiter must not cut the queue short.
     if redis.call('PTTL', q) < tonumber(lease) then
@@ -45,13 +64,12 @@ for i = 1, #KEYS / 3 do
     if redis.call('PTTL', e) < tonumber(lease) then
       redis.call('PEXPIRE', e, lease)
     end
-    if redis.call('HEXISTS', h, 'o') == 1 then
+    local held = try('HEXISTS', h, 'o')
+    if held == 1 then
       out[i] = 1
-    else
+    elseif held == 0 then
       out[i] = 2
     end
-  else
-    out[i] = 0
   end
 end
 return out

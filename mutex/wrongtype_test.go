@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // A key overwritten with another type of value (an operator's SET, another
@@ -162,6 +165,69 @@ func TestWatchdogRWBatchWrongTypeOnlyThoseHolds(t *testing.T) {
 					}
 				case errR != nil || errW != nil:
 					t.Errorf("%s (%d): release: %v, %v", rw.Name(), i, errR, errW)
+				}
+			}
+		})
+	}
+}
+
+// TestQueueRefreshWrongTypeOnlyThatWaiter runs one batched refresh of the
+// queue entries of five fair waiters, each queued on its own lock of one
+// slot, after overwriting with a string the queue of one lock, the
+// entries hash of another and the lock hash of a third. Those three
+// waiters are answered "look for yourself" (their own Lock call then gets
+// the error), and the call still refreshes the other two: the entry of the
+// waiter on a held lock is rewritten and answered refreshed, the one on a
+// lock whose holder is gone is answered "lock free".
+func TestQueueRefreshWrongTypeOnlyThatWaiter(t *testing.T) {
+	for _, tg := range realTargets {
+		t.Run(tg.name, func(t *testing.T) {
+			ctx := context.Background()
+			client := clientFor(t, tg)
+			sc, err := scriptcache.New(ctx, client)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lock, _ := sc.Script("mutex_lock")
+			refresh, _ := sc.Script("mutex_queue_refresh")
+			do := func(cmd rueidis.Completed) {
+				t.Helper()
+				if err := client.Do(ctx, cmd).Error(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			names := sameSlotNames("queuewrongtype:"+t.Name()+":", 5)
+			var keys, args []string
+			for _, name := range names {
+				k := scriptKeys(name).lock // hash, tombstones, queue, entries
+				if got, err := lock.Exec(ctx, k, []string{"holder", "30000", "0", "h.1", "", ""}).AsIntSlice(); err != nil || got[0] != 1 {
+					t.Fatalf("%s: holder's Lock = %v, %v", name, got, err)
+				}
+				if got, err := lock.Exec(ctx, k, []string{"waiter", "30000", "0", "w.1", "", "f"}).AsIntSlice(); err != nil || got[0] != 0 {
+					t.Fatalf("%s: waiter's Lock = %v, %v; want queued", name, got, err)
+				}
+				// An entry the refresh must rewrite.
+				do(client.B().Hset().Key(k[3]).FieldValue().FieldValue("w.1", "1 waiter").Build())
+				keys = append(keys, k[0], k[2], k[3])
+				args = append(args, "w.1", "waiter", "30000")
+			}
+			// Waiter 1's queue, 2's entries and 3's lock hash hold strings;
+			// waiter 4's lock is free (its holder's hash is gone).
+			for _, key := range []string{lockKey(names[1]) + ":q", lockKey(names[2]) + ":e", lockKey(names[3])} {
+				do(client.B().Set().Key(key).Value("not a lock").Build())
+			}
+			do(client.B().Del().Key(lockKey(names[4])).Build())
+			got, err := refresh.Exec(ctx, keys, args).AsIntSlice()
+			if err != nil {
+				t.Fatalf("refresh: %v, want an answer for each waiter", err)
+			}
+			if want := []int64{1, 0, 0, 0, 2}; !slices.Equal(got, want) {
+				t.Fatalf("refresh answered %v, want %v", got, want)
+			}
+			for _, i := range []int{0, 4} {
+				entry, err := client.Do(ctx, client.B().Hget().Key(lockKey(names[i])+":e").Field("w.1").Build()).ToString()
+				if err != nil || entry == "1 waiter" || !strings.HasSuffix(entry, " waiter") {
+					t.Errorf("%s: entry %q, %v after the refresh; want it rewritten", names[i], entry, err)
 				}
 			}
 		})
