@@ -37,39 +37,42 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
--- redis.pcall, but an error other than WRONGTYPE fails the call, as
--- redis.call would: WRONGTYPE is the answer of that waiter alone.
-local function try(...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then
-    if not string.find(r.err, '^WRONGTYPE') then
-      error(r)
-    end
-    return nil, true
+-- An error e that redis.pcall gave on a key of this call decides only the
+-- answer of that waiter if it is WRONGTYPE (the key holds another type of
+-- value); any other error fails the call, as redis.call would.
+local function wrongType(e)
+  if not string.find(e.err, '^WRONGTYPE') then
+    error(e)
   end
-  return r
 end
 
 local out = {}
 for i = 1, #KEYS / 3 do
   local h, q, e = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local id, lease = ARGV[3 * i - 2], ARGV[3 * i]
-  out[i] = 0 -- also if a key holds another type: try gives nil then
-  if try('ZSCORE', q, id) and try('HSET', e, id, string.format('%d', now + tonumber(lease)) .. ' ' .. ARGV[3 * i - 1]) then
-    -- Only ever extended, as in mutex_lock: a shorter lease of another
-    -- waiter must not cut the queue short.
-    if redis.call('PTTL', q) < tonumber(lease) then
-      redis.call('PEXPIRE', q, lease)
+  out[i] = 0
+  local r = redis.pcall('ZSCORE', q, id) -- r: each reply in turn, or an error
+  if r and type(r) ~= 'table' then
+    r = redis.pcall('HSET', e, id, string.format('%d', now + tonumber(lease)) .. ' ' .. ARGV[3 * i - 1])
+    if type(r) ~= 'table' then
+      -- Only ever extended, as in mutex_lock: a shorter lease of another
+      -- waiter must not cut the queue short.
+      if redis.call('PTTL', q) < tonumber(lease) then
+        redis.call('PEXPIRE', q, lease)
+      end
+      if redis.call('PTTL', e) < tonumber(lease) then
+        redis.call('PEXPIRE', e, lease)
+      end
+      r = redis.pcall('HEXISTS', h, 'o')
+      if r == 1 then
+        out[i] = 1
+      elseif r == 0 then
+        out[i] = 2
+      end
     end
-    if redis.call('PTTL', e) < tonumber(lease) then
-      redis.call('PEXPIRE', e, lease)
-    end
-    local held = try('HEXISTS', h, 'o')
-    if held == 1 then
-      out[i] = 1
-    elseif held == 0 then
-      out[i] = 2
-    end
+  end
+  if type(r) == 'table' then
+    wrongType(r) -- answered 0
   end
 end
 return out

@@ -16,13 +16,21 @@
 --          holds another type of value (it is not held either).
 -- Complexity: O(N) for N keys; the caller sends at most lease.MaxBatch
 --          (512) per call.
+
+-- An error e that redis.pcall gave on a key of this call decides only the
+-- answer of that lock if it is WRONGTYPE (the key holds another type of
+-- value); any other error fails the call, as redis.call would.
+local function wrongType(e)
+  if not string.find(e.err, '^WRONGTYPE') then
+    error(e)
+  end
+end
+
 local out = {}
 for i = 1, #KEYS do
   local h = redis.pcall('HMGET', KEYS[i], 'o', 'f')
-  if h.err then
-    if not string.find(h.err, '^WRONGTYPE') then
-      error(h) -- not this lock's own: the call fails, as redis.call would
-    end
+  if h.err then -- (an array has no err)
+    wrongType(h)
     out[i] = -1
   elseif h[1] == ARGV[2 * i] and h[2] == ARGV[2 * i + 1] then
     redis.call('PEXPIRE', KEYS[i], ARGV[1])

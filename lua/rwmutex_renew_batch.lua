@@ -35,18 +35,14 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[1])
 local ends = string.format('%.0f', now + lease)
 
--- redis.pcall, but an error other than WRONGTYPE fails the call, as
--- redis.call would: WRONGTYPE is the answer of the acquisitions kept in
--- that key alone.
-local function try(...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then
-    if not string.find(r.err, '^WRONGTYPE') then
-      error(r)
-    end
-    return nil, true
+-- An error e that redis.pcall gave on a key of this call decides only the
+-- answer of the acquisitions kept in that key if it is WRONGTYPE (the key
+-- holds another type of value); any other error fails the call, as
+-- redis.call would.
+local function wrongType(e)
+  if not string.find(e.err, '^WRONGTYPE') then
+    error(e)
   end
-  return r
 end
 
 local out = {}
@@ -56,8 +52,9 @@ for i = 1, (#ARGV - 1) / 3 do
   local owner, id = ARGV[3 * i], ARGV[3 * i + 1]
   out[i] = 0
   if owner ~= '' then
-    local h, wrong = try('HMGET', KEYS[2 * j - 1], 'o', 'f', 'e')
-    if wrong then
+    local h = redis.pcall('HMGET', KEYS[2 * j - 1], 'o', 'f', 'e')
+    if h.err then -- (an array has no err)
+      wrongType(h)
       out[i] = -1
     elseif h[1] == owner and h[2] == id and (tonumber(h[3]) or 0) > now then
       redis.call('HSET', KEYS[2 * j - 1], 'e', ends)
@@ -65,11 +62,11 @@ for i = 1, (#ARGV - 1) / 3 do
       out[i] = 1
     end
   else
-    local s, wrong = try('ZSCORE', KEYS[2 * j], id)
-    s = tonumber(s)
-    if wrong then
+    local s = redis.pcall('ZSCORE', KEYS[2 * j], id)
+    if type(s) == 'table' then -- (a score is a string)
+      wrongType(s)
       out[i] = -1
-    elseif s and s > now then
+    elseif s and tonumber(s) > now then
       redis.call('ZADD', KEYS[2 * j], 'XX', ends, id)
       renewed[2 * j] = true
       out[i] = 1

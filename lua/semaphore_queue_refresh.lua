@@ -69,18 +69,14 @@ local lease = tonumber(ARGV[1])
 local exps = num(now + lease)
 local ttl = num(lease + math.floor(lease / 16)) -- as semaphore_queue sets it
 
--- redis.pcall, but an error other than WRONGTYPE fails the call, as
--- redis.call would: WRONGTYPE is the answer of that semaphore's waiters
--- alone.
-local function try(...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then
-    if not string.find(r.err, '^WRONGTYPE') then
-      error(r)
-    end
-    return nil, true
+-- An error e that redis.pcall gave on a key of this call decides only the
+-- answer of that semaphore's waiters if it is WRONGTYPE (the key holds
+-- another type of value); any other error fails the call, as redis.call
+-- would.
+local function wrongType(e)
+  if not string.find(e.err, '^WRONGTYPE') then
+    error(e)
   end
-  return r
 end
 
 local sems = {} -- j -> {stored = capacity or false, stuck = bool, woken = bool, wrong = bool}
@@ -96,8 +92,9 @@ local function look(j)
     return s
   end
   local hk, ek, qk, qek = KEYS[4 * j - 3], KEYS[4 * j - 2], KEYS[4 * j - 1], KEYS[4 * j]
-  local h = try('HMGET', hk, ':used', ':cap')
-  if not h then
+  local h = redis.pcall('HMGET', hk, ':used', ':cap')
+  if h.err then -- (an array has no err)
+    wrongType(h)
     s = {wrong = true}
     sems[j] = s
     return s
@@ -108,8 +105,9 @@ local function look(j)
     s.stuck = true -- nothing held, yet waiters queued
     return s
   end
-  local first = try('ZRANGE', ek, '0', '0', 'WITHSCORES')
-  if not first then
+  local first = redis.pcall('ZRANGE', ek, '0', '0', 'WITHSCORES')
+  if first.err then
+    wrongType(first)
     s.wrong = true
     return s
   end
@@ -135,8 +133,14 @@ for i = 1, (#ARGV - 1) / 3 do
   local j = tonumber(ARGV[3 * i - 1])
   local id, w = ARGV[3 * i], ARGV[3 * i + 1]
   local qk, qek = KEYS[4 * j - 1], KEYS[4 * j]
-  out[i] = 0 -- also if a key holds another type: try gives nil then
-  if try('ZSCORE', qk, id) and try('HSET', qek, id, exps .. ' ' .. w) then
+  out[i] = 0
+  local r = redis.pcall('ZSCORE', qk, id) -- r: each reply in turn, or an error
+  if r and type(r) ~= 'table' then
+    r = redis.pcall('HSET', qek, id, exps .. ' ' .. w)
+  end
+  if type(r) == 'table' then
+    wrongType(r) -- answered 0
+  elseif r then
     if not extended[j] then
       extended[j] = true
       for _, k in ipairs({qk, qek}) do

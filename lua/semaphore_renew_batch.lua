@@ -32,18 +32,14 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local exp = now + tonumber(ARGV[1])
 local exps = string.format('%d', exp)
 
--- redis.pcall, but an error other than WRONGTYPE fails the call, as
--- redis.call would: WRONGTYPE is the answer of that semaphore's permits
--- alone.
-local function try(...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then
-    if not string.find(r.err, '^WRONGTYPE') then
-      error(r)
-    end
-    return nil, true
+-- An error e that redis.pcall gave on a key of this call decides only the
+-- answer of that semaphore's permits if it is WRONGTYPE (the key holds
+-- another type of value); any other error fails the call, as redis.call
+-- would.
+local function wrongType(e)
+  if not string.find(e.err, '^WRONGTYPE') then
+    error(e)
   end
-  return r
 end
 
 local out = {}
@@ -51,19 +47,20 @@ local renewed = {} -- j -> true once a permit of semaphore j is renewed
 for i = 1, (#ARGV - 1) / 2 do
   local j = tonumber(ARGV[2 * i])
   local id = ARGV[2 * i + 1]
-  out[i] = 0
-  local score, wrong = try('ZSCORE', KEYS[2 * j], id)
-  if score and tonumber(score) > now then
-    local held
-    held, wrong = try('HEXISTS', KEYS[2 * j - 1], id)
-    if held == 1 then
-      redis.call('ZADD', KEYS[2 * j], exps, id)
-      renewed[j] = true
-      out[i] = 1
-    end
+  -- held: HEXISTS's 1 or 0, false, or the error of either call.
+  local held = redis.pcall('ZSCORE', KEYS[2 * j], id)
+  if type(held) ~= 'table' then -- (a score is a string)
+    held = held and tonumber(held) > now and redis.pcall('HEXISTS', KEYS[2 * j - 1], id)
   end
-  if wrong then
+  if held == 1 then
+    redis.call('ZADD', KEYS[2 * j], exps, id)
+    renewed[j] = true
+    out[i] = 1
+  elseif type(held) == 'table' then
+    wrongType(held)
     out[i] = -1
+  else
+    out[i] = 0
   end
 end
 
