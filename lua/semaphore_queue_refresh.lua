@@ -79,7 +79,8 @@ local function wrongType(e)
   end
 end
 
-local sems = {} -- j -> {stored = capacity or false, stuck = bool, woken = bool, wrong = bool}
+-- j -> {stored = capacity or false, stuck = bool, woken = bool, wrong = bool}
+local sems = {}
 
 -- What the j-th semaphore is like now: its capacity in force (false if
 -- nothing is held), whether a grant pass would do something, and whether
