@@ -14,7 +14,11 @@
 --   - a waiter queued on a lock that nobody holds: no release will come
 --     (the holder's lease ran out, or a waiter handed the lock died before
 --     it knew), so the head must take it, and dead entries before it must
---     be dropped, which mutex_lock does.
+--     be dropped, which mutex_lock does;
+--   - a waiter one of whose keys holds another type of value (overwritten
+--     by an operator's SET or another program sharing the prefix): its
+--     own call gets the error and reports it. The other waiters of the
+--     call are refreshed as usual.
 --
 -- KEYS[3i-2]   lock hash of the i-th waiter's lock
 -- KEYS[3i-1]   its queue (sorted set of attempt ids)
@@ -25,33 +29,50 @@
 -- ARGV[3i]     its lease in milliseconds
 --
 -- Returns  an array with one entry per waiter: 1 if its entry was
---          refreshed, 0 if it is not queued (granted, or dropped), 2 if its
---          entry was refreshed but the lock is free.
+--          refreshed, 0 if it is not queued (granted, or dropped) or a key
+--          of it holds another type of value, 2 if its entry was refreshed
+--          but the lock is free.
 -- Complexity: O(N log Q) for N waiters of queues of length up to Q; the
 --          caller sends at most lease.MaxBatch (512) per call.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- An error e that redis.pcall gave on a key of this call decides only the
+-- answer of that waiter if it is WRONGTYPE (the key holds another type of
+-- value); any other error fails the call, as redis.call would.
+local function wrongType(e)
+  if not string.find(e.err, '^WRONGTYPE') then
+    error(e)
+  end
+end
+
 local out = {}
 for i = 1, #KEYS / 3 do
   local h, q, e = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local id, lease = ARGV[3 * i - 2], ARGV[3 * i]
-  if redis.call('ZSCORE', q, id) then
-    redis.call('HSET', e, id, string.format('%d', now + tonumber(lease)) .. ' ' .. ARGV[3 * i - 1])
-    -- Only ever extended, as in mutex_lock: a shorter lease of another
-    -- waiter must not cut the queue short.
-    if redis.call('PTTL', q) < tonumber(lease) then
-      redis.call('PEXPIRE', q, lease)
+  out[i] = 0
+  local r = redis.pcall('ZSCORE', q, id) -- r: each reply in turn, or an error
+  if r and type(r) ~= 'table' then
+    r = redis.pcall('HSET', e, id, string.format('%d', now + tonumber(lease)) .. ' ' .. ARGV[3 * i - 1])
+    if type(r) ~= 'table' then
+      -- Only ever extended, as in mutex_lock: a shorter lease of another
+      -- waiter must not cut the queue short.
+      if redis.call('PTTL', q) < tonumber(lease) then
+        redis.call('PEXPIRE', q, lease)
+      end
+      if redis.call('PTTL', e) < tonumber(lease) then
+        redis.call('PEXPIRE', e, lease)
+      end
+      r = redis.pcall('HEXISTS', h, 'o')
+      if r == 1 then
+        out[i] = 1
+      elseif r == 0 then
+        out[i] = 2
+      end
     end
-    if redis.call('PTTL', e) < tonumber(lease) then
-      redis.call('PEXPIRE', e, lease)
-    end
-    if redis.call('HEXISTS', h, 'o') == 1 then
-      out[i] = 1
-    else
-      out[i] = 2
-    end
-  else
-    out[i] = 0
+  end
+  if type(r) == 'table' then
+    wrongType(r) -- answered 0
   end
 end
 return out

@@ -43,7 +43,10 @@
 --   "t"  fair TryAcquire: as "a", but an id not granted leaves no entry.
 --   "r"  release id: remove its permit (if held) and its queue entry (a
 --        waiter that gives up leaves the queue this way, and gives back a
---        grant that reached it meanwhile).
+--        grant that reached it meanwhile). A release of a permit, with a
+--        set capacity, makes the permit keys live its retention from now
+--        (only later), as a grant does: the permits left may never be
+--        released or renewed.
 --   "c"  SetCapacity: the capacity becomes ARGV[2] for every caller, kept
 --        in the hash at least ARGV[5] ms after its last write. Held permits
 --        are never revoked: while used >= capacity nothing is granted.
@@ -179,7 +182,9 @@ elseif used == 0 and not keep then
   stored = cap
 end
 local dirty = freed > 0 or mode == 'c' -- the hash needs writing back
-local extend = mode == 'c' -- a permit was granted or renewed: set expiries
+-- A permit was granted or renewed, or a set capacity must be kept from a
+-- release (the permits left may never be released or renewed): set expiries.
+local extend = mode == 'c' or mode == 'r' and keep ~= nil
 local grants = {} -- permits the pass granted: id, weight, ... for the hash
 
 -- Write back ':used', the capacity and the permits granted, and, if

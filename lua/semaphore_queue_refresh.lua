@@ -35,6 +35,10 @@
 --          granted, dropped), or by at most 16 reclaimed per call, so a
 --          semaphore costs at most one extra call per refresh round.
 --   1  refreshed; nothing to do.
+-- A waiter one of whose semaphore's keys holds another type of value
+-- (overwritten by an operator's SET or another program sharing the
+-- prefix) is answered 0: its own call gets the error and reports it. The
+-- other waiters of the call are refreshed as usual.
 -- An entry whose expiry passed but that no pass has dropped yet is
 -- refreshed like any other, as the waiter's own "a" call would do.
 --
@@ -65,24 +69,49 @@ local lease = tonumber(ARGV[1])
 local exps = num(now + lease)
 local ttl = num(lease + math.floor(lease / 16)) -- as semaphore_queue sets it
 
-local sems = {} -- j -> {stored = capacity or false, stuck = bool, woken = bool}
+-- An error e that redis.pcall gave on a key of this call decides only the
+-- answer of that semaphore's waiters if it is WRONGTYPE (the key holds
+-- another type of value); any other error fails the call, as redis.call
+-- would.
+local function wrongType(e)
+  if not string.find(e.err, '^WRONGTYPE') then
+    error(e)
+  end
+end
+
+-- j -> {stored = capacity or false, stuck = bool, woken = bool, wrong = bool}
+local sems = {}
 
 -- What the j-th semaphore is like now: its capacity in force (false if
--- nothing is held) and whether a grant pass would do something.
+-- nothing is held), whether a grant pass would do something, and whether
+-- its permits hash or expiry set holds another type of value. Its queue
+-- keys are known to be of the right type: a refresh of one of its entries
+-- went through them.
 local function look(j)
   local s = sems[j]
   if s then
     return s
   end
   local hk, ek, qk, qek = KEYS[4 * j - 3], KEYS[4 * j - 2], KEYS[4 * j - 1], KEYS[4 * j]
-  local h = redis.call('HMGET', hk, ':used', ':cap')
-  s = {stored = tonumber(h[2]) or false, stuck = false, woken = false}
+  local h = redis.pcall('HMGET', hk, ':used', ':cap')
+  if h.err then -- (an array has no err)
+    wrongType(h)
+    s = {wrong = true}
+    sems[j] = s
+    return s
+  end
+  s = {stored = tonumber(h[2]) or false, stuck = false, woken = false, wrong = false}
   sems[j] = s
   if not h[1] then
     s.stuck = true -- nothing held, yet waiters queued
     return s
   end
-  local first = redis.call('ZRANGE', ek, '0', '0', 'WITHSCORES')
+  local first = redis.pcall('ZRANGE', ek, '0', '0', 'WITHSCORES')
+  if first.err then
+    wrongType(first)
+    s.wrong = true
+    return s
+  end
   if first[2] and tonumber(first[2]) <= now then
     s.stuck = true -- an expired permit that nobody will release
     return s
@@ -105,8 +134,14 @@ for i = 1, (#ARGV - 1) / 3 do
   local j = tonumber(ARGV[3 * i - 1])
   local id, w = ARGV[3 * i], ARGV[3 * i + 1]
   local qk, qek = KEYS[4 * j - 1], KEYS[4 * j]
-  if redis.call('ZSCORE', qk, id) then
-    redis.call('HSET', qek, id, exps .. ' ' .. w)
+  out[i] = 0
+  local r = redis.pcall('ZSCORE', qk, id) -- r: each reply in turn, or an error
+  if r and type(r) ~= 'table' then
+    r = redis.pcall('HSET', qek, id, exps .. ' ' .. w)
+  end
+  if type(r) == 'table' then
+    wrongType(r) -- answered 0
+  elseif r then
     if not extended[j] then
       extended[j] = true
       for _, k in ipairs({qk, qek}) do
@@ -116,15 +151,16 @@ for i = 1, (#ARGV - 1) / 3 do
       end
     end
     local s = look(j)
-    out[i] = 1
-    if s.stored and tonumber(w) > s.stored then
+    if s.wrong then
+      out[i] = 0
+    elseif s.stored and tonumber(w) > s.stored then
       out[i] = 2
     elseif s.stuck and not s.woken then
       s.woken = true
       out[i] = 2
+    else
+      out[i] = 1
     end
-  else
-    out[i] = 0
   end
 end
 return out

@@ -9,7 +9,9 @@
 -- When capacity was freed, the number of permits now free (at least 1) is
 -- published as the wake-up budget. The keys are deleted with the last
 -- permit, except that a capacity set by SetCapacity stays in the hash for
--- as long as ':set' says.
+-- as long as ':set' says; a release that leaves permits stored makes both
+-- keys live that long too (their expiry only moved later), since their
+-- holders may never release or renew them.
 --
 -- KEYS[1]  permits hash
 -- KEYS[2]  expiry sorted set
@@ -22,7 +24,7 @@
 --          (expired permits not reclaimed yet count in it).
 -- Complexity: O(log N) for N permits held, plus the publish.
 local id = ARGV[1]
-local h = redis.call('HMGET', KEYS[1], ':used', ':cap', id)
+local h = redis.call('HMGET', KEYS[1], ':used', ':cap', id, ':set')
 local used = tonumber(h[1] or '0')
 if not h[3] then
   return {0, used}
@@ -39,9 +41,8 @@ redis.call('HDEL', KEYS[1], id)
 redis.call('ZREM', KEYS[2], id)
 
 used = used - tonumber(h[3])
+local keep = h[4]
 if used <= 0 or redis.call('ZCARD', KEYS[2]) == 0 then
-  -- Read only now: absent, ':set' costs a scan of the whole hash.
-  local keep = redis.call('HGET', KEYS[1], ':set')
   redis.call('DEL', KEYS[1], KEYS[2])
   used = 0
   if keep then
@@ -50,6 +51,12 @@ if used <= 0 or redis.call('ZCARD', KEYS[2]) == 0 then
   end
 else
   redis.call('HSET', KEYS[1], ':used', string.format('%d', used))
+  -- PTTL counts from a time no earlier than now less 1 ms: hence the + 1.
+  if keep and redis.call('PTTL', KEYS[2]) < tonumber(keep) + 1 then
+    local at = string.format('%d', now + tonumber(keep) + 1)
+    redis.call('PEXPIREAT', KEYS[1], at)
+    redis.call('PEXPIREAT', KEYS[2], at)
+  end
 end
 local free = string.format('%d', math.max(tonumber(h[2] or '0') - used, 1))
 if ARGV[2] == 's' then

@@ -9,7 +9,11 @@
 -- the call is in one slot (semaphores whose hash tags share a slot). After
 -- its permits, each semaphore that had one renewed gets both keys' expiry
 -- set to its latest permit expiry, or ':set' ms from now if SetCapacity
--- set the capacity and that is later. Time is the server's (TIME).
+-- set the capacity and that is later. Time is the server's (TIME). A key
+-- that holds another type of value (overwritten by an operator's SET or
+-- another program sharing the prefix) answers for the permits of its own
+-- semaphore only: they are not held, and the others of the call are
+-- renewed as usual.
 --
 -- KEYS[2j-1]   permits hash of the j-th semaphore
 -- KEYS[2j]     expiry sorted set of the j-th semaphore
@@ -18,7 +22,8 @@
 -- ARGV[2i+1]   id of the i-th permit
 --
 -- Returns  an array with one entry per permit: 1 if it was renewed, 0 if
---          it is not held.
+--          it is not held, -1 if a key of its semaphore holds another type
+--          of value (it is not held either).
 -- Complexity: O(N log M + S) for N permits of S semaphores holding at most
 --          M permits each; the caller sends at most lease.MaxBatch (512)
 --          permits per call.
@@ -27,16 +32,33 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local exp = now + tonumber(ARGV[1])
 local exps = string.format('%d', exp)
 
+-- An error e that redis.pcall gave on a key of this call decides only the
+-- answer of that semaphore's permits if it is WRONGTYPE (the key holds
+-- another type of value); any other error fails the call, as redis.call
+-- would.
+local function wrongType(e)
+  if not string.find(e.err, '^WRONGTYPE') then
+    error(e)
+  end
+end
+
 local out = {}
 local renewed = {} -- j -> true once a permit of semaphore j is renewed
 for i = 1, (#ARGV - 1) / 2 do
   local j = tonumber(ARGV[2 * i])
   local id = ARGV[2 * i + 1]
-  local score = redis.call('ZSCORE', KEYS[2 * j], id)
-  if score and tonumber(score) > now and redis.call('HEXISTS', KEYS[2 * j - 1], id) == 1 then
+  -- held: HEXISTS's 1 or 0, false, or the error of either call.
+  local held = redis.pcall('ZSCORE', KEYS[2 * j], id)
+  if type(held) ~= 'table' then -- (a score is a string)
+    held = held and tonumber(held) > now and redis.pcall('HEXISTS', KEYS[2 * j - 1], id)
+  end
+  if held == 1 then
     redis.call('ZADD', KEYS[2 * j], exps, id)
     renewed[j] = true
     out[i] = 1
+  elseif type(held) == 'table' then
+    wrongType(held)
+    out[i] = -1
   else
     out[i] = 0
   end

@@ -1101,6 +1101,8 @@ func (l *Locker) renewLeases(ctx context.Context, items []any, errs []error) err
 			errs[i] = err
 		case ok == 0:
 			errs[i] = errRenewGone
+		case ok < 0:
+			errs[i] = lease.ErrWrongType
 		}
 	}
 	return nil

@@ -669,6 +669,8 @@ func (l *Locker) renewRW(ctx context.Context, items []any, errs []error) error {
 			errs[i] = err
 		case ok == 0:
 			errs[i] = errRWRenewGone
+		case ok < 0:
+			errs[i] = lease.ErrWrongType
 		}
 	}
 	return nil

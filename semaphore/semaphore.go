@@ -1142,6 +1142,8 @@ func (m *Manager) renewPermits(ctx context.Context, items []any, errs []error) e
 			errs[i] = err
 		case ok == 0:
 			errs[i] = errRenewGone
+		case ok < 0:
+			errs[i] = lease.ErrWrongType
 		}
 	}
 	return nil

@@ -41,6 +41,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -50,6 +51,11 @@ var (
 	// ErrGone is returned by a Renew function when the resource is no
 	// longer held by this owner (deleted, expired, taken over).
 	ErrGone = errors.New("lease: not held any more")
+	// ErrWrongType wraps ErrGone: a renewal found a key of the resource
+	// holding another type of value (an operator's SET, another program
+	// sharing the key prefix), so it is not held. A batch answers it for
+	// that lease alone.
+	ErrWrongType = fmt.Errorf("%w: a key holds another type of value", ErrGone)
 	// ErrExpired means renewals failed until the lease must have run out,
 	// or a lease without renewal reached its end.
 	ErrExpired = errors.New("lease: expired")
