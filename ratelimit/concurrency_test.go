@@ -170,3 +170,47 @@ func TestNewConcurrencyMiddlewareValidation(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrencyLimitsShareManager is issue 22 item 5: two concurrency
+// middlewares on one Manager with different Limits. A client holds one
+// request in flight on the route limited to 5; the route limited to 1
+// must still let only one of its requests in at once. Both used to count
+// under one semaphore name: the Limit 1 route got ErrCapacityMismatch,
+// which FallbackOpen served unlimited.
+func TestConcurrencyLimitsShareManager(t *testing.T) {
+	mgr := newManager(t)
+	five := concurrencyMiddleware(t, mgr, 5)
+	one := concurrencyMiddleware(t, mgr, 1)
+	wide := &blockingHandler{entered: make(chan struct{}), release: make(chan struct{})}
+	narrow := &blockingHandler{entered: make(chan struct{}), release: make(chan struct{})}
+	releaseNarrow := sync.OnceFunc(func() { close(narrow.release) })
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	wg.Go(func() { codes[0] = serve(five(wide), request("192.0.2.20:1")).Code })
+	<-wide.entered
+	wg.Go(func() { codes[1] = serve(one(narrow), request("192.0.2.20:1")).Code })
+	<-narrow.entered
+	// The Limit 1 route has its one request in flight: the next waits.
+	// Served unlimited, it would block in the handler; it must not get
+	// there.
+	got := make(chan int, 1)
+	go func() { got <- serve(one(narrow), request("192.0.2.20:1")).Code }()
+	select {
+	case code := <-got:
+		if code != http.StatusTooManyRequests {
+			t.Errorf("second request on the Limit 1 route: %d; want 429", code)
+		}
+	case <-narrow.entered:
+		t.Errorf("second request on the Limit 1 route was served while the first runs; want 429")
+		releaseNarrow()
+		<-got
+	}
+	close(wide.release)
+	releaseNarrow()
+	wg.Wait()
+	for i, c := range codes {
+		if c != http.StatusOK {
+			t.Errorf("request %d in flight: %d; want 200", i+1, c)
+		}
+	}
+}
