@@ -164,6 +164,8 @@ func TestNewConcurrencyMiddlewareValidation(t *testing.T) {
 		{"negative retry-after", mgr, ConcurrencyOptions{Limit: 1, RetryAfter: -1}},
 		{"local fallback", mgr, ConcurrencyOptions{Limit: 1, Fallback: FallbackLocal}},
 		{"bad ipv6 prefix", mgr, ConcurrencyOptions{Limit: 1, IPv6PrefixLen: 129}},
+		{"limit above the semaphore's", mgr, ConcurrencyOptions{Limit: semaphore.MaxCapacity + 1}},
+		{"long name", mgr, ConcurrencyOptions{Limit: 1, Name: strings.Repeat("n", 257)}},
 	} {
 		if mw, err := NewConcurrencyMiddleware(tt.mgr, tt.opts); !errors.Is(err, ErrInvalidOptions) || mw != nil {
 			t.Errorf("%s: %v; want ErrInvalidOptions", tt.name, err)
@@ -213,4 +215,38 @@ func TestConcurrencyLimitsShareManager(t *testing.T) {
 			t.Errorf("request %d in flight: %d; want 200", i+1, c)
 		}
 	}
+}
+
+// TestConcurrencyName: middlewares with the same Name and Limit share one
+// count per key; another Name counts on its own, and so does the
+// PolicyName, which the Name defaults to.
+func TestConcurrencyName(t *testing.T) {
+	mgr := newManager(t)
+	mws := make(map[string]func(http.Handler) http.Handler)
+	for label, opts := range map[string]ConcurrencyOptions{
+		"default": {}, "default again": {}, "named": {Name: "uploads"}, "policy": {PolicyName: "search"},
+	} {
+		opts.Limit = 1
+		opts.OnError = func(_ *http.Request, err error) { t.Errorf("OnError: %v", err) }
+		mw, err := NewConcurrencyMiddleware(mgr, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mws[label] = mw
+	}
+	bh := &blockingHandler{entered: make(chan struct{}), release: make(chan struct{})}
+	var wg sync.WaitGroup
+	for _, label := range []string{"default", "named", "policy"} {
+		wg.Go(func() {
+			if code := serve(mws[label](bh), request("192.0.2.21:1")).Code; code != http.StatusOK {
+				t.Errorf("%s: %d; want 200 (a count of its own)", label, code)
+			}
+		})
+		<-bh.entered
+	}
+	if code := serve(mws["default again"](okHandler), request("192.0.2.21:1")).Code; code != http.StatusTooManyRequests {
+		t.Errorf("same Name and Limit as one in flight: %d; want 429 (one count)", code)
+	}
+	close(bh.release)
+	wg.Wait()
 }

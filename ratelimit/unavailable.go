@@ -76,7 +76,8 @@ func Unavailable(err error) bool {
 			"NOREPLICAS", "MISCONF", "OOM":
 			return true
 		}
-		return strings.HasPrefix(msg, "ERR max number of clients reached")
+		// rueidis drops the "ERR " of generic errors.
+		return strings.HasPrefix(strings.TrimPrefix(msg, "ERR "), "max number of clients reached")
 	}
 	return false
 }
