@@ -11,9 +11,10 @@ import (
 type CheckerOptions struct {
 	// Timeout bounds the wait for Redis. Default DefaultTimeout (200ms).
 	Timeout time.Duration
-	// FallbackLocal decides with the in-process limiter while Redis fails,
-	// as MiddlewareOptions.Fallback FallbackLocal does (see FallbackLocal
-	// for its accuracy). Default false: Check returns Redis's error.
+	// FallbackLocal decides with the in-process limiter while Redis fails
+	// (an error for which Unavailable is true), as MiddlewareOptions.Fallback
+	// FallbackLocal does (see FallbackLocal for its accuracy). Default
+	// false: Check returns Redis's error.
 	FallbackLocal bool
 	// LocalKeys and LocalHold are those of MiddlewareOptions. They must be
 	// 0 without FallbackLocal.
@@ -61,11 +62,20 @@ func NewChecker(l *Limiter, opts CheckerOptions) (*Checker, error) {
 // Check decides one request for key under ps (nil: the Limiter's own
 // Limit) and counts it if allowed. A key longer than 1024 bytes, or one
 // that starts with "~#", is counted under "~#" and its SHA-256, as
-// MiddlewareOptions.KeyFunc says: keys often come from the client. With FallbackLocal, a Redis failure is
-// answered locally (and told to OnLocal); otherwise Check returns the
-// error, and the caller chooses to pass the request (fail open) or refuse
-// it (fail closed). A caller whose client is gone should not pass it: it
-// may still read the answer. Errors are those of AllowN and AllowPolicies.
+// MiddlewareOptions.KeyFunc says: keys often come from the client.
+//
+// Errors are those of AllowN and AllowPolicies, in two classes that
+// Unavailable tells apart. An outage (Unavailable(err): a timeout, a
+// failed connection, a server refusing service for a while) is answered
+// locally with FallbackLocal (and told to OnLocal); otherwise Check returns
+// it, and the caller chooses to pass the request (fail open) or refuse it
+// (fail closed). A caller whose client is gone should not pass it: it may
+// still read the answer. Any other error is a configuration or semantic
+// error (a key holding another type of value, say): no fallback answers
+// it, Check reports it to the Cache's observer (an EventFallback with
+// SourceFailClosed) and returns it, and the caller must refuse the
+// request, since passing it would switch limiting off while Redis is
+// healthy.
 func (c *Checker) Check(ctx context.Context, key string, ps *Policies) (Decision, error) {
 	one := new([1]Result)
 	return c.c.decide(ctx, key, ps, one, func(err error) { c.onLocal(ctx, err) })

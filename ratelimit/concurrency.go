@@ -21,12 +21,31 @@ const DefaultConcurrencyRetryAfter = time.Second
 // middleware's semaphores never share a name with others of the Manager.
 const concurrencyName = "rl-conc:"
 
+// maxConcurrencyName is the longest ConcurrencyOptions.Name, so that the
+// key keeps most of the semaphore name's 1024 bytes.
+const maxConcurrencyName = 256
+
 // ConcurrencyOptions configures NewConcurrencyMiddleware. The zero value of
 // each field means its default; negative or out-of-range values are errors.
 type ConcurrencyOptions struct {
 	// Limit is the most requests of one key in flight at once, across
-	// every process that shares the Manager's Redis. Required, >= 1.
+	// every process that shares the Manager's Redis. Required, between 1
+	// and semaphore.MaxCapacity.
+	//
+	// Middlewares count together only if they have the same Name and the
+	// same Limit: each Limit has semaphores of its own. So a rolling
+	// deploy that changes Limit never makes the old and the new
+	// configuration refuse each other (a semaphore is held under one
+	// capacity at a time, see semaphore.ErrCapacityMismatch); while both
+	// run, a key may have up to the old Limit in flight through the old
+	// processes and the new Limit through the new ones.
 	Limit int
+	// Name names the count, so that middlewares for different routes
+	// count separately: middlewares on Managers that share a Redis and a
+	// Prefix, with the same Name and Limit, share one count per key (a
+	// request in flight through one counts against the other). Any bytes,
+	// at most 256. Default: PolicyName, itself "concurrency" by default.
+	Name string
 	// KeyFunc, TrustedProxies, ClientIPHeader, IPv4PrefixLen and
 	// IPv6PrefixLen choose the key of a request, as in MiddlewareOptions:
 	// by default the client IP, IPv6 grouped by /64.
@@ -39,7 +58,11 @@ type ConcurrencyOptions struct {
 	// back. Default DefaultTimeout (200ms). The client cannot shorten it.
 	Timeout time.Duration
 	// Fallback is FallbackOpen (the default) or FallbackClosed, as in
-	// MiddlewareOptions; there is no local fallback for concurrency.
+	// MiddlewareOptions; there is no local fallback for concurrency. It
+	// answers only for errors Unavailable counts as an outage (a timeout,
+	// a failed connection, a server that refuses service for a while):
+	// any other error (a capacity mismatch, a closed Manager, a KeyFunc
+	// error that is no outage) gets 500 Internal Server Error.
 	Fallback Fallback
 	// UnavailableRetryAfter is the Retry-After of FallbackClosed's 503.
 	// Default 0: none.
@@ -49,8 +72,10 @@ type ConcurrencyOptions struct {
 	// DefaultConcurrencyRetryAfter (1s): when a request ends is not known.
 	RetryAfter time.Duration
 	// OnError is told about every error, including a permit that could
-	// not be given back (it then expires with its lease). Default:
-	// slog.Default() at level Error.
+	// not be given back (it then expires with its lease). The semaphore
+	// Manager reports failed acquisitions to its Cache's observer too
+	// (scriptcache.EventAcquireFailed). Default: slog.Default() at level
+	// Error.
 	OnError func(r *http.Request, err error)
 	// PolicyName names the policy in the header fields. Default
 	// "concurrency".
@@ -83,24 +108,32 @@ type ConcurrencyOptions struct {
 // lease ends (see package semaphore: the Manager's watchdog renews them
 // while the handler runs).
 //
-// It returns an error wrapping ErrInvalidOptions for a nil mgr or an
+// It returns an error wrapping ErrInvalidOptions for a nil mgr, a Manager
+// with a fixed semaphore.Options.Lease (its permits would expire under a
+// handler that runs longer, which would then no longer count), or an
 // option out of range.
 func NewConcurrencyMiddleware(mgr *semaphore.Manager, opts ConcurrencyOptions) (func(http.Handler) http.Handler, error) {
 	switch {
 	case mgr == nil:
 		return nil, fmt.Errorf("%w: nil *semaphore.Manager", ErrInvalidOptions)
-	case opts.Limit < 1:
-		return nil, fmt.Errorf("%w: concurrency Limit %d is not at least 1", ErrInvalidOptions, opts.Limit)
+	case opts.Limit < 1 || int64(opts.Limit) > semaphore.MaxCapacity:
+		return nil, fmt.Errorf("%w: concurrency Limit %d is not between 1 and %d", ErrInvalidOptions, opts.Limit, int64(semaphore.MaxCapacity))
+	case len(opts.Name) > maxConcurrencyName:
+		return nil, fmt.Errorf("%w: concurrency Name is longer than %d bytes", ErrInvalidOptions, maxConcurrencyName)
 	case opts.Timeout < 0 || opts.RetryAfter < 0 || opts.UnavailableRetryAfter < 0:
 		return nil, fmt.Errorf("%w: negative duration", ErrInvalidOptions)
 	case opts.Fallback != FallbackOpen && opts.Fallback != FallbackClosed:
 		return nil, fmt.Errorf("%w: concurrency Fallback %v", ErrInvalidOptions, opts.Fallback)
+	}
+	if _, renewed := mgr.Lease(); !renewed {
+		return nil, fmt.Errorf("%w: the Manager has a fixed Lease, so a permit would stop counting when a handler outlasts it", ErrInvalidOptions)
 	}
 	keyFunc, err := requestKeyFunc(opts.KeyFunc, opts.TrustedProxies, opts.ClientIPHeader, opts.IPv4PrefixLen, opts.IPv6PrefixLen)
 	if err != nil {
 		return nil, err
 	}
 	c := &concurrency{mgr: mgr, opts: opts, keyFunc: keyFunc, timeout: opts.Timeout}
+	c.prefix = concurrencyPrefix(opts)
 	if c.timeout == 0 {
 		c.timeout = DefaultTimeout
 	}
@@ -132,6 +165,7 @@ type concurrency struct {
 	mgr         *semaphore.Manager
 	opts        ConcurrencyOptions
 	keyFunc     func(r *http.Request) (string, error)
+	prefix      string // of every semaphore name, see concurrencyPrefix
 	timeout     time.Duration
 	unavailable string   // Retry-After of the 503, or ""
 	retry       string   // Retry-After of the 429
@@ -149,8 +183,9 @@ func (c *concurrency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 	if err == nil {
 		var sem *semaphore.Semaphore
 		// Bounded as the rate middleware's keys are (see boundKey): a
-		// name the semaphore refuses would fail open.
-		name := concurrencyName + boundKey(key, maxKeyLen-len(concurrencyName))
+		// name the semaphore refuses would be an error for every
+		// request of the client.
+		name := c.prefix + boundKey(key, maxKeyLen-len(c.prefix))
 		if sem, err = c.mgr.NewSemaphore(name, int64(c.opts.Limit)); err == nil {
 			// Not r.Context(), as in the rate middleware: the decision must
 			// not be the client's.
@@ -160,14 +195,17 @@ func (c *concurrency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 		}
 	}
 	h := w.Header()
-	if !c.opts.DisableHeaders && (p != nil || errors.Is(err, semaphore.ErrNotObtained)) {
+	// A timeout wraps ErrNotObtained too: it is an outage, not a denial.
+	unavailable := Unavailable(err)
+	denied := !unavailable && errors.Is(err, semaphore.ErrNotObtained)
+	if !c.opts.DisableHeaders && (p != nil || denied) {
 		h.Set("RateLimit-Policy", c.policy)
 	}
 	switch {
 	case p != nil:
 		defer c.release(r, p)
 		next.ServeHTTP(w, r)
-	case errors.Is(err, semaphore.ErrNotObtained):
+	case denied:
 		if !c.opts.DisableHeaders {
 			h.Set("RateLimit", c.names[0]+";r=0")
 		}
@@ -177,6 +215,10 @@ func (c *concurrency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 			return
 		}
 		http.Error(w, "too many requests in flight", http.StatusTooManyRequests)
+	case !unavailable:
+		// A configuration or semantic error: never a fallback.
+		c.opts.OnError(r, err)
+		refuseError(w)
 	default:
 		c.opts.OnError(r, err)
 		if c.opts.Fallback == FallbackClosed || r.Context().Err() != nil {
@@ -188,6 +230,21 @@ func (c *concurrency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 		}
 		next.ServeHTTP(w, r)
 	}
+}
+
+// concurrencyPrefix starts the semaphore names of the middleware of opts:
+// concurrencyName, the length of the Name, the Name and the Limit, each
+// followed by ':', so that no (Name, Limit, key) shares a semaphore with
+// another and a semaphore is only ever made with one capacity.
+func concurrencyPrefix(opts ConcurrencyOptions) string {
+	name := opts.Name
+	if name == "" {
+		name = opts.PolicyName
+	}
+	if name == "" {
+		name = "concurrency"
+	}
+	return concurrencyName + strconv.Itoa(len(name)) + ":" + name + ":" + strconv.Itoa(opts.Limit) + ":"
 }
 
 // release gives p back, bounded by the timeout whatever the client did.

@@ -164,9 +164,89 @@ func TestNewConcurrencyMiddlewareValidation(t *testing.T) {
 		{"negative retry-after", mgr, ConcurrencyOptions{Limit: 1, RetryAfter: -1}},
 		{"local fallback", mgr, ConcurrencyOptions{Limit: 1, Fallback: FallbackLocal}},
 		{"bad ipv6 prefix", mgr, ConcurrencyOptions{Limit: 1, IPv6PrefixLen: 129}},
+		{"limit above the semaphore's", mgr, ConcurrencyOptions{Limit: semaphore.MaxCapacity + 1}},
+		{"long name", mgr, ConcurrencyOptions{Limit: 1, Name: strings.Repeat("n", 257)}},
 	} {
 		if mw, err := NewConcurrencyMiddleware(tt.mgr, tt.opts); !errors.Is(err, ErrInvalidOptions) || mw != nil {
 			t.Errorf("%s: %v; want ErrInvalidOptions", tt.name, err)
 		}
 	}
+}
+
+// TestConcurrencyLimitsShareManager is issue 22 item 5: two concurrency
+// middlewares on one Manager with different Limits. A client holds one
+// request in flight on the route limited to 5; the route limited to 1
+// must still let only one of its requests in at once. Both used to count
+// under one semaphore name: the Limit 1 route got ErrCapacityMismatch,
+// which FallbackOpen served unlimited.
+func TestConcurrencyLimitsShareManager(t *testing.T) {
+	mgr := newManager(t)
+	five := concurrencyMiddleware(t, mgr, 5)
+	one := concurrencyMiddleware(t, mgr, 1)
+	wide := &blockingHandler{entered: make(chan struct{}), release: make(chan struct{})}
+	narrow := &blockingHandler{entered: make(chan struct{}), release: make(chan struct{})}
+	releaseNarrow := sync.OnceFunc(func() { close(narrow.release) })
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	wg.Go(func() { codes[0] = serve(five(wide), request("192.0.2.20:1")).Code })
+	<-wide.entered
+	wg.Go(func() { codes[1] = serve(one(narrow), request("192.0.2.20:1")).Code })
+	<-narrow.entered
+	// The Limit 1 route has its one request in flight: the next waits.
+	// Served unlimited, it would block in the handler; it must not get
+	// there.
+	got := make(chan int, 1)
+	go func() { got <- serve(one(narrow), request("192.0.2.20:1")).Code }()
+	select {
+	case code := <-got:
+		if code != http.StatusTooManyRequests {
+			t.Errorf("second request on the Limit 1 route: %d; want 429", code)
+		}
+	case <-narrow.entered:
+		t.Errorf("second request on the Limit 1 route was served while the first runs; want 429")
+		releaseNarrow()
+		<-got
+	}
+	close(wide.release)
+	releaseNarrow()
+	wg.Wait()
+	for i, c := range codes {
+		if c != http.StatusOK {
+			t.Errorf("request %d in flight: %d; want 200", i+1, c)
+		}
+	}
+}
+
+// TestConcurrencyName: middlewares with the same Name and Limit share one
+// count per key; another Name counts on its own, and so does the
+// PolicyName, which the Name defaults to.
+func TestConcurrencyName(t *testing.T) {
+	mgr := newManager(t)
+	mws := make(map[string]func(http.Handler) http.Handler)
+	for label, opts := range map[string]ConcurrencyOptions{
+		"default": {}, "default again": {}, "named": {Name: "uploads"}, "policy": {PolicyName: "search"},
+	} {
+		opts.Limit = 1
+		opts.OnError = func(_ *http.Request, err error) { t.Errorf("OnError: %v", err) }
+		mw, err := NewConcurrencyMiddleware(mgr, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mws[label] = mw
+	}
+	bh := &blockingHandler{entered: make(chan struct{}), release: make(chan struct{})}
+	var wg sync.WaitGroup
+	for _, label := range []string{"default", "named", "policy"} {
+		wg.Go(func() {
+			if code := serve(mws[label](bh), request("192.0.2.21:1")).Code; code != http.StatusOK {
+				t.Errorf("%s: %d; want 200 (a count of its own)", label, code)
+			}
+		})
+		<-bh.entered
+	}
+	if code := serve(mws["default again"](okHandler), request("192.0.2.21:1")).Code; code != http.StatusTooManyRequests {
+		t.Errorf("same Name and Limit as one in flight: %d; want 429 (one count)", code)
+	}
+	close(bh.release)
+	wg.Wait()
 }

@@ -65,6 +65,15 @@ func (h ClientIPHeader) String() string {
 // Fallback says what the middleware does with a request when Redis cannot
 // answer in time (MiddlewareOptions.Timeout) or at all.
 //
+// Only the errors that Unavailable counts as an outage reach a fallback:
+// timeouts, failed connections, and a server that refuses service for a
+// while (LOADING, BUSY, READONLY and the like). Any other error of a check
+// is a configuration or semantic error (a key holding another type of
+// value, a closed Manager, a KeyFunc that finds no key): the request gets
+// 500 Internal Server Error, the error goes to OnError and, if Redis was
+// asked, to the Cache's observer (an EventFallback with SourceFailClosed),
+// and limiting is never switched off for it.
+//
 // None is free. FallbackOpen keeps the service up through a Redis outage
 // but removes limiting: whoever can slow Redis past the timeout (by
 // flooding it, or with more keys than the deny cache holds) switches
@@ -97,8 +106,8 @@ const (
 	// if it comes back. A flooding key is always recently used, so it is
 	// only evicted if more than LocalKeys/16 other keys (of its shard)
 	// arrive between two of its requests; each of those is limited as a
-	// key of its own. A request whose KeyFunc fails gets a 503, since
-	// there is no key to limit locally.
+	// key of its own. A request whose KeyFunc fails with an outage
+	// (Unavailable) gets a 503, since there is no key to limit locally.
 	FallbackLocal
 )
 
@@ -129,7 +138,9 @@ const DefaultLocalHold = time.Second
 type MiddlewareOptions struct {
 	// KeyFunc returns the limiter key of a request. An empty key with a nil
 	// error lets the request through unlimited (for health checks, say); an
-	// error is handled like a Redis error (OnError, then Fallback). A key
+	// error is told to OnError and then handled as a Redis error is: by
+	// the Fallback if Unavailable(err), by 500 otherwise (ErrNoClientIP,
+	// say: a listener whose peers have no IP address). A key
 	// longer than 1024 bytes, or one that starts with "~#", is counted
 	// under "~#" and its SHA-256, so that a client cannot escape its limit
 	// by sending a long key (which the Limiter itself refuses).
@@ -161,7 +172,8 @@ type MiddlewareOptions struct {
 	// is an error to set it with a Fallback other than FallbackClosed.
 	FailClosed bool
 	// Fallback says what happens to a request when Redis cannot answer in
-	// time. Default FallbackOpen; see Fallback for the trade-offs.
+	// time, or at all (an error for which Unavailable is true). Default
+	// FallbackOpen; see Fallback for the trade-offs.
 	Fallback Fallback
 	// LocalKeys caps the keys the in-process limiter of FallbackLocal
 	// holds, rounded up to a multiple of 16. Default DefaultLocalKeys.
@@ -180,7 +192,8 @@ type MiddlewareOptions struct {
 	// Retry-After, since how long Redis stays unreachable is not known.
 	UnavailableRetryAfter time.Duration
 	// OnError is told about every error: Redis unreachable, timeouts, key
-	// errors. Default: slog.Default() at level Error.
+	// and policy errors, configuration errors (those answered with 500).
+	// Default: slog.Default() at level Error.
 	OnError func(r *http.Request, err error)
 	// OnDenied writes the response to a denied request. The rate-limit
 	// headers, including Retry-After, are already set. With several
@@ -200,7 +213,8 @@ type MiddlewareOptions struct {
 	// built per request. The request is counted in all of them only when
 	// all have room, and every one is reported in the header fields, as
 	// named policies. A nil set means the Limiter's own Limit; an error is
-	// handled like a Redis error (OnError, then Fallback). Default nil:
+	// handled as KeyFunc's is (OnError, then the Fallback if Unavailable,
+	// else 500). Default nil:
 	// the Limiter's own Limit for every request.
 	PolicyFunc func(r *http.Request) (*Policies, error)
 	// PolicyName names the policy in the RateLimit-Policy and RateLimit
@@ -422,6 +436,12 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 	if !decided {
 		m.opts.OnError(r, err)
+		if !Unavailable(err) {
+			// A configuration or semantic error, not an outage: no
+			// fallback (decide reported it to the observer if it asked).
+			refuseError(w)
+			return
+		}
 		// A client that is gone gets no fail-open: it may only have
 		// half-closed, and would read what the handler writes.
 		open := m.opts.Fallback == FallbackOpen && r.Context().Err() == nil
@@ -509,7 +529,10 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 
 // decide asks the deny cache, the local limiter while it holds, or Redis
 // about one request for key under ps (nil: the Limiter's own Limit). A
-// Redis error that the local fallback answers goes to report.
+// Redis error that the local fallback answers goes to report. An error
+// that Unavailable does not count as an outage is never answered by the
+// local fallback: it is reported to the observer as refused and returned,
+// and the caller must refuse the request.
 func (m *checker) decide(parent context.Context, key string, ps *Policies, one *[1]Result, report func(error)) (Decision, error) {
 	key = boundKey(key, maxKeyLen)
 	// A key the deny cache answers needs no context and no timer: this is
@@ -556,7 +579,12 @@ func (m *checker) decide(parent context.Context, key string, ps *Policies, one *
 	if err == nil && probe != 0 {
 		m.localUntil.CompareAndSwap(probe, 0) // Redis is back
 	}
-	if err != nil && m.local != nil && !errors.Is(err, ErrInvalidKey) {
+	if err != nil && !Unavailable(err) {
+		// Redis answered, or was never asked: no fallback may decide.
+		m.l.fallback(m.obsName(ps), scriptcache.SourceFailClosed, err)
+		return d, err
+	}
+	if err != nil && m.local != nil {
 		// Redis failed: decide locally, and keep doing so for a while
 		// rather than make every request wait Timeout.
 		report(err)
@@ -570,6 +598,12 @@ func (m *checker) decide(parent context.Context, key string, ps *Policies, one *
 		return d, nil
 	}
 	return d, err
+}
+
+// refuseError answers a request whose check failed with an error that
+// Unavailable does not count as an outage: 500, whatever the Fallback.
+func refuseError(w http.ResponseWriter) {
+	http.Error(w, "rate limit not checked", http.StatusInternalServerError)
 }
 
 // obsName is the Event.Name of decisions under ps.

@@ -282,8 +282,11 @@ func TestMiddlewareKeys(t *testing.T) {
 		if w := serve(h, request("5.6.7.8:1", "Token", "a")); w.Code != 429 {
 			t.Fatalf("token a again: status %d; want 429", w.Code)
 		}
-		if w := serve(h, request("5.6.7.8:1")); w.Code != 200 || len(errs.list()) != 1 {
-			t.Fatalf("key error: status %d, %d errors reported; want 200 (fail open) and 1", w.Code, len(errs.list()))
+		// A request without a token is no outage: serving it unlimited
+		// would let every client switch its limit off by leaving the
+		// token out.
+		if w := serve(h, request("5.6.7.8:1")); w.Code != http.StatusInternalServerError || len(errs.list()) != 1 {
+			t.Fatalf("key error: status %d, %d errors reported; want 500 (no fallback) and 1", w.Code, len(errs.list()))
 		}
 	})
 }

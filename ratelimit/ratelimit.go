@@ -61,7 +61,11 @@
 // client cannot cut short, MiddlewareOptions.Fallback decides: open (the
 // default; never for a client that has gone), closed (503), or local: a
 // memory-capped in-process limiter per key, so that whoever can slow Redis
-// cannot switch limiting off (see FallbackLocal for its accuracy).
+// cannot switch limiting off (see FallbackLocal for its accuracy). Only
+// an outage reaches the fallback, as Unavailable classifies errors
+// (timeouts, failed connections, a server refusing service for a while);
+// any other error (a key holding another type of value, a KeyFunc that
+// finds no key) gets 500 and is reported, and never switches limiting off.
 //
 // Checker makes the same decision for other transports; the gRPC
 // interceptors of module github.com/sluicekit/sluice/grpc use it.
@@ -69,7 +73,8 @@
 // NewConcurrencyMiddleware limits requests in flight instead: at most N
 // per key at once, each holding a permit of a package semaphore Manager
 // until its handler returns, with the draft's concurrent-requests quota
-// unit in the header fields.
+// unit in the header fields. Middlewares count apart unless they share a
+// Name and a Limit (ConcurrencyOptions.Name).
 //
 // # Keys
 //

@@ -43,8 +43,11 @@ var ErrNoKey = errors.New("grpclimit: no key for the call")
 // negative or out-of-range values are errors.
 type Options struct {
 	// KeyFunc returns the limiter key of a call. An empty key with a nil
-	// error lets the call through unlimited; an error is handled like a
-	// Redis error (OnError, then Fallback). Default: the value of
+	// error lets the call through unlimited; an error is told to OnError
+	// and handled as a Redis error is: by the Fallback if
+	// ratelimit.Unavailable(err), else by codes.Internal (ErrNoKey, say: a
+	// call without the metadata key over a listener without IP peers).
+	// Default: the value of
 	// MetadataKey if set and present, else the peer's IP address grouped
 	// by IPv4PrefixLen and IPv6PrefixLen.
 	KeyFunc func(ctx context.Context, fullMethod string) (string, error)
@@ -60,8 +63,9 @@ type Options struct {
 	IPv4PrefixLen int
 	IPv6PrefixLen int
 	// PolicyFunc returns the policies a call is checked against (per
-	// method or per tenant); nil means the Limiter's own Limit. Default
-	// nil: the Limiter's own Limit for every call.
+	// method or per tenant); nil means the Limiter's own Limit. An error
+	// is handled as KeyFunc's is. Default nil: the Limiter's own Limit for
+	// every call.
 	PolicyFunc func(ctx context.Context, fullMethod string) (*ratelimit.Policies, error)
 	// Timeout bounds the wait for Redis. Default ratelimit.DefaultTimeout.
 	Timeout time.Duration
@@ -72,13 +76,21 @@ type Options struct {
 	// ratelimit.FallbackLocal for its accuracy), so that whoever can slow
 	// Redis cannot switch limiting off. A call whose client has gone never
 	// passes unchecked.
+	//
+	// Only errors that ratelimit.Unavailable counts as an outage (timeouts,
+	// failed connections, a server refusing service for a while) reach the
+	// Fallback. Any other error is a configuration or semantic error: the
+	// call ends with codes.Internal whatever the Fallback, the error goes
+	// to OnError (and, when Redis was asked, the Checker reports it to the
+	// Cache's observer), and limiting is never switched off for it.
 	Fallback ratelimit.Fallback
 	// LocalKeys and LocalHold configure FallbackLocal, as in
 	// ratelimit.MiddlewareOptions; they must be 0 without it.
 	LocalKeys int
 	LocalHold time.Duration
 	// OnError is told about every error, including Redis errors the local
-	// fallback answered. Default: nothing.
+	// fallback answered and the errors answered with codes.Internal.
+	// Default: nothing.
 	OnError func(ctx context.Context, fullMethod string, err error)
 }
 
@@ -191,6 +203,10 @@ func (ic *Interceptors) check(ctx context.Context, method string) error {
 	}
 	if err != nil {
 		ic.opts.OnError(ctx, method, err)
+		if !ratelimit.Unavailable(err) {
+			// A configuration or semantic error: never a fallback.
+			return status.Error(codes.Internal, "rate limit not checked")
+		}
 		if ic.opts.Fallback != ratelimit.FallbackOpen || ctx.Err() != nil {
 			return status.Error(codes.Unavailable, "rate limiter unavailable")
 		}

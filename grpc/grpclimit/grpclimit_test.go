@@ -248,3 +248,52 @@ func TestFallbackLocal(t *testing.T) {
 		t.Errorf("with Redis slow: %d of 6 calls served, %d errors; want 2 and 1", served, errs.Load())
 	}
 }
+
+// TestSemanticErrorInternal is issue 22 item 6 for the interceptors: an
+// error that is no outage (a key holding another type of value, a KeyFunc
+// that finds no key) ends the call with codes.Internal under every
+// Fallback, is told to OnError, and a Redis one to the observer. Such
+// calls used to be served unchecked (FallbackOpen) or decided locally.
+func TestSemanticErrorInternal(t *testing.T) {
+	srv := redistest.Single(t)
+	var events atomic.Int64
+	sc, err := scriptcache.New(context.Background(), redistest.Client(t, srv.Addr()), scriptcache.WithObserver(scriptcache.ObserverFunc(func(e scriptcache.Event) {
+		if e.Kind == scriptcache.EventFallback && e.Source == scriptcache.SourceFailClosed && e.Err != nil && !ratelimit.Unavailable(e.Err) {
+			events.Add(1)
+		}
+	})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := "test:" + strings.NewReplacer("{", "(", "}", ")").Replace(t.Name()) + ":" + strconv.FormatInt(runs.Add(1), 10) + ":"
+	l, err := ratelimit.New(sc, ratelimit.Options{Limit: ratelimit.PerHour(100), Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The default key of a loopback peer; GCRA keys end in ":g".
+	if _, err := srv.Do("RPUSH", prefix+"{127.0.0.1}:g", "x"); err != nil {
+		t.Fatal(err)
+	}
+	noKey := func(context.Context, string) (string, error) { return "", ErrNoKey }
+	for _, fb := range []ratelimit.Fallback{ratelimit.FallbackOpen, ratelimit.FallbackClosed, ratelimit.FallbackLocal} {
+		for _, c := range []struct {
+			name    string
+			keyFunc func(context.Context, string) (string, error)
+			events  int64
+		}{{"WRONGTYPE", nil, 1}, {"no key", noKey, 0}} {
+			var told atomic.Int64
+			before := events.Load()
+			client := serve(t, newInterceptors(t, l, Options{Fallback: fb, KeyFunc: c.keyFunc, OnError: func(_ context.Context, _ string, err error) {
+				if !ratelimit.Unavailable(err) {
+					told.Add(1)
+				}
+			}}))
+			if _, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}); status.Code(err) != codes.Internal {
+				t.Errorf("%v, %s: %v; want Internal", fb, c.name, err)
+			}
+			if told.Load() != 1 || events.Load()-before != c.events {
+				t.Errorf("%v, %s: %d errors told, %d observed; want 1 and %d", fb, c.name, told.Load(), events.Load()-before, c.events)
+			}
+		}
+	}
+}
