@@ -66,6 +66,9 @@ func (w *world) schedule(rng *rand.Rand) schedule {
 				continue
 			}
 			closed = true
+			if rng.IntN(2) == 0 {
+				f.length = 1 // the server stopped during the Close
+			}
 		}
 		s = append(s, f)
 	}
@@ -92,6 +95,8 @@ func (s schedule) lines(h *history) []string {
 	for _, f := range s {
 		l := fmt.Sprintf("%.3fs %s", f.at.Seconds(), f.kind)
 		switch {
+		case f.kind == "close" && f.length > 0:
+			l += fmt.Sprintf(" node %d while the server is stopped", f.node)
 		case f.res != "":
 			l += " " + f.res
 		case f.kind == "latency":
@@ -192,7 +197,18 @@ func (w *world) apply(ctx context.Context, f fault) error {
 		err = w.forceUnlock(ctx, f.res)
 		done()
 	case "close":
-		w.closeNode(nd, "with calls in flight")
+		if f.length > 0 {
+			// Close while the server has stopped answering: Close must
+			// not wait for calls in flight to a server that never
+			// answers.
+			if err = w.srv.Pause(); err != nil {
+				break
+			}
+			w.closeNode(nd, "with calls in flight to a stopped server")
+			err = w.srv.Resume()
+		} else {
+			w.closeNode(nd, "with calls in flight")
+		}
 	}
 	// A fault can last longer than planned (a stalled Close, a slow
 	// restart): it is in force for a lease after it really ended.
