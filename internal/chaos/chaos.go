@@ -71,6 +71,7 @@ type Report struct {
 	Holds      map[string]int // finished holds by kind
 	Faults     map[string]int // faults injected by kind
 	Schedule   []string       // the faults in order, with times
+	CloseTook  time.Duration  // the longest Close of a node
 	Violations []string
 }
 
@@ -80,8 +81,8 @@ func (r Report) Summary() string {
 	for _, n := range r.Ops {
 		ops += n
 	}
-	return fmt.Sprintf("seed %d: %d operations %v, holds %v, faults %v, %d violations",
-		r.Seed, ops, r.Ops, r.Holds, r.Faults, len(r.Violations))
+	return fmt.Sprintf("seed %d: %d operations %v, holds %v, faults %v, longest Close %v, %d violations",
+		r.Seed, ops, r.Ops, r.Holds, r.Faults, r.CloseTook.Round(time.Millisecond), len(r.Violations))
 }
 
 const (
@@ -103,8 +104,9 @@ type world struct {
 
 	inflight inflight
 
-	opsMu sync.Mutex
-	ops   map[string]int
+	opsMu     sync.Mutex
+	ops       map[string]int
+	closeTook time.Duration // the longest Close
 }
 
 // node is one client of the server with its own primitives, as one process
@@ -150,6 +152,7 @@ func Run(t testing.TB, cfg Config) Report {
 	w.admin = w.newNode(t, -1, false)
 	defer w.admin.close()
 
+	w.hist.epoch = time.Now() // the schedule's times count from here
 	ctx, stop := context.WithTimeout(context.Background(), cfg.Duration)
 	defer stop()
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5eed))
@@ -176,7 +179,7 @@ func Run(t testing.TB, cfg Config) Report {
 	w.hist.checkLiveness(w.cfg.Lease / 4)
 	w.lim.check(w.hist)
 
-	r := Report{Seed: cfg.Seed, Ops: w.ops, Holds: w.hist.holdsBy(), Faults: faults, Schedule: sched.lines(w.hist)}
+	r := Report{Seed: cfg.Seed, Ops: w.ops, Holds: w.hist.holdsBy(), Faults: faults, Schedule: sched.lines(w.hist), CloseTook: w.closeTook}
 	w.hist.mu.Lock()
 	r.Violations = append(r.Violations, w.hist.viol...)
 	w.hist.mu.Unlock()
@@ -270,9 +273,13 @@ func (n *node) closeOnce() (took time.Duration) {
 const closeBound = 10 * time.Second
 
 func (w *world) closeNode(n *node, why string) {
-	if took := n.close(); took > closeBound {
+	took := n.close()
+	if took > closeBound {
 		w.hist.violation("Close of node %d (%s) took %v, bound %v", n.i, why, took, closeBound)
 	}
+	w.opsMu.Lock()
+	w.closeTook = max(w.closeTook, took)
+	w.opsMu.Unlock()
 }
 
 func (w *world) count(op string) {

@@ -124,10 +124,12 @@ func (w *world) inject(ctx context.Context, s schedule) map[string]int {
 			return n
 		case <-time.After(time.Until(start.Add(f.at))):
 		}
+		at := time.Now()
 		if err := w.apply(ctx, f); err != nil {
 			w.hist.violation("fault %s could not be injected: %v", f.kind, err)
 			return n
 		}
+		w.cfg.Logf("fault %s applied at %s, done at %s", f.kind, w.hist.since(at), w.hist.since(time.Now()))
 		n[f.kind]++
 	}
 	return n
@@ -138,7 +140,8 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	// A fault is in force from just before it is applied until a lease
 	// after it ends: calls sent meanwhile may still be answered late or
 	// find its effects.
-	w.hist.fault(time.Now(), time.Now().Add(f.length+w.cfg.Lease), f.kind)
+	from := time.Now()
+	w.hist.fault(from, from.Add(f.length+w.cfg.Lease), f.kind)
 	nd := w.nodes[f.node]
 	hold := func() {
 		select {
@@ -211,8 +214,8 @@ func (w *world) apply(ctx context.Context, f fault) error {
 		}
 	}
 	// A fault can last longer than planned (a stalled Close, a slow
-	// restart): it is in force for a lease after it really ended.
-	w.hist.fault(time.Now(), time.Now().Add(w.cfg.Lease), f.kind)
+	// restart): it is in force until a lease after it really ended.
+	w.hist.fault(from, time.Now().Add(w.cfg.Lease), f.kind)
 	return err
 }
 
