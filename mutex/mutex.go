@@ -709,6 +709,9 @@ func (m *Mutex) takeGrant(ctx context.Context, id, grant string, sent time.Time)
 		return false, true, nil
 	}
 	if err := m.startHold(ctx, sent, token, 1); err != nil {
+		if errors.Is(err, lease.ErrLate) {
+			return false, false, nil // given back: the next attempt queues again
+		}
 		return false, false, err
 	}
 	return true, false, nil
@@ -795,7 +798,22 @@ type attemptResult struct {
 // attempt runs the lock script once. An outermost attempt uses the Lock
 // call's attempt id, *id, made here on the first attempt. A fair try
 // respects the queue without joining it.
+//
+// A grant whose answer came too late to be a hold (lease.ErrLate: given
+// back at once) fails a TryLock with an error wrapping ErrNotObtained; a
+// waiting Lock tries again at once, as long as ctx allows. A fair Lock
+// then queues again: its entry went with the grant.
 func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResult, error) {
+	for {
+		res, err := m.attemptOnce(ctx, id, try)
+		if try || !errors.Is(err, lease.ErrLate) || ctx.Err() != nil {
+			return res, err
+		}
+	}
+}
+
+// attemptOnce is one run of attempt.
+func (m *Mutex) attemptOnce(ctx context.Context, id *string, try bool) (attemptResult, error) {
 	var res attemptResult
 	if m.l.closed.Load() {
 		return res, ErrClosed
@@ -886,23 +904,38 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 		return res, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, m.name, acks, m.l.opts.ReplicaAcks)
 	}
 	if holds > 0 {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if m.gen != heldGen || m.holds == 0 {
-			// Declared lost while the call was in flight. The server
-			// counted one more hold of that acquisition; the Unlock that
-			// gives back the orphan releases it whatever its count.
-			return res, m.err
-		}
-		m.holds = n
-		res.ok, res.nested = true, true
-		return res, nil
+		return res, m.nest(heldGen, n, &res)
 	}
 	if err := m.startHold(ctx, res.sent, token, n); err != nil {
 		return res, err
 	}
 	res.ok, res.handed = true, got == 2
 	return res, nil
+}
+
+// nest records the nested hold a Lock's reply granted (n holds now) in
+// acquisition gen. The nested Lock leaves the lease alone, so its answer
+// extends nothing: if it came when the hold's lease was over on the client
+// (the keeper was about to declare it lost), the hold is lost and Lock
+// reports it instead of joining a hold that may have ended. Either way,
+// once lost, the server counted one more hold of that acquisition; the
+// Unlock that gives back the orphan releases it whatever its count. Called
+// with m.op held.
+func (m *Mutex) nest(gen uint64, n int64, res *attemptResult) error {
+	m.mu.Lock()
+	lse := m.lse
+	m.mu.Unlock()
+	if lse != nil && !lse.Live(time.Now()) {
+		m.lose(gen, lease.ErrExpired)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gen != gen || m.holds == 0 {
+		return m.err // declared lost while the call was in flight, or just now
+	}
+	m.holds = n
+	res.ok, res.nested = true, true
+	return nil
 }
 
 // newAttemptID names a new outermost attempt.
@@ -921,8 +954,15 @@ func (m *Mutex) nextAttemptID() string {
 }
 
 // startHold records an outermost hold with the given token and starts
-// watching its lease, counted from sent. Called with m.op held.
+// watching its lease, counted from sent. A grant whose lease, so counted,
+// was over when its answer came is no hold (lease.Live): it is given back
+// and startHold returns an error wrapping ErrNotObtained and lease.ErrLate.
+// Called with m.op held.
 func (m *Mutex) startHold(ctx context.Context, sent time.Time, token, n int64) error {
+	if !lease.Live(sent, m.lease, time.Now()) {
+		m.releaseGrant(ctx, token)
+		return notObtained(m.name, lease.ErrLate)
+	}
 	m.mu.Lock()
 	m.gen++
 	gen := m.gen
