@@ -104,3 +104,63 @@ func TestLateNestedLockIsLoss(t *testing.T) {
 		t.Fatalf("Info = %+v, %v; want the orphan given back", info, err)
 	}
 }
+
+// TestLateNestedRWLockIsLoss is TestLateNestedLockIsLoss for the write
+// and read holds of an RWMutex.
+func TestLateNestedRWLockIsLoss(t *testing.T) {
+	for _, write := range []bool{true, false} {
+		t.Run(kind(write), func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.Single(t)
+			sc0, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := &lateClient{Client: sc0.Client(), ran: make(chan struct{}), gate: make(chan struct{})}
+			sc, err := scriptcache.NewFrom(ctx, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := NewLocker(sc, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			rw, err := l.NewRWMutex("late-nested:"+t.Name(), WithLease(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lock := rw.Lock
+			if !write {
+				lock = rw.RLock
+			}
+			stalled, unstall := make(chan struct{}), make(chan struct{})
+			defer close(unstall)
+			l.keeper.Add(time.Now(), 30*time.Millisecond, nil, func(error) {
+				close(stalled)
+				<-unstall
+			})
+			<-stalled
+			if err := lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			rw.mu.Lock()
+			deadline := rw.side(write).lse.Deadline()
+			rw.mu.Unlock()
+			c.mu.Lock()
+			c.armed = true
+			c.mu.Unlock()
+			got := make(chan error, 1)
+			go func() { got <- lock(ctx) }()
+			<-c.ran
+			time.Sleep(time.Until(deadline) + time.Millisecond) // the scenario: the answer comes after it
+			close(c.gate)
+			if err := <-got; !errors.Is(err, ErrLost) {
+				t.Fatalf("nested lock answered after the hold's lease = %v, want ErrLost", err)
+			}
+			if w, r := rw.Holds(); w != 0 || r != 0 {
+				t.Fatalf("Holds() = %d, %d, want 0, 0", w, r)
+			}
+		})
+	}
+}

@@ -91,3 +91,71 @@ func TestLateGrantIsNotAHold(t *testing.T) {
 		})
 	}
 }
+
+// TestLateRWGrantIsNotAHold: TestLateGrantIsNotAHold for the write lock
+// and the read holds of an RWMutex; the other owner is a writer.
+func TestLateRWGrantIsNotAHold(t *testing.T) {
+	for _, write := range []bool{true, false} {
+		name := "read"
+		if write {
+			name = "write"
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.NewServer(t)
+			proxy := lateProxy(t, srv)
+			slow := newLocker(t, redistest.Client(t, proxy.Addr()), mutex.Options{})
+			fast := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{})
+			a, err := slow.NewRWMutex("late", mutex.WithLease(lateLease))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := fast.NewRWMutex("late")
+			if err != nil {
+				t.Fatal(err)
+			}
+			lock, try, unlock := a.Lock, a.TryLock, a.Unlock
+			if !write {
+				lock, try, unlock = a.RLock, a.TryRLock, a.RUnlock
+			}
+			if err := try(ctx); err != nil { // connections up, scripts loaded
+				t.Fatal(err)
+			}
+			if err := unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			proxy.SetLatency(lateLatency, 0)
+
+			if err := try(ctx); !errors.Is(err, mutex.ErrNotObtained) {
+				t.Fatalf("try with a late grant = %v, want ErrNotObtained", err)
+			}
+			if w, r := a.Holds(); w != 0 || r != 0 {
+				t.Fatalf("Holds() = %d, %d after a late try, want 0, 0", w, r)
+			}
+
+			lctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+			defer cancel()
+			got := make(chan error, 1)
+			go func() { got <- lock(lctx) }()
+			bctx, bcancel := context.WithTimeout(ctx, signal)
+			defer bcancel()
+			if err := b.Lock(bctx); err != nil {
+				t.Fatalf("B's Lock: %v", err)
+			}
+			if err := <-got; !errors.Is(err, mutex.ErrNotObtained) {
+				t.Fatalf("A's lock with late grants while B writes = %v, want ErrNotObtained", err)
+			}
+			if w, r := a.Holds(); w != 0 || r != 0 {
+				t.Fatalf("A's Holds() = %d, %d, want 0, 0", w, r)
+			}
+			select {
+			case <-b.Lost():
+				t.Fatalf("B lost the lock: %v", b.Err())
+			default:
+			}
+			if err := b.Unlock(ctx); err != nil {
+				t.Fatalf("B's Unlock = %v; A's give-backs must leave B's hold alone", err)
+			}
+		})
+	}
+}

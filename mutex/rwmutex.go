@@ -329,7 +329,7 @@ func (rw *RWMutex) try(ctx context.Context, write bool) error {
 }
 
 func (rw *RWMutex) acquire(ctx context.Context, write bool) (err error) {
-	ok, wait, err := rw.attempt(ctx, write, true)
+	ok, wait, err := rw.attemptInTime(ctx, write)
 	if ok || err != nil {
 		return ctxErr(ctx, rw.name, err)
 	}
@@ -361,7 +361,7 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool) (err error) {
 		return waitErr(ctx, rw.name, err)
 	}
 	for {
-		if ok, wait, err = rw.attempt(ctx, write, true); ok {
+		if ok, wait, err = rw.attemptInTime(ctx, write); ok {
 			return nil
 		}
 		if err != nil {
@@ -372,6 +372,18 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool) (err error) {
 		}
 		if rw.l.closed.Load() {
 			return ErrClosed
+		}
+	}
+}
+
+// attemptInTime is attempt for a waiting Lock or RLock: a grant that came
+// too late to be a hold (given back) is followed at once by another
+// attempt, as long as ctx allows. TryLock and TryRLock fail on it instead.
+func (rw *RWMutex) attemptInTime(ctx context.Context, write bool) (bool, time.Duration, error) {
+	for {
+		ok, wait, err := rw.attempt(ctx, write, true)
+		if !errors.Is(err, lease.ErrLate) || ctx.Err() != nil {
+			return ok, wait, err
 		}
 	}
 }
@@ -387,7 +399,10 @@ func (rw *RWMutex) capWait(write bool, wait time.Duration) time.Duration {
 
 // attempt runs the lock or rlock script once. It reports whether the hold
 // is now taken and, if not, how long to wait before trying again. mark
-// asks a write attempt to leave a writer-waiting mark if refused.
+// asks a write attempt to leave a writer-waiting mark if refused. A grant
+// whose answer came too late to be a hold is given back, and attempt
+// returns an error wrapping ErrNotObtained and lease.ErrLate (see
+// attemptInTime).
 func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Duration, error) {
 	if rw.l.closed.Load() {
 		return false, 0, ErrClosed
@@ -480,10 +495,18 @@ func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Du
 		return false, 0, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, rw.name, acks, rw.l.opts.ReplicaAcks)
 	}
 	if holds > 0 {
+		// As for Mutex.nest: the nested answer extends no lease, so one
+		// that came when the hold's lease was over finds it lost.
+		rw.mu.Lock()
+		lse := sd.lse
+		rw.mu.Unlock()
+		if lse != nil && !lse.Live(time.Now()) {
+			rw.lose(write, heldGen, lease.ErrExpired)
+		}
 		rw.mu.Lock()
 		defer rw.mu.Unlock()
 		if sd.gen != heldGen || sd.holds == 0 {
-			// Declared lost while the call was in flight.
+			// Declared lost while the call was in flight, or just now.
 			return false, 0, rw.err
 		}
 		if write {
@@ -494,7 +517,12 @@ func (rw *RWMutex) attempt(ctx context.Context, write, mark bool) (bool, time.Du
 		return true, 0, nil
 	}
 
-	// An outermost hold: start watching its lease.
+	// An outermost hold: start watching its lease, unless the answer came
+	// too late to be a hold (see Mutex.startHold).
+	if !lease.Live(sent, rw.lease, time.Now()) {
+		rw.releaseGrant(ctx, write, newID)
+		return false, 0, fmt.Errorf("%w: %q (%s): %w", ErrNotObtained, rw.name, kind(write), lease.ErrLate)
+	}
 	rw.mu.Lock()
 	rw.gen++
 	gen := rw.gen
