@@ -619,7 +619,11 @@ func (s *Semaphore) takeGrant(ctx context.Context, id string, n int64, grant str
 	if w, err := strconv.ParseInt(grant, 10, 64); err != nil || w != n {
 		return nil, nil // not ours to read: the next attempt finds out
 	}
-	return s.newPermit(ctx, id, n, sent)
+	p, err := s.newPermit(ctx, id, n, sent)
+	if errors.Is(err, lease.ErrLate) {
+		return nil, nil // given back: the next attempt queues again
+	}
+	return p, err
 }
 
 // queueEntry is a waiting fair Acquire's entry in the semaphore's queue.
@@ -737,7 +741,7 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (*Permit, error) {
 	if s.m.opts.Fair {
 		mode = "t"
 	}
-	res, err := s.attempt(ctx, uuid.NewString(), n, mode)
+	res, err := s.attemptOnce(ctx, uuid.NewString(), n, mode)
 	if res.p != nil || err != nil {
 		return res.p, err
 	}
@@ -865,8 +869,22 @@ type attemptResult struct {
 	sent time.Time     // when the request was sent
 }
 
-// attempt tries once to take n permits for id (mode as for call).
+// attempt tries to take n permits for id (mode as for call) for a waiting
+// Acquire: once, or again at once, while ctx allows, after a grant whose
+// answer came too late to be a hold (lease.ErrLate; given back, see
+// newPermit). A fair Acquire then queues again: its entry went with the
+// grant.
 func (s *Semaphore) attempt(ctx context.Context, id string, n int64, mode string) (attemptResult, error) {
+	for {
+		res, err := s.attemptOnce(ctx, id, n, mode)
+		if !errors.Is(err, lease.ErrLate) || ctx.Err() != nil {
+			return res, err
+		}
+	}
+}
+
+// attemptOnce tries once to take n permits for id (mode as for call).
+func (s *Semaphore) attemptOnce(ctx context.Context, id string, n int64, mode string) (attemptResult, error) {
 	var res attemptResult
 	if s.m.closed.Load() {
 		return res, ErrClosed
@@ -906,8 +924,14 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64, mode string
 }
 
 // newPermit starts tracking the permit id of weight n granted by a request
-// sent at sent.
+// sent at sent. A grant whose lease, counted from sent, was over when its
+// answer came is no hold (lease.Live): it is given back and newPermit
+// returns an error wrapping ErrNotObtained and lease.ErrLate.
 func (s *Semaphore) newPermit(ctx context.Context, id string, n int64, sent time.Time) (*Permit, error) {
+	if !lease.Live(sent, s.m.lease, time.Now()) {
+		s.cleanup(ctx, id)
+		return nil, s.notObtained(lease.ErrLate)
+	}
 	p := &Permit{s: s, id: id, weight: n, lost: make(chan struct{}), since: sent}
 	var lse *lease.Lease
 	if s.group != nil {
