@@ -11,12 +11,15 @@ import (
 	"github.com/sluicekit/sluice/mutex"
 )
 
-// The late-reply tests run one side through a proxy whose round trip (1 s)
-// is far longer than the lease (300 ms): every grant it gets is over on the
-// server before its answer arrives, whatever the scheduling.
+// The late-reply tests run one side through a proxy whose round trip (at
+// least 1 s) is longer than the lease (900 ms) by more than the margin:
+// every grant it gets is over on the client (at 810 ms) before its answer
+// arrives, whatever the scheduling, since delays only add. The lease is
+// long enough that another owner sees the late grant held on the server
+// before it starts to compete.
 const (
 	lateLatency = 500 * time.Millisecond // each way
-	lateLease   = 300 * time.Millisecond
+	lateLease   = 900 * time.Millisecond
 )
 
 // lateProxy returns a proxy to srv, with no latency yet: the caller warms
@@ -31,9 +34,20 @@ func lateProxy(t *testing.T, srv *redistest.Server) *faultproxy.Proxy {
 	return proxy
 }
 
+// waitRedis waits, polling, for state in Redis that has no signal to wait
+// on.
+func waitRedis(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	if !redistest.WaitFor(context.Background(), signal, cond) {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
 // TestLateGrantIsNotAHold: a Lock whose grant arrives after its lease ended
-// must not return nil; meanwhile another owner takes the lock and must keep
-// it. TryLock fails with ErrNotObtained. Fair and unfair alike.
+// must not return nil (before, it did, and the other owner that took the
+// lock when that lease ended on the server held it too); it gives the grant
+// back and tries again within its ctx. The other owner keeps its hold.
+// TryLock fails with ErrNotObtained. Fair and unfair alike.
 func TestLateGrantIsNotAHold(t *testing.T) {
 	for _, fair := range []bool{false, true} {
 		name := "unfair"
@@ -67,15 +81,21 @@ func TestLateGrantIsNotAHold(t *testing.T) {
 			defer cancel()
 			got := make(chan error, 1)
 			go func() { got <- a.Lock(lctx) }()
-			// A's late grants end on the server by their lease; B gets in
-			// between them.
+			// B competes once A's late grant is held on the server, and gets
+			// the lock when that grant's lease ends there.
+			waitRedis(t, "A's grant held on the server", func() bool {
+				in, err := b.Info(ctx)
+				return err == nil && in.Owner == a.Owner()
+			})
 			bctx, bcancel := context.WithTimeout(ctx, signal)
 			defer bcancel()
 			if err := b.Lock(bctx); err != nil {
 				t.Fatalf("B's Lock: %v", err)
 			}
-			if err := <-got; !errors.Is(err, mutex.ErrNotObtained) {
-				t.Fatalf("A's Lock with late grants while B holds = %v, want ErrNotObtained", err)
+			// A's late grants are given back, and A keeps trying (and
+			// finds B holding) until its ctx ends.
+			if err := <-got; !errors.Is(err, mutex.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("A's Lock with late grants while B holds = %v, want ErrNotObtained at its deadline", err)
 			}
 			if h := a.Holds(); h != 0 {
 				t.Fatalf("A's Holds() = %d, want 0", h)
@@ -137,13 +157,17 @@ func TestLateRWGrantIsNotAHold(t *testing.T) {
 			defer cancel()
 			got := make(chan error, 1)
 			go func() { got <- lock(lctx) }()
+			waitRedis(t, "A's grant held on the server", func() bool {
+				in, err := b.Info(ctx)
+				return err == nil && (in.Writer == a.Owner() || !write && in.Readers > 0)
+			})
 			bctx, bcancel := context.WithTimeout(ctx, signal)
 			defer bcancel()
 			if err := b.Lock(bctx); err != nil {
 				t.Fatalf("B's Lock: %v", err)
 			}
-			if err := <-got; !errors.Is(err, mutex.ErrNotObtained) {
-				t.Fatalf("A's lock with late grants while B writes = %v, want ErrNotObtained", err)
+			if err := <-got; !errors.Is(err, mutex.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("A's lock with late grants while B writes = %v, want ErrNotObtained at its deadline", err)
 			}
 			if w, r := a.Holds(); w != 0 || r != 0 {
 				t.Fatalf("A's Holds() = %d, %d, want 0, 0", w, r)

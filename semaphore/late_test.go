@@ -12,12 +12,13 @@ import (
 )
 
 // TestLateGrantIsNotAPermit: one process reaches Redis through a proxy whose
-// round trip (1 s) is far longer than its lease (300 ms), so every permit it
-// is granted has expired on the server before the answer arrives, whatever
-// the scheduling. TryAcquire must fail with ErrNotObtained, and a waiting
-// Acquire must not return a permit while another process holds the only
-// one; the late grants are given back without touching that one. Fair and
-// unfair alike.
+// round trip (at least 1 s) is longer than its lease (900 ms) by more than
+// the margin, so every permit it is granted is over on the client (at
+// 810 ms) before the answer arrives, whatever the scheduling. TryAcquire
+// must fail with ErrNotObtained, and a waiting Acquire must not return a
+// permit while another process holds the only one (it did); it gives the
+// late grants back without touching that one and tries again within its
+// ctx. Fair and unfair alike.
 func TestLateGrantIsNotAPermit(t *testing.T) {
 	for _, fair := range []bool{false, true} {
 		name := "unfair"
@@ -32,7 +33,7 @@ func TestLateGrantIsNotAPermit(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { proxy.Close() })
-			slow := newEnv(t, []string{proxy.Addr()}, semaphore.Options{Fair: fair, Lease: 300 * time.Millisecond})
+			slow := newEnv(t, []string{proxy.Addr()}, semaphore.Options{Fair: fair, Lease: 900 * time.Millisecond})
 			fast := newEnv(t, []string{srv.Addr()}, semaphore.Options{Fair: fair})
 			sa, sb := slow.sem(t, "late", 1), fast.sem(t, "late", 1)
 			p, err := sa.TryAcquire(ctx, 1) // connections up, scripts loaded
@@ -59,14 +60,22 @@ func TestLateGrantIsNotAPermit(t *testing.T) {
 				p, err := sa.Acquire(actx, 1)
 				got <- result{p, err}
 			}()
+			// B competes once A's late grant is held on the server, and gets
+			// the permit when that grant's lease ends there.
+			if !redistest.WaitFor(ctx, signalWait, func() bool {
+				h, err := sb.Holders(ctx)
+				return err == nil && len(h) > 0
+			}) {
+				t.Fatal("A's grant never held on the server")
+			}
 			bctx, bcancel := context.WithTimeout(ctx, signalWait)
 			defer bcancel()
 			pb, err := sb.Acquire(bctx, 1)
 			if err != nil {
 				t.Fatalf("B's Acquire: %v", err)
 			}
-			if r := <-got; !errors.Is(r.err, semaphore.ErrNotObtained) {
-				t.Fatalf("A's Acquire with late grants while B holds = (permit %t), %v; want ErrNotObtained", r.p != nil, r.err)
+			if r := <-got; !errors.Is(r.err, semaphore.ErrNotObtained) || !errors.Is(r.err, context.DeadlineExceeded) {
+				t.Fatalf("A's Acquire with late grants while B holds = (permit %t), %v; want ErrNotObtained at its deadline", r.p != nil, r.err)
 			}
 			select {
 			case <-pb.Lost():
