@@ -580,15 +580,22 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 	}
 	// A grant message that had arrived before an attempt that still found
 	// this waiter queued is stale (its permit expired since); grants are
-	// not told apart, so from then on only attempts count.
+	// not told apart, so from then on only attempts count. So is one still
+	// on its way: an attempt may have found a grant expired and queued the
+	// waiter again before the grant's message arrives. That takes an
+	// attempt whose answer came after the lease counted from the entry's
+	// last write known before it (lease.Live): a grant lasts until the
+	// entry it was made for would have, at least that long. It is then
+	// stale too.
 	stale := false
 	for again := !live; ; again = true {
 		if again {
 			_, before := w.Granted()
+			written := entry.Sent(res.sent)
 			if res, err = s.attempt(ctx, id, n, "a"); res.p != nil || err != nil {
 				return res.p, err
 			}
-			stale = stale || before
+			stale = stale || before || !lease.Live(written, s.m.lease, time.Now())
 			entry = s.trackEntry(entry, res, id, n, w)
 		}
 		if err := w.Wait(ctx, s.m.waitFor(res.wait)); err != nil {
