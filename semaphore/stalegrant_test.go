@@ -4,116 +4,15 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/slowclient"
 	"github.com/sluicekit/sluice/scriptcache"
 	"github.com/sluicekit/sluice/semaphore"
 )
-
-// slowGrants is a scriptcache.Client for one process whose grant messages
-// and script calls the test delays, as a slow network would: it counts the
-// fair attempts answered (tell says when the count reaches a number), can
-// hold script calls until they are let through (a call held this way has
-// been sent, from the caller's view, and runs on the server only later),
-// and can hold grant messages back until they are let through.
-type slowGrants struct {
-	scriptcache.Client
-
-	mu       sync.Mutex
-	answered int                   // fair attempts ("a") answered
-	tell     map[int]chan struct{} // closed when answered reaches the key
-	gate     chan struct{}         // non-nil: calls wait until it closes
-	sentHeld chan struct{}         // closed when a fair attempt waits at the gate
-	holding  bool
-	held     []string // grant messages held back
-	deliver  func(string)
-}
-
-func (c *slowGrants) at(n int) <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.tell == nil {
-		c.tell = make(map[int]chan struct{})
-	}
-	ch := make(chan struct{})
-	c.tell[n] = ch
-	return ch
-}
-
-func (c *slowGrants) Eval(ctx context.Context, sha, body string, keys, args []string) scriptcache.Reply {
-	attempt := len(keys) > 0 && len(args) > 0 && args[0] == "a"
-	c.mu.Lock()
-	gate := c.gate
-	if gate != nil && attempt && c.sentHeld != nil {
-		close(c.sentHeld)
-		c.sentHeld = nil
-	}
-	c.mu.Unlock()
-	if gate != nil && len(keys) > 0 {
-		select {
-		case <-gate:
-		case <-ctx.Done():
-			return scriptcache.ErrorReply(ctx.Err())
-		}
-	}
-	r := c.Client.Eval(ctx, sha, body, keys, args)
-	if attempt {
-		c.mu.Lock()
-		c.answered++
-		if ch := c.tell[c.answered]; ch != nil {
-			close(ch)
-		}
-		c.mu.Unlock()
-	}
-	return r
-}
-
-func (c *slowGrants) Subscribe(ctx context.Context, channel string, sharded bool, subscribed func(), message func(string)) error {
-	return c.Client.Subscribe(ctx, channel, sharded, subscribed, func(payload string) {
-		c.mu.Lock()
-		if c.holding && strings.HasPrefix(payload, "g ") {
-			c.held, c.deliver = append(c.held, payload), message
-			c.mu.Unlock()
-			return
-		}
-		c.mu.Unlock()
-		message(payload)
-	})
-}
-
-// hold holds back script calls and grant messages from now on; sent is
-// closed when a fair attempt is held.
-func (c *slowGrants) hold() (sent <-chan struct{}) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.gate, c.holding = make(chan struct{}), true
-	c.sentHeld = make(chan struct{})
-	return c.sentHeld
-}
-
-// letCallsThrough lets the held script calls run.
-func (c *slowGrants) letCallsThrough() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	close(c.gate)
-	c.gate = nil
-}
-
-// letGrantsThrough delivers the held grant messages.
-func (c *slowGrants) letGrantsThrough() {
-	c.mu.Lock()
-	held, deliver := c.held, c.deliver
-	c.held, c.holding = nil, false
-	c.mu.Unlock()
-	for _, p := range held {
-		deliver(p)
-	}
-}
 
 func waitChan(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()
@@ -142,7 +41,8 @@ func TestStaleGrantAfterRequeue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &slowGrants{Client: sc0.Client()}
+	// W's fair attempts are the queue script's calls in mode "a".
+	c := &slowclient.Client{Client: sc0.Client(), Attempt: func(args []string) bool { return len(args) > 0 && args[0] == "a" }}
 	sc, err := scriptcache.NewFrom(ctx, c)
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +66,7 @@ func TestStaleGrantAfterRequeue(t *testing.T) {
 	}
 	// W queues: its first attempt, and the one after its subscription is
 	// confirmed; then it waits.
-	queued := c.at(2)
+	queued := c.At(2)
 	wctx, cancel := context.WithTimeout(ctx, signalWait)
 	defer cancel()
 	type result struct {
@@ -180,7 +80,7 @@ func TestStaleGrantAfterRequeue(t *testing.T) {
 	}()
 	waitChan(t, queued, "W queued")
 
-	sent := c.hold()
+	sent := c.Hold()
 	if err := holder.Release(ctx); err != nil { // grants W the permit
 		t.Fatal(err)
 	}
@@ -195,11 +95,11 @@ func TestStaleGrantAfterRequeue(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TryAcquire after W's grant expired: %v", err)
 	}
-	answered := c.at(3)
-	next := c.at(4)
-	c.letCallsThrough()
+	answered := c.At(3)
+	next := c.At(4)
+	c.LetCallsThrough()
 	waitChan(t, answered, "W's held attempt answered") // it queued W again
-	c.letGrantsThrough()
+	c.LetGrantsThrough()
 	select {
 	case r := <-got:
 		t.Fatalf("W's Acquire took the expired grant: (permit %t), %v; the other process holds the only permit", r.p != nil, r.err)
