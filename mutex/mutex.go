@@ -544,8 +544,15 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 			return false, false, waitErr(ctx, m.name, err)
 		}
 	}
+	// An attempt answered after the lease counted from the queue entry's
+	// last write known before it (lease.Live) may have found a hand-off to
+	// this waiter already over and queued it again, while the hand-off's
+	// message is still on its way: from then on a grant message only wakes
+	// the waiter, and its next attempt finds out whether it holds the lock.
+	stale := false
 	for again := !live; ; again = true {
 		if again {
+			written := entry.Sent(res.sent)
 			if res, err = m.attempt(ctx, &id, false); res.ok {
 				ok = true
 				if res.nested {
@@ -561,13 +568,14 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 			if err != nil {
 				return false, false, ctxErr(ctx, m.name, err)
 			}
+			stale = stale || !lease.Live(written, m.lease, time.Now())
 			queued = queued || res.queued
 			entry = m.trackEntry(entry, res, id, w)
 		}
 		if err := w.Wait(ctx, m.waitFor(res.wait)); err != nil {
 			return false, false, waitErr(ctx, m.name, err)
 		}
-		if grant, got := w.TakeGrant(); got && m.l.opts.ReplicaAcks == 0 {
+		if grant, got := w.TakeGrant(); got && !stale && m.l.opts.ReplicaAcks == 0 {
 			// The release handed the lock to this waiter directly. (With
 			// ReplicaAcks the next attempt confirms it through WAIT.)
 			var gaveBack bool
