@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/slowclient"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
@@ -60,18 +61,12 @@ func TestLateNestedLockIsLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
+	t.Cleanup(l.Close)
 	m, err := l.NewMutex("late-nested:"+t.Name(), WithLease(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	stalled, unstall := make(chan struct{}), make(chan struct{})
-	defer close(unstall)
-	l.keeper.Add(time.Now(), 30*time.Millisecond, nil, func(error) {
-		close(stalled)
-		<-unstall
-	})
-	<-stalled
+	stallKeeper(t, func(f func(error)) { l.keeper.Add(time.Now(), 30*time.Millisecond, nil, f) })
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +120,7 @@ func TestLateNestedRWLockIsLoss(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer l.Close()
+			t.Cleanup(l.Close)
 			rw, err := l.NewRWMutex("late-nested:"+t.Name(), WithLease(time.Second))
 			if err != nil {
 				t.Fatal(err)
@@ -134,13 +129,7 @@ func TestLateNestedRWLockIsLoss(t *testing.T) {
 			if !write {
 				lock = rw.RLock
 			}
-			stalled, unstall := make(chan struct{}), make(chan struct{})
-			defer close(unstall)
-			l.keeper.Add(time.Now(), 30*time.Millisecond, nil, func(error) {
-				close(stalled)
-				<-unstall
-			})
-			<-stalled
+			stallKeeper(t, func(f func(error)) { l.keeper.Add(time.Now(), 30*time.Millisecond, nil, f) })
 			if err := lock(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -162,5 +151,95 @@ func TestLateNestedRWLockIsLoss(t *testing.T) {
 				t.Fatalf("Holds() = %d, %d, want 0, 0", w, r)
 			}
 		})
+	}
+}
+
+// stallKeeper holds up a keeper's scheduler, as a late timer on a loaded
+// machine would, until the test ends: add gives the keeper a short lease
+// whose loss callback blocks it.
+func stallKeeper(t *testing.T, add func(onLost func(error))) {
+	t.Helper()
+	stalled, unstall := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(unstall) }) // before the Locker's Close, which waits for it
+	add(func(error) {
+		close(stalled)
+		<-unstall
+	})
+	<-stalled
+}
+
+// TestLateHandOffMessageIsNotAHold: a fair release hands the lock to a
+// waiting Lock whose message arrives after the hand-off's lease ended, and
+// another owner has the lock by then. The keeper, late, has not woken the
+// waiter meanwhile. The grant is no hold: the Lock gives it back (leaving
+// the other owner's hold alone) and attempts again. Before, Lock returned
+// nil with a token Redis had dropped.
+func TestLateHandOffMessageIsNotAHold(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Single(t)
+	sc0, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &slowclient.Client{Client: sc0.Client(), Attempt: func(args []string) bool { return len(args) == 6 && args[5] == "f" }}
+	sc, err := scriptcache.NewFrom(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lw, err := NewLocker(sc, Options{Fair: true, WatchdogLease: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lw.Close)
+	lo, _ := reviewLocker(t, Options{Fair: true})
+	name := "late-handoff:" + t.Name()
+	w := reviewMutex(t, lw, name)
+	holder, taker := reviewMutex(t, lo, name), reviewMutex(t, lo, name)
+
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	queued := c.At(2)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() { got <- w.Lock(wctx) }()
+	select {
+	case <-queued:
+	case <-time.After(10 * time.Second):
+		t.Fatal("W never queued")
+	}
+	stallKeeper(t, func(f func(error)) { lw.keeper.Add(time.Now(), 30*time.Millisecond, nil, f) })
+	c.HoldGrants()
+	if err := holder.Unlock(ctx); err != nil { // hands the lock to W
+		t.Fatal(err)
+	}
+	if in, err := holder.Info(ctx); err != nil || in.Owner != w.Owner() {
+		t.Fatalf("Info after the release = %+v, %v; want it handed to W", in, err)
+	}
+	if !redistest.WaitFor(ctx, 10*time.Second, func() bool {
+		in, err := holder.Info(ctx)
+		return err == nil && !in.Held
+	}) {
+		t.Fatal("the hand-off's lease never ended")
+	}
+	if err := taker.TryLock(ctx); err != nil {
+		t.Fatalf("TryLock after the hand-off ended: %v", err)
+	}
+	next := c.At(3)
+	c.LetGrantsThrough()
+	select {
+	case err := <-got:
+		t.Fatalf("W's Lock took the late hand-off: %v (token %d); the other owner holds the lock", err, w.Token())
+	case <-next: // W gave the grant back and asked Redis
+	case <-time.After(10 * time.Second):
+		t.Fatal("W neither took the hand-off nor attempted")
+	}
+	cancel()
+	if err := <-got; !errors.Is(err, ErrNotObtained) {
+		t.Fatalf("W's Lock = %v; want ErrNotObtained", err)
+	}
+	if err := taker.Unlock(ctx); err != nil {
+		t.Fatalf("the other owner's Unlock = %v", err)
 	}
 }

@@ -104,6 +104,13 @@ func (c *Client) Hold() (attemptSent <-chan struct{}) {
 	return c.sentHeld
 }
 
+// HoldGrants holds back grant messages from now on, and nothing else.
+func (c *Client) HoldGrants() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.holding = true
+}
+
 // LetCallsThrough lets the held script calls run, and calls from now on.
 func (c *Client) LetCallsThrough() {
 	c.mu.Lock()
