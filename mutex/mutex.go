@@ -146,7 +146,9 @@ import (
 // Errors of this package; check them with errors.Is.
 var (
 	// ErrNotObtained means Lock gave up (its context ended; the error also
-	// wraps ctx.Err()) or TryLock found the lock held by another owner.
+	// wraps ctx.Err()) or TryLock found the lock held by another owner, or
+	// was granted it by an answer that came after the lease had ended
+	// (given back at once; Lock tries again instead).
 	ErrNotObtained = errors.New("mutex: not obtained")
 	// ErrNotHeld means Unlock was called by a Mutex that does not hold the
 	// lock (never locked, already unlocked, or lost). Nothing was changed.
@@ -465,7 +467,10 @@ func (m *Mutex) Owner() string { return m.owner }
 
 // Lock acquires the lock, or one more hold of it if this Mutex already holds
 // it, waiting as long as ctx allows. If ctx ends first it returns an error
-// wrapping ErrNotObtained and ctx.Err(), and holds nothing more.
+// wrapping ErrNotObtained and ctx.Err(), and holds nothing more. A grant
+// whose answer comes after its lease, counted from the request's send, is
+// over is no hold: Lock gives it back and tries again. A nested Lock
+// answered after the hold's lease is over returns ErrLost.
 func (m *Mutex) Lock(ctx context.Context) error {
 	o := m.l.obs
 	if o == nil {
@@ -763,7 +768,9 @@ func ctxErr(ctx context.Context, name string, err error) error {
 
 // TryLock makes one attempt: it returns nil if the lock is now held by this
 // Mutex, or an error wrapping ErrNotObtained if another owner holds it (or,
-// for a fair Mutex, if the lock is free but others wait in its queue).
+// for a fair Mutex, if the lock is free but others wait in its queue), or if
+// the answer came when the lease it granted, counted from the request's
+// send, was already over (the grant is given back: it is not a hold).
 func (m *Mutex) TryLock(ctx context.Context) error {
 	o := m.l.obs
 	if o == nil {

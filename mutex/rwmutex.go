@@ -264,7 +264,8 @@ func (rw *RWMutex) Owner() string { return rw.owner }
 // Lock acquires the write lock, or one more write hold if this RWMutex
 // already holds it, waiting as long as ctx allows. If ctx ends first it
 // returns an error wrapping ErrNotObtained and ctx.Err(), holds nothing
-// more, and withdraws its writer-waiting mark.
+// more, and withdraws its writer-waiting mark. Late grants and late nested
+// answers are handled as by Mutex.Lock.
 func (rw *RWMutex) Lock(ctx context.Context) error { return rw.observed(ctx, true, false) }
 
 // RLock takes a read hold, or one more if this RWMutex already has one,
@@ -273,11 +274,13 @@ func (rw *RWMutex) RLock(ctx context.Context) error { return rw.observed(ctx, fa
 
 // TryLock makes one attempt at the write lock: nil if it is now held by
 // this RWMutex, an error wrapping ErrNotObtained if readers or another
-// writer hold it. It leaves no writer-waiting mark.
+// writer hold it, or if the grant came too late to be a hold (see
+// Mutex.TryLock). It leaves no writer-waiting mark.
 func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.observed(ctx, true, true) }
 
 // TryRLock makes one attempt at a read hold: nil if granted, an error
-// wrapping ErrNotObtained if a writer holds the lock or waits for it.
+// wrapping ErrNotObtained if a writer holds the lock or waits for it, or if
+// the grant came too late to be a hold (see Mutex.TryLock).
 func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.observed(ctx, false, true) }
 
 // observed runs acquire, or try if try is set, and reports its outcome

@@ -190,7 +190,9 @@ import (
 // Errors of this package; check them with errors.Is.
 var (
 	// ErrNotObtained means Acquire gave up (its context ended; the error
-	// also wraps ctx.Err()) or TryAcquire found too few permits free.
+	// also wraps ctx.Err()) or TryAcquire found too few permits free, or
+	// was granted them by an answer that came after the permit's lease had
+	// ended (given back at once; Acquire tries again instead).
 	ErrNotObtained = errors.New("semaphore: not obtained")
 	// ErrNotHeld means Release found the permit not held: already
 	// released, expired, or deleted. Nothing else was changed.
@@ -454,7 +456,9 @@ func (s *Semaphore) Capacity() int64 { return s.capacity }
 // Acquire takes n permits, waiting as long as ctx allows. If ctx ends first
 // it returns an error wrapping ErrNotObtained and ctx.Err(), and holds
 // nothing. n must be at least 1 and at most the capacity (ErrInvalidWeight):
-// this Semaphore's, or the one SetCapacity set.
+// this Semaphore's, or the one SetCapacity set. A grant whose answer (or
+// message) comes after the permit's lease, counted from the request's
+// send, is over is not a permit: Acquire gives it back and tries again.
 func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Permit, error) {
 	o := s.m.obs
 	if o == nil {
@@ -718,7 +722,9 @@ func (s *Semaphore) waitErr(err error) error {
 }
 
 // TryAcquire makes one attempt to take n permits: it returns the Permit, or
-// an error wrapping ErrNotObtained if too few permits are free. On a fair
+// an error wrapping ErrNotObtained if too few permits are free, or if the
+// answer came when the permit's lease, counted from the request's send, was
+// already over (the permit is given back: it is not held). On a fair
 // semaphore it also fails while earlier waiters are queued, unless the
 // weighted policy lets it pass them (see "Fair semaphores").
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*Permit, error) {
