@@ -146,7 +146,9 @@ import (
 // Errors of this package; check them with errors.Is.
 var (
 	// ErrNotObtained means Lock gave up (its context ended; the error also
-	// wraps ctx.Err()) or TryLock found the lock held by another owner.
+	// wraps ctx.Err()) or TryLock found the lock held by another owner, or
+	// was granted it by an answer that came after the lease had ended
+	// (given back at once; Lock tries again instead).
 	ErrNotObtained = errors.New("mutex: not obtained")
 	// ErrNotHeld means Unlock was called by a Mutex that does not hold the
 	// lock (never locked, already unlocked, or lost). Nothing was changed.
@@ -476,7 +478,10 @@ func (m *Mutex) Owner() string { return m.owner }
 
 // Lock acquires the lock, or one more hold of it if this Mutex already holds
 // it, waiting as long as ctx allows. If ctx ends first it returns an error
-// wrapping ErrNotObtained and ctx.Err(), and holds nothing more.
+// wrapping ErrNotObtained and ctx.Err(), and holds nothing more. A grant
+// whose answer comes after its lease, counted from the request's send, is
+// over is no hold: Lock gives it back and tries again. A nested Lock
+// answered after the hold's lease is over returns ErrLost.
 func (m *Mutex) Lock(ctx context.Context) error {
 	o := m.l.obs
 	if o == nil {
@@ -558,8 +563,15 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 			return false, false, waitErr(ctx, m.name, err)
 		}
 	}
+	// An attempt answered after the lease counted from the queue entry's
+	// last write known before it (lease.Live) may have found a hand-off to
+	// this waiter already over and queued it again, while the hand-off's
+	// message is still on its way: from then on a grant message only wakes
+	// the waiter, and its next attempt finds out whether it holds the lock.
+	stale := false
 	for again := !live; ; again = true {
 		if again {
+			written := entry.Sent(res.sent)
 			if res, err = m.attempt(ctx, &id, false); res.ok {
 				ok = true
 				if res.nested {
@@ -575,6 +587,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 			if err != nil {
 				return false, false, ctxErr(ctx, m.name, err)
 			}
+			stale = stale || !lease.Live(written, m.lease, time.Now())
 			queued = queued || res.queued
 			entry = m.trackEntry(entry, res, id, w)
 		}
@@ -584,7 +597,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 		if err := w.Wait(ctx, m.waitFor(res.wait)); err != nil {
 			return false, false, waitErr(ctx, m.name, err)
 		}
-		if grant, got := w.TakeGrant(); got && m.l.opts.ReplicaAcks == 0 {
+		if grant, got := w.TakeGrant(); got && !stale && m.l.opts.ReplicaAcks == 0 {
 			// The release handed the lock to this waiter directly. (With
 			// ReplicaAcks the next attempt confirms it through WAIT.)
 			var gaveBack bool
@@ -745,6 +758,9 @@ func (m *Mutex) takeGrant(ctx context.Context, id, grant string, sent time.Time)
 		return false, true, nil
 	}
 	if err := m.startHold(ctx, sent, token, 1); err != nil {
+		if errors.Is(err, lease.ErrLate) {
+			return false, false, nil // given back: the next attempt queues again
+		}
 		return false, false, err
 	}
 	return true, false, nil
@@ -788,7 +804,9 @@ func ctxErr(ctx context.Context, name string, err error) error {
 
 // TryLock makes one attempt: it returns nil if the lock is now held by this
 // Mutex, or an error wrapping ErrNotObtained if another owner holds it (or,
-// for a fair Mutex, if the lock is free but others wait in its queue).
+// for a fair Mutex, if the lock is free but others wait in its queue), or if
+// the answer came when the lease it granted, counted from the request's
+// send, was already over (the grant is given back: it is not a hold).
 func (m *Mutex) TryLock(ctx context.Context) error {
 	o := m.l.obs
 	if o == nil {
@@ -852,7 +870,22 @@ type attemptResult struct {
 // attempt runs the lock script once. An outermost attempt uses the Lock
 // call's attempt id, *id, made here on the first attempt. A fair try
 // respects the queue without joining it.
+//
+// A grant whose answer came too late to be a hold (lease.ErrLate: given
+// back at once) fails a TryLock with an error wrapping ErrNotObtained; a
+// waiting Lock tries again at once, as long as ctx allows. A fair Lock
+// then queues again: its entry went with the grant.
 func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResult, error) {
+	for {
+		res, err := m.attemptOnce(ctx, id, try)
+		if try || !errors.Is(err, lease.ErrLate) || ctx.Err() != nil {
+			return res, err
+		}
+	}
+}
+
+// attemptOnce is one run of attempt.
+func (m *Mutex) attemptOnce(ctx context.Context, id *string, try bool) (attemptResult, error) {
 	var res attemptResult
 	if m.l.closed.Load() {
 		return res, ErrClosed
@@ -954,23 +987,38 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 		return res, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, m.name, acks, m.l.opts.ReplicaAcks)
 	}
 	if holds > 0 {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if m.gen != heldGen || m.holds == 0 {
-			// Declared lost while the call was in flight. The server
-			// counted one more hold of that acquisition; the Unlock that
-			// gives back the orphan releases it whatever its count.
-			return res, m.err
-		}
-		m.holds = n
-		res.ok, res.nested = true, true
-		return res, nil
+		return res, m.nest(heldGen, n, &res)
 	}
 	if err := m.startHold(ctx, res.sent, token, n); err != nil {
 		return res, err
 	}
 	res.ok, res.handed = true, got == 2
 	return res, nil
+}
+
+// nest records the nested hold a Lock's reply granted (n holds now) in
+// acquisition gen. The nested Lock leaves the lease alone, so its answer
+// extends nothing: if it came when the hold's lease was over on the client
+// (the keeper was about to declare it lost), the hold is lost and Lock
+// reports it instead of joining a hold that may have ended. Either way,
+// once lost, the server counted one more hold of that acquisition; the
+// Unlock that gives back the orphan releases it whatever its count. Called
+// with m.op held.
+func (m *Mutex) nest(gen uint64, n int64, res *attemptResult) error {
+	m.mu.Lock()
+	lse := m.lse
+	m.mu.Unlock()
+	if lse != nil && !lse.Live(time.Now()) {
+		m.lose(gen, lease.ErrExpired)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gen != gen || m.holds == 0 {
+		return m.err // declared lost while the call was in flight, or just now
+	}
+	m.holds = n
+	res.ok, res.nested = true, true
+	return nil
 }
 
 // newAttemptID names a new outermost attempt.
@@ -989,8 +1037,15 @@ func (m *Mutex) nextAttemptID() string {
 }
 
 // startHold records an outermost hold with the given token and starts
-// watching its lease, counted from sent. Called with m.op held.
+// watching its lease, counted from sent. A grant whose lease, so counted,
+// was over when its answer came is no hold (lease.Live): it is given back
+// and startHold returns an error wrapping ErrNotObtained and lease.ErrLate.
+// Called with m.op held.
 func (m *Mutex) startHold(ctx context.Context, sent time.Time, token, n int64) error {
+	if !lease.Live(sent, m.lease, time.Now()) {
+		m.releaseGrant(ctx, token)
+		return notObtained(m.name, lease.ErrLate)
+	}
 	m.mu.Lock()
 	m.gen++
 	gen := m.gen

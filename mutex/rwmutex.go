@@ -273,7 +273,8 @@ func (rw *RWMutex) Owner() string { return rw.owner }
 // Lock acquires the write lock, or one more write hold if this RWMutex
 // already holds it, waiting as long as ctx allows. If ctx ends first it
 // returns an error wrapping ErrNotObtained and ctx.Err(), holds nothing
-// more, and withdraws its writer-waiting mark.
+// more, and withdraws its writer-waiting mark. Late grants and late nested
+// answers are handled as by Mutex.Lock.
 func (rw *RWMutex) Lock(ctx context.Context) error { return rw.observed(ctx, true, false) }
 
 // RLock takes a read hold, or one more if this RWMutex already has one,
@@ -282,11 +283,13 @@ func (rw *RWMutex) RLock(ctx context.Context) error { return rw.observed(ctx, fa
 
 // TryLock makes one attempt at the write lock: nil if it is now held by
 // this RWMutex, an error wrapping ErrNotObtained if readers or another
-// writer hold it. It leaves no writer-waiting mark.
+// writer hold it, or if the grant came too late to be a hold (see
+// Mutex.TryLock). It leaves no writer-waiting mark.
 func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.observed(ctx, true, true) }
 
 // TryRLock makes one attempt at a read hold: nil if granted, an error
-// wrapping ErrNotObtained if a writer holds the lock or waits for it.
+// wrapping ErrNotObtained if a writer holds the lock or waits for it, or if
+// the grant came too late to be a hold (see Mutex.TryLock).
 func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.observed(ctx, false, true) }
 
 // observed runs acquire, or try if try is set, and reports its outcome
@@ -370,7 +373,7 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool) (err error) {
 			}
 		}()
 	}
-	ok, wait, err := rw.attempt(ctx, write, mark)
+	ok, wait, err := rw.attemptInTime(ctx, write, mark)
 	if ok || err != nil {
 		return ctxErr(ctx, rw.name, err)
 	}
@@ -393,7 +396,7 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool) (err error) {
 		return waitErr(ctx, rw.name, err)
 	}
 	for {
-		if ok, wait, err = rw.attempt(ctx, write, mark); ok {
+		if ok, wait, err = rw.attemptInTime(ctx, write, mark); ok {
 			return nil
 		}
 		if err != nil {
@@ -404,6 +407,18 @@ func (rw *RWMutex) acquire(ctx context.Context, write bool) (err error) {
 		}
 		if rw.l.closed.Load() {
 			return ErrClosed
+		}
+	}
+}
+
+// attemptInTime is attempt for a waiting Lock or RLock: a grant that came
+// too late to be a hold (given back) is followed at once by another
+// attempt, as long as ctx allows. TryLock and TryRLock fail on it instead.
+func (rw *RWMutex) attemptInTime(ctx context.Context, write bool, mark string) (bool, time.Duration, error) {
+	for {
+		ok, wait, err := rw.attempt(ctx, write, mark)
+		if !errors.Is(err, lease.ErrLate) || ctx.Err() != nil {
+			return ok, wait, err
 		}
 	}
 }
@@ -429,7 +444,9 @@ func (rw *RWMutex) newMarkID() string {
 // attempt runs the lock or rlock script once. It reports whether the hold
 // is now taken and, if not, how long to wait before trying again. mark
 // names the writer-waiting mark a write attempt leaves if refused ("":
-// none).
+// none). A grant whose answer came too late to be a hold is given back,
+// and attempt returns an error wrapping ErrNotObtained and lease.ErrLate
+// (see attemptInTime).
 func (rw *RWMutex) attempt(ctx context.Context, write bool, mark string) (bool, time.Duration, error) {
 	if rw.l.closed.Load() {
 		return false, 0, ErrClosed
@@ -523,10 +540,18 @@ func (rw *RWMutex) attempt(ctx context.Context, write bool, mark string) (bool, 
 		return false, 0, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, rw.name, acks, rw.l.opts.ReplicaAcks)
 	}
 	if holds > 0 {
+		// As for Mutex.nest: the nested answer extends no lease, so one
+		// that came when the hold's lease was over finds it lost.
+		rw.mu.Lock()
+		lse := sd.lse
+		rw.mu.Unlock()
+		if lse != nil && !lse.Live(time.Now()) {
+			rw.lose(write, heldGen, lease.ErrExpired)
+		}
 		rw.mu.Lock()
 		defer rw.mu.Unlock()
 		if sd.gen != heldGen || sd.holds == 0 {
-			// Declared lost while the call was in flight.
+			// Declared lost while the call was in flight, or just now.
 			return false, 0, rw.err
 		}
 		if write {
@@ -537,7 +562,12 @@ func (rw *RWMutex) attempt(ctx context.Context, write bool, mark string) (bool, 
 		return true, 0, nil
 	}
 
-	// An outermost hold: start watching its lease.
+	// An outermost hold: start watching its lease, unless the answer came
+	// too late to be a hold (see Mutex.startHold).
+	if !lease.Live(sent, rw.lease, time.Now()) {
+		rw.releaseGrant(ctx, write, newID)
+		return false, 0, fmt.Errorf("%w: %q (%s): %w", ErrNotObtained, rw.name, kind(write), lease.ErrLate)
+	}
 	rw.mu.Lock()
 	rw.gen++
 	gen := rw.gen

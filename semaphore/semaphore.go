@@ -190,7 +190,9 @@ import (
 // Errors of this package; check them with errors.Is.
 var (
 	// ErrNotObtained means Acquire gave up (its context ended; the error
-	// also wraps ctx.Err()) or TryAcquire found too few permits free.
+	// also wraps ctx.Err()) or TryAcquire found too few permits free, or
+	// was granted them by an answer that came after the permit's lease had
+	// ended (given back at once; Acquire tries again instead).
 	ErrNotObtained = errors.New("semaphore: not obtained")
 	// ErrNotHeld means Release found the permit not held: already
 	// released, expired, or deleted. Nothing else was changed.
@@ -454,7 +456,9 @@ func (s *Semaphore) Capacity() int64 { return s.capacity }
 // Acquire takes n permits, waiting as long as ctx allows. If ctx ends first
 // it returns an error wrapping ErrNotObtained and ctx.Err(), and holds
 // nothing. n must be at least 1 and at most the capacity (ErrInvalidWeight):
-// this Semaphore's, or the one SetCapacity set.
+// this Semaphore's, or the one SetCapacity set. A grant whose answer (or
+// message) comes after the permit's lease, counted from the request's
+// send, is over is not a permit: Acquire gives it back and tries again.
 func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Permit, error) {
 	o := s.m.obs
 	if o == nil {
@@ -580,15 +584,22 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 	}
 	// A grant message that had arrived before an attempt that still found
 	// this waiter queued is stale (its permit expired since); grants are
-	// not told apart, so from then on only attempts count.
+	// not told apart, so from then on only attempts count. So is one still
+	// on its way: an attempt may have found a grant expired and queued the
+	// waiter again before the grant's message arrives. That takes an
+	// attempt whose answer came after the lease counted from the entry's
+	// last write known before it (lease.Live): a grant lasts until the
+	// entry it was made for would have, at least that long. It is then
+	// stale too.
 	stale := false
 	for again := !live; ; again = true {
 		if again {
 			_, before := w.Granted()
+			written := entry.Sent(res.sent)
 			if res, err = s.attempt(ctx, id, n, "a"); res.p != nil || err != nil {
 				return res.p, err
 			}
-			stale = stale || before
+			stale = stale || before || !lease.Live(written, s.m.lease, time.Now())
 			entry = s.trackEntry(entry, res, id, n, w)
 		}
 		if err := w.Wait(ctx, s.m.waitFor(res.wait)); err != nil {
@@ -619,7 +630,11 @@ func (s *Semaphore) takeGrant(ctx context.Context, id string, n int64, grant str
 	if w, err := strconv.ParseInt(grant, 10, 64); err != nil || w != n {
 		return nil, nil // not ours to read: the next attempt finds out
 	}
-	return s.newPermit(ctx, id, n, sent)
+	p, err := s.newPermit(ctx, id, n, sent)
+	if errors.Is(err, lease.ErrLate) {
+		return nil, nil // given back: the next attempt queues again
+	}
+	return p, err
 }
 
 // queueEntry is a waiting fair Acquire's entry in the semaphore's queue.
@@ -707,7 +722,9 @@ func (s *Semaphore) waitErr(err error) error {
 }
 
 // TryAcquire makes one attempt to take n permits: it returns the Permit, or
-// an error wrapping ErrNotObtained if too few permits are free. On a fair
+// an error wrapping ErrNotObtained if too few permits are free, or if the
+// answer came when the permit's lease, counted from the request's send, was
+// already over (the permit is given back: it is not held). On a fair
 // semaphore it also fails while earlier waiters are queued, unless the
 // weighted policy lets it pass them (see "Fair semaphores").
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*Permit, error) {
@@ -737,7 +754,7 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (*Permit, error) {
 	if s.m.opts.Fair {
 		mode = "t"
 	}
-	res, err := s.attempt(ctx, uuid.NewString(), n, mode)
+	res, err := s.attemptOnce(ctx, uuid.NewString(), n, mode)
 	if res.p != nil || err != nil {
 		return res.p, err
 	}
@@ -865,8 +882,22 @@ type attemptResult struct {
 	sent time.Time     // when the request was sent
 }
 
-// attempt tries once to take n permits for id (mode as for call).
+// attempt tries to take n permits for id (mode as for call) for a waiting
+// Acquire: once, or again at once, while ctx allows, after a grant whose
+// answer came too late to be a hold (lease.ErrLate; given back, see
+// newPermit). A fair Acquire then queues again: its entry went with the
+// grant.
 func (s *Semaphore) attempt(ctx context.Context, id string, n int64, mode string) (attemptResult, error) {
+	for {
+		res, err := s.attemptOnce(ctx, id, n, mode)
+		if !errors.Is(err, lease.ErrLate) || ctx.Err() != nil {
+			return res, err
+		}
+	}
+}
+
+// attemptOnce tries once to take n permits for id (mode as for call).
+func (s *Semaphore) attemptOnce(ctx context.Context, id string, n int64, mode string) (attemptResult, error) {
 	var res attemptResult
 	if s.m.closed.Load() {
 		return res, ErrClosed
@@ -906,8 +937,14 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64, mode string
 }
 
 // newPermit starts tracking the permit id of weight n granted by a request
-// sent at sent.
+// sent at sent. A grant whose lease, counted from sent, was over when its
+// answer came is no hold (lease.Live): it is given back and newPermit
+// returns an error wrapping ErrNotObtained and lease.ErrLate.
 func (s *Semaphore) newPermit(ctx context.Context, id string, n int64, sent time.Time) (*Permit, error) {
+	if !lease.Live(sent, s.m.lease, time.Now()) {
+		s.cleanup(ctx, id)
+		return nil, s.notObtained(lease.ErrLate)
+	}
 	p := &Permit{s: s, id: id, weight: n, lost: make(chan struct{}), since: sent}
 	var lse *lease.Lease
 	if s.group != nil {

@@ -62,6 +62,10 @@ var (
 	// ErrClosed means the keeper was closed while the lease was held; it
 	// will not be renewed again.
 	ErrClosed = errors.New("lease: keeper closed")
+	// ErrLate means the answer granting a lease came when, counted from
+	// its request's send, the lease was already over (see Live): it is no
+	// hold, and the caller gave it back.
+	ErrLate = errors.New("lease: granted, but the answer came after the lease ended")
 )
 
 // Renew extends the lease on the server by its TTL. It returns nil on
@@ -166,7 +170,7 @@ type Lease struct {
 // must not block. Add on a closed keeper calls onLost(ErrClosed) at once.
 func (k *Keeper) Add(sent time.Time, ttl time.Duration, renew Renew, onLost func(error)) *Lease {
 	l := &Lease{k: k, ttl: ttl, renew: renew, onLost: onLost, index: -1, sent: sent}
-	l.deadline = sent.Add(ttl - Margin(ttl))
+	l.deadline = End(sent, ttl)
 	l.next = sent.Add(ttl / 3)
 	k.mu.Lock()
 	if k.closed {
@@ -189,7 +193,7 @@ func (k *Keeper) Add(sent time.Time, ttl time.Duration, renew Renew, onLost func
 // lease.
 func (k *Keeper) AddBatched(sent time.Time, ttl time.Duration, g *Group, item any, onLost func(error)) *Lease {
 	l := &Lease{k: k, ttl: ttl, g: g, item: item, onLost: onLost, index: -1, sent: sent}
-	l.deadline = sent.Add(ttl - Margin(ttl))
+	l.deadline = End(sent, ttl)
 	l.next = sent.Add(ttl / 3)
 	k.mu.Lock()
 	if k.closed {
@@ -243,6 +247,35 @@ func (k *Keeper) fixGroup(g *Group) {
 // instead of 0.66).
 func Margin(ttl time.Duration) time.Duration {
 	return min(max(ttl/10, 5*time.Millisecond), time.Second)
+}
+
+// End is when a lease of the given TTL, granted or renewed by a request
+// sent at sent (client clock, read before sending), is given up on the
+// client: Margin(ttl) before sent+ttl. It is the one rule for how long a
+// lease is known to hold: the keeper declares a lease lost there, and an
+// acquisition whose answer arrives there or later is no hold (see Live).
+func End(sent time.Time, ttl time.Duration) time.Time {
+	return sent.Add(ttl - Margin(ttl))
+}
+
+// Live reports whether a lease of the given TTL granted by a request sent
+// at sent still holds at now, by the rule of End. An answer granting a
+// lease that is no longer live when it arrives is not a hold: the server
+// may have ended the lease and let someone else in while the answer was on
+// its way. The caller must give such a grant back (release exactly that
+// acquisition) and report ErrLate or try again.
+func Live(sent time.Time, ttl time.Duration, now time.Time) bool {
+	return now.Before(End(sent, ttl))
+}
+
+// Live reports whether the lease still holds at now: it has not been
+// stopped or declared lost, and now is before its deadline. A nested
+// acquisition, which leaves the lease alone on the server, joins the hold
+// only if its answer comes while the hold is live.
+func (l *Lease) Live(now time.Time) bool {
+	l.k.mu.Lock()
+	defer l.k.mu.Unlock()
+	return !l.done && now.Before(l.deadline)
 }
 
 // Stop ends tracking without calling onLost: the holder released the
@@ -410,7 +443,7 @@ func (k *Keeper) startRenewal(l *Lease) {
 		switch {
 		case err == nil:
 			l.sent = sent
-			l.deadline = sent.Add(l.ttl - Margin(l.ttl))
+			l.deadline = End(sent, l.ttl)
 			l.next = sent.Add(l.ttl / 3)
 		case errors.Is(err, ErrGone):
 			heap.Remove(&k.queue, l.index)
@@ -568,7 +601,7 @@ func (k *Keeper) renewBatch(ctx context.Context, g *Group, b *batch, items []any
 		switch err := errs[i]; {
 		case err == nil:
 			l.sent = sent
-			l.deadline = sent.Add(l.ttl - Margin(l.ttl))
+			l.deadline = End(sent, l.ttl)
 			l.next = sent.Add(l.ttl / 3)
 		case errors.Is(err, ErrGone):
 			l.stopLocked()
