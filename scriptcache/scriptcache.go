@@ -303,24 +303,7 @@ func (s *Script) exec(ctx context.Context, keys, args []string) Reply {
 	if !isNoScript(r) {
 		return r
 	}
-	// The node forgot the script. Load it everywhere once, however many
-	// callers saw NOSCRIPT at the same time, unless that happened since
-	// this call was sent; then try again.
-	var err error
-	if s.loads.Load() == seen {
-		_, err, _ = s.c.loads.Do(s.sha, func() (any, error) {
-			if s.loads.Load() != seen {
-				return nil, nil // another caller's reload finished meanwhile
-			}
-			err := s.load(ctx)
-			if err == nil {
-				s.loads.Add(1)
-			}
-			s.reloaded(err)
-			return nil, err
-		})
-	}
-	if err == nil {
+	if s.reload(ctx, seen) == nil {
 		if r = s.c.eval(ctx, s.sha, "", keys, args); !isNoScript(r) {
 			return r
 		}
@@ -328,6 +311,30 @@ func (s *Script) exec(ctx context.Context, keys, args []string) Reply {
 	// Flushed again in between, or the load failed: EVAL carries the body
 	// and caches it on the node that runs it.
 	return s.c.eval(ctx, "", s.body, keys, args)
+}
+
+// reload loads s again after a call sent when s.loads was seen got
+// NOSCRIPT: the node forgot the script. It loads it everywhere once,
+// however many callers saw NOSCRIPT at the same time, and not at all if a
+// reload completed since the call was sent (the call had simply been
+// queued before the script was back): then the caller just tries again.
+// Every path that runs a script (Exec, ExecWait) reloads through it.
+func (s *Script) reload(ctx context.Context, seen uint64) error {
+	if s.loads.Load() != seen {
+		return nil
+	}
+	_, err, _ := s.c.loads.Do(s.sha, func() (any, error) {
+		if s.loads.Load() != seen {
+			return nil, nil // another caller's reload finished meanwhile
+		}
+		err := s.load(ctx)
+		if err == nil {
+			s.loads.Add(1)
+		}
+		s.reloaded(err)
+		return nil, err
+	})
+	return err
 }
 
 // eval sends one script call. rueidis, the client of New, is called
@@ -434,13 +441,12 @@ func (s *Script) ExecWaitOrLate(ctx context.Context, g *Group, keys, args []stri
 
 func (s *Script) execWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
 	client := s.c.client
+	seen := s.loads.Load()
 	r, acks, err := client.EvalWait(ctx, s.sha, "", keys, args, replicas, timeout)
 	if !isNoScript(r) {
 		return r, acks, err
 	}
-	lerr := s.load(ctx)
-	s.reloaded(lerr)
-	if lerr == nil {
+	if s.reload(ctx, seen) == nil {
 		if r, acks, err = client.EvalWait(ctx, s.sha, "", keys, args, replicas, timeout); !isNoScript(r) {
 			return r, acks, err
 		}
