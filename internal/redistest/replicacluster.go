@@ -186,3 +186,22 @@ func (c *ReplicaCluster) ownerSeenBy(n *Server, slot int) string {
 	}
 	return ""
 }
+
+// StartMigration marks slot as being migrated to master to (A or B), as
+// CLUSTER SETSLOT slot IMPORTING and MIGRATING do at the start of a
+// migration: from then on its current owner answers a command for a key it
+// does not hold with ASK, naming to. No key is moved.
+func (c *ReplicaCluster) StartMigration(slot int, to *Server) error {
+	from := c.A
+	if to == c.A {
+		from = c.B
+	}
+	s := strconv.Itoa(slot)
+	if _, err := to.Do("CLUSTER", "SETSLOT", s, "IMPORTING", c.ids[from]); err != nil {
+		return fmt.Errorf("redistest: setslot importing: %w", err)
+	}
+	if _, err := from.Do("CLUSTER", "SETSLOT", s, "MIGRATING", c.ids[to]); err != nil {
+		return fmt.Errorf("redistest: setslot migrating: %w", err)
+	}
+	return nil
+}
