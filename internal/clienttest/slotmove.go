@@ -2,6 +2,7 @@ package clienttest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/semaphore"
 )
 
 // keyOfA returns a new key whose slot is one of master A's of a
@@ -39,12 +42,16 @@ func testEvalWaitSlotMoved(t *testing.T, newClient NewClient) {
 	if err := client.LoadScripts(ctx, body); err != nil {
 		t.Fatal(err)
 	}
+	sc := cache(t, client)
+	l := locker(t, sc, mutex.Options{ReplicaAcks: 1, ReplicaTimeout: 200 * time.Millisecond})
+	mgr := manager(t, sc, semaphore.Options{ReplicaAcks: 1, ReplicaTimeout: 200 * time.Millisecond})
 	// The client learns the slots, and A's replica acknowledges.
 	warm, warmSlot := keyOfA(t, "warm")
 	if _, acks, err := client.EvalWait(ctx, sha(body), "", []string{warm}, nil, 1, 10*time.Second); err != nil || acks != 1 {
 		t.Fatalf("EvalWait on A = %d acks, %v; want A's replica to acknowledge", acks, err)
 	}
 	k, slot := keyOfA(t, "moved", warmSlot)
+	used := []int{warmSlot, slot}
 	if err := rc.MoveSlot(slot, rc.B); err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +77,8 @@ func testEvalWaitSlotMoved(t *testing.T, newClient NewClient) {
 
 	// A slot being migrated from A to B: A answers ASK for a key it does
 	// not hold, and the pair must go to B, after ASKING.
-	k, slot = keyOfA(t, "asked", warmSlot, slot)
+	k, slot = keyOfA(t, "asked", used...)
+	used = append(used, slot)
 	if err := rc.StartMigration(slot, rc.B); err != nil {
 		t.Fatal(err)
 	}
@@ -86,5 +94,40 @@ func testEvalWaitSlotMoved(t *testing.T, newClient NewClient) {
 	}
 	if got, err := rc.B.Do("CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(slot)); err != nil || got != "1" {
 		t.Errorf("keys of slot %d on B = %q, %v; want the script's key", slot, got, err)
+	}
+
+	// The primitives: a Lock or an Acquire with ReplicaAcks on a slot that
+	// moved to B is not replicated, and must be refused as such.
+	lname, lslot := nameOfA(t, "lock", used...)
+	used = append(used, lslot)
+	sname, sslot := nameOfA(t, "sem", used...)
+	for _, s := range []int{lslot, sslot} {
+		if err := rc.MoveSlot(s, rc.B); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := newMutex(t, l, lname).TryLock(ctx); !errors.Is(err, mutex.ErrNotReplicated) {
+		t.Errorf("TryLock with ReplicaAcks after slot %d moved to B = %v; want ErrNotReplicated (B has no replica)", lslot, err)
+	}
+	sem, err := mgr.NewSemaphore(sname, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, cancel := context.WithTimeout(ctx, signal)
+	defer cancel()
+	if _, err := sem.Acquire(actx, 1); !errors.Is(err, semaphore.ErrNotReplicated) {
+		t.Errorf("Acquire with ReplicaAcks after slot %d moved to B = %v; want ErrNotReplicated (B has no replica)", sslot, err)
+	}
+}
+
+// nameOfA returns a new lock or semaphore name whose keys' slot is one of
+// master A's of a redistest.ReplicaCluster and none of avoid.
+func nameOfA(t testing.TB, what string, avoid ...int) (string, int) {
+	base := name(t, what)
+	for i := 0; ; i++ {
+		n := fmt.Sprintf("%s-%d", base, i)
+		if s := int(keyspace.Slot("{" + n + "}")); s < 8192 && !slices.Contains(avoid, s) {
+			return n, s
+		}
 	}
 }
