@@ -42,6 +42,8 @@ import (
 	"fmt"
 	"math/big"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -263,9 +265,13 @@ func value(v any) any {
 //
 // Neither call is retried on another connection: a WAIT on a fresh
 // connection would count none of the script's writes and report every
-// replica as acknowledging. If ctx has ended by the time the script's reply
-// comes, WAIT is not sent and ctx.Err() is returned with the reply. Unlike
-// Eval, EvalWait does not return before go-redis does: a server that stops
+// replica as acknowledging. A MOVED or ASK reply to the script, though,
+// means it did not run: the pair is sent again, whole, on a connection to
+// the primary named (ASKING first for ASK), up to maxRedirects times, as
+// go-redis does for Eval; after MOVED the client reloads its slot map in
+// the background. If ctx has ended by the time the script's reply comes,
+// WAIT is not sent and ctx.Err() is returned with the reply. Unlike Eval,
+// EvalWait does not return before go-redis does: a server that stops
 // answering ends it after ReadTimeout (the script) or timeout plus 10 s
 // (WAIT), when go-redis closes the connection; sluice's scriptcache, which
 // calls it from a goroutine of its own, returns to its caller when ctx
@@ -282,8 +288,42 @@ func (c *Client) EvalWait(ctx context.Context, sha, body string, keys, args []st
 			return scriptcache.ErrorReply(err), 0, err
 		}
 	}
+	asking := false
+	for redirects := 0; ; redirects++ {
+		r, acks, err := evalWaitOn(ctx, node, asking, sha, body, keys, args, replicas, timeout)
+		if c.cluster == nil || redirects == maxRedirects {
+			return r, acks, err
+		}
+		addr, ask, ok := redirection(r)
+		if !ok {
+			return r, acks, err
+		}
+		if !ask {
+			c.cluster.ReloadState(ctx) // in the background
+		}
+		next := c.masterAt(ctx, addr)
+		if next == nil {
+			return r, acks, err // a node the client does not know yet
+		}
+		node, asking = next, ask
+	}
+}
+
+// maxRedirects bounds how many MOVED or ASK replies one EvalWait follows,
+// as go-redis's ClusterOptions.MaxRedirects (3 by default) does for its
+// own commands.
+const maxRedirects = 3
+
+// evalWaitOn runs the pair on a connection of node, after ASKING if asking.
+func evalWaitOn(ctx context.Context, node *redis.Client, asking bool, sha, body string, keys, args []string, replicas int64, timeout time.Duration) (scriptcache.Reply, int64, error) {
 	conn := node.Conn()
 	defer conn.Close()
+	if asking {
+		cmd := redis.NewStatusCmd(ctx, "asking")
+		if err := conn.Process(ctx, cmd); err != nil {
+			return scriptcache.NewReply(nil, err, isServerError(err)), 0, err
+		}
+	}
 	cmd := evalCmd(ctx, sha, body, keys, args)
 	_ = conn.Process(ctx, cmd)
 	r := reply(cmd.Cmd)
@@ -300,6 +340,35 @@ func (c *Client) EvalWait(ctx context.Context, sha, body string, keys, args []st
 		return r, 0, fmt.Errorf("goredis: wait: %w", err)
 	}
 	return r, acks, nil
+}
+
+// redirection returns the address of a MOVED or ASK error reply, and
+// whether it is ASK.
+func redirection(r scriptcache.Reply) (addr string, ask, ok bool) {
+	if !r.ServerError() {
+		return "", false, false
+	}
+	f := strings.Fields(r.Error().Error())
+	if len(f) != 3 || (f[0] != "MOVED" && f[0] != "ASK") {
+		return "", false, false
+	}
+	return f[2], f[0] == "ASK", true
+}
+
+// masterAt returns the client of the primary at addr that the cluster
+// client knows, or nil.
+func (c *Client) masterAt(ctx context.Context, addr string) *redis.Client {
+	var mu sync.Mutex
+	var found *redis.Client
+	_ = c.cluster.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+		if m.Options().Addr == addr {
+			mu.Lock()
+			found = m
+			mu.Unlock()
+		}
+		return nil
+	})
+	return found
 }
 
 // LoadScripts sends SCRIPT LOAD of every body to every node: on a cluster

@@ -274,7 +274,7 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Locker{opts: opts, pubMode: "p", sc: sc, bg: scriptcache.NewGroup()}
+	l := &Locker{opts: opts, pubMode: "p", sc: sc, bg: scriptcache.NewGroup(ErrClosed)}
 	if sc.ShardedPubSub() {
 		l.pubMode = "s"
 	}

@@ -2,6 +2,8 @@ package scriptcache
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -9,15 +11,18 @@ import (
 // Group owns the goroutines a primitive starts for work its callers do not
 // wait for: the calls of ExecOrLate and ExecWaitOrLate whose callers leave
 // before the reply, and give-backs sent in the background. The primitive's
-// Close calls Group.Close, so that none of them outlives it.
+// Close calls Group.Close, so that none of them outlives it, and so that
+// none of its callers still waiting for a reply is left waiting: they
+// return the Group's closed error.
 type Group struct {
-	ctx     context.Context // ended by Close: calls their callers left
-	cancel  context.CancelFunc
-	work    context.Context // ended closeGrace after Close: see Bounded
-	endWork context.CancelFunc
-	mu      sync.Mutex
-	closed  bool // guarded by mu
-	wg      sync.WaitGroup
+	ctx       context.Context // ended by Close: calls in flight
+	closedErr error           // what the callers of calls Close gives up get
+	cancel    context.CancelFunc
+	work      context.Context // ended closeGrace after Close: see Bounded
+	endWork   context.CancelFunc
+	mu        sync.Mutex
+	closed    bool // guarded by mu
+	wg        sync.WaitGroup
 }
 
 // closeGrace is how long Close lets work started under Bounded go on: a
@@ -25,11 +30,22 @@ type Group struct {
 // one on a server that stopped answering holds Close up no longer.
 const closeGrace = time.Second
 
-// NewGroup returns an open Group.
-func NewGroup() *Group {
+// ErrClosed is wrapped by the error a call of ExecOrLate or ExecWaitOrLate
+// returns when its Group was closed while the caller waited for the reply.
+var ErrClosed = errors.New("scriptcache: group closed")
+
+// NewGroup returns an open Group. closed is the error, wrapped with
+// ErrClosed, that callers of ExecOrLate and ExecWaitOrLate get when Close
+// gives up their calls: the primitive's own (such as semaphore.ErrClosed),
+// so that its callers see that error; nil for ErrClosed alone.
+func NewGroup(closed error) *Group {
 	ctx, cancel := context.WithCancel(context.Background())
 	work, endWork := context.WithCancel(context.Background())
-	return &Group{ctx: ctx, cancel: cancel, work: work, endWork: endWork}
+	err := ErrClosed
+	if closed != nil {
+		err = fmt.Errorf("%w: %w", closed, ErrClosed)
+	}
+	return &Group{ctx: ctx, closedErr: err, cancel: cancel, work: work, endWork: endWork}
 }
 
 // Go runs f in a goroutine that Close waits for, and reports true. Once
@@ -65,10 +81,14 @@ func (g *Group) Bounded(d time.Duration) (context.Context, context.CancelFunc) {
 // Closed reports whether Close has been called.
 func (g *Group) Closed() bool { return g.ctx.Err() != nil }
 
-// Close starts nothing more, ends the calls that their callers left and
-// that still wait for a reply (their late funcs get the error, and should
-// do nothing more once Closed reports true), gives work under Bounded a
-// second to finish, and waits for every goroutine of the group.
+// Close starts nothing more, ends the calls that still wait for a reply,
+// whether their callers left (their late funcs get the error, and should
+// do nothing more once Closed reports true) or still wait (they return the
+// Group's closed error at once, and late gets the error as if they had
+// left: such a call may still run, and the primitive's lease ends what it
+// did), gives work under Bounded a second to finish, and waits for every
+// goroutine of the group. A server that stopped answering cannot hold it
+// up.
 func (g *Group) Close() {
 	g.mu.Lock()
 	g.closed = true
@@ -78,6 +98,15 @@ func (g *Group) Close() {
 	g.wg.Wait()
 	t.Stop()
 	g.endWork()
+}
+
+// closing returns a channel closed when Close is called; nil (never
+// closed) for a nil Group.
+func (g *Group) closing() <-chan struct{} {
+	if g == nil {
+		return nil
+	}
+	return g.ctx.Done()
 }
 
 // afterLeft makes cancel run when g closes, from now on: a call its caller

@@ -49,7 +49,7 @@ func TestGroupCloseEndsLeftExecWait(t *testing.T) {
 	resume := srv.Resumer(t)
 	defer resume()
 
-	g := scriptcache.NewGroup()
+	g := scriptcache.NewGroup(nil)
 	type lateReply struct {
 		r   scriptcache.Reply
 		err error
@@ -87,45 +87,129 @@ func TestGroupCloseEndsLeftExecWait(t *testing.T) {
 	}
 }
 
-// TestExecWaitClosedGroupHonoursContext: once a Group is closed,
-// ExecOrLate is a plain Exec that returns when its context ends. Its twin
-// ExecWaitOrLate must too ("It returns when ctx ends, like Exec"): a Lock
-// with ReplicaAcks racing with Locker.Close gets here. On a server that
-// stopped answering it must return about when ctx ends, not after the WAIT
-// timeout plus WaitSlack.
-func TestExecWaitClosedGroupHonoursContext(t *testing.T) {
+// TestClosedGroupRefuses: once a Group is closed, ExecOrLate and
+// ExecWaitOrLate with a context that can end send nothing and return the
+// Group's closed error at once: a Lock or Acquire racing with Close gets
+// here, and must return ErrClosed rather than wait for a server that
+// stopped answering (before issue 22, item 10, they ran the call until ctx
+// ended, or, for ExecWaitOrLate before that, the WAIT timeout plus
+// WaitSlack). late is never called.
+func TestClosedGroupRefuses(t *testing.T) {
 	ctx := context.Background()
 	srv, s := pausedWarmIncr(t)
 	resume := srv.Resumer(t)
 	defer resume()
 
-	g := scriptcache.NewGroup()
+	g := scriptcache.NewGroup(nil)
 	g.Close()
 
-	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	type result struct {
 		err     error
 		elapsed time.Duration
 	}
-	done := make(chan result, 1)
+	done := make(chan result, 2)
 	start := time.Now()
 	go func() {
 		_, _, err := s.ExecWaitOrLate(short, g, []string{"closedwait"}, nil, 0, longWaitTimeout,
 			func(scriptcache.Reply, int64, error) { t.Error("late called on a closed Group") })
 		done <- result{err, time.Since(start)}
 	}()
-	var res result
-	select {
-	case res = <-done:
-	case <-time.After(endBound):
-		t.Errorf("ExecWaitOrLate on a closed Group still running %v after its 100 ms context ended (server hung)", endBound)
-		resume()
-		res = <-done
-		t.Logf("it returned %v after it was called, once the server was resumed, with err %v", res.elapsed, res.err)
-		return
+	go func() {
+		err := s.ExecOrLate(short, g, []string{"closedwait"}, nil,
+			func(scriptcache.Reply) { t.Error("late called on a closed Group") }).Error()
+		done <- result{err, time.Since(start)}
+	}()
+	for range 2 {
+		var res result
+		select {
+		case res = <-done:
+		case <-time.After(endBound):
+			t.Errorf("a call on a closed Group still running %v after it was made (server hung)", endBound)
+			resume()
+			res = <-done
+			t.Logf("it returned %v after it was called, once the server was resumed, with err %v", res.elapsed, res.err)
+			continue
+		}
+		if !errors.Is(res.err, scriptcache.ErrClosed) {
+			t.Errorf("call on a closed Group, paused server = %v, want ErrClosed", res.err)
+		}
 	}
-	if !errors.Is(res.err, context.DeadlineExceeded) {
-		t.Errorf("ExecWaitOrLate on a closed Group, paused server = %v, want DeadlineExceeded", res.err)
+}
+
+// TestGroupCloseEndsAttendedCalls: Group.Close gives up the calls whose
+// callers still wait, too: they return an error wrapping ErrClosed and the
+// error the Group was made with, at once, and Close does not wait for a
+// server that stopped answering (issue 22, item 10). Before, Close waited
+// until each such caller's context ended.
+func TestGroupCloseEndsAttendedCalls(t *testing.T) {
+	errMine := errors.New("primitive closed")
+	for _, wait := range []bool{false, true} {
+		name := "ExecOrLate"
+		if wait {
+			name = "ExecWaitOrLate"
+		}
+		t.Run(name, func(t *testing.T) {
+			// Warmed for both calls: rueidis's pipelining connections as
+			// well as a dedicated one, so that on the paused
+			// server the call waits for its reply, not for a handshake
+			// (bounded by the dial timeout, the documented exception).
+			srv, s := pausedIncrAfter(t, func(s *scriptcache.Script) {
+				warm, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if _, _, err := s.ExecWait(warm, []string{"attended"}, nil, 0, time.Millisecond); err != nil {
+					t.Fatal(err)
+				}
+				// rueidis picks one of its pipelining connections at random
+				// per call: enough calls open them all (with no deadline, or
+				// a lone call takes a dedicated connection).
+				for range 64 {
+					if err := s.Exec(context.Background(), []string{"attended"}, nil).Error(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			})
+			resume := srv.Resumer(t)
+			defer resume()
+			g := scriptcache.NewGroup(errMine)
+			ctx, cancel := context.WithCancel(context.Background()) // never cancelled before Close
+			defer cancel()
+			lateCalled := make(chan struct{})
+			errc := make(chan error, 1)
+			go func() {
+				if wait {
+					_, _, err := s.ExecWaitOrLate(ctx, g, []string{"attended"}, nil, 0, longWaitTimeout,
+						func(scriptcache.Reply, int64, error) { close(lateCalled) })
+					errc <- err
+					return
+				}
+				errc <- s.ExecOrLate(ctx, g, []string{"attended"}, nil, func(scriptcache.Reply) { close(lateCalled) }).Error()
+			}()
+			frame := "scriptcache.(*Script)." + name + ".func" // the call, in g
+			if !redistest.WaitFor(context.Background(), 10*time.Second, func() bool { return inFrame(frame) > 0 }) {
+				t.Fatalf("the call never reached %s", frame)
+			}
+			closed := make(chan struct{})
+			go func() {
+				g.Close()
+				close(closed)
+			}()
+			select {
+			case <-closed:
+			case <-time.After(endBound):
+				t.Errorf("Group.Close still waiting %v after it was called, with a call in flight on a hung server", endBound)
+				cancel()
+				<-closed
+			}
+			if err := <-errc; !errors.Is(err, scriptcache.ErrClosed) || !errors.Is(err, errMine) {
+				t.Errorf("%s in flight at Close = %v, want ErrClosed and the Group's error", name, err)
+			}
+			select {
+			case <-lateCalled:
+			default:
+				t.Error("Close returned before late got the call's end")
+			}
+		})
 	}
 }

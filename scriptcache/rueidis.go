@@ -136,6 +136,10 @@ func (r rueidisClient) do(ctx context.Context, sha, body string, keys, args []st
 // its deadline: with one, it runs the pair in its synchronous mode, which
 // sets a socket deadline and never looks at a cancellation, so a
 // scriptcache.Group could not end a left call before WAIT's timeout.
+//
+// On a cluster the pair goes to one node's connection, and redirections
+// are followed for the pair, never for the script alone (see
+// evalWaitCluster).
 func (r rueidisClient) EvalWait(ctx context.Context, sha, body string, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
 	if err := checkSlots(r.Cluster(), keys); err != nil {
 		return ErrorReply(err), 0, err
@@ -143,9 +147,12 @@ func (r rueidisClient) EvalWait(ctx context.Context, sha, body string, keys, arg
 	if _, ok := ctx.Deadline(); ok {
 		ctx = &cancelOnly{ctx}
 	}
-	// On a cluster a keyless command goes to the node of the keyed one.
-	res := r.c.DoMulti(ctx, r.eval(sha, body, keys, args),
-		r.c.B().Wait().Numreplicas(replicas).Timeout(max(timeout.Milliseconds(), 1)).Build())
+	var res []rueidis.RedisResult
+	if r.Cluster() {
+		res = r.evalWaitCluster(ctx, sha, body, keys, args, replicas, timeout)
+	} else {
+		res = r.c.DoMulti(ctx, r.eval(sha, body, keys, args), r.wait(replicas, timeout))
+	}
 	if err := res[0].Error(); err != nil {
 		return Reply{rr: res[0]}, 0, err
 	}
@@ -154,6 +161,74 @@ func (r rueidisClient) EvalWait(ctx context.Context, sha, body string, keys, arg
 		return Reply{rr: res[0]}, 0, fmt.Errorf("scriptcache: wait: %w", err)
 	}
 	return Reply{rr: res[0]}, acks, nil
+}
+
+// wait builds WAIT replicas timeout. WAIT takes whole milliseconds; 0
+// would mean forever.
+func (r rueidisClient) wait(replicas int64, timeout time.Duration) rueidis.Completed {
+	return r.c.B().Wait().Numreplicas(replicas).Timeout(max(timeout.Milliseconds(), 1)).Build()
+}
+
+// maxRedirects bounds how many MOVED or ASK replies one EvalWait follows
+// on a cluster.
+const maxRedirects = 3
+
+// evalWaitCluster runs the pair on a cluster. The cluster client's DoMulti
+// will not do: it follows a MOVED or ASK reply for the script alone, on
+// another node, while WAIT has already been answered by the node the
+// client thought owned the slot, on a connection that wrote nothing there,
+// counting that node's replicas for writes made elsewhere (issue 22, item
+// 7). So the pair goes on a dedicated connection to the slot's owner as
+// the client knows it, which never follows a redirection; a MOVED or ASK
+// reply to the script means it did not run, and the pair is sent again,
+// whole, to the node named (ASKING first for ASK), up to maxRedirects
+// times. The script runs at most once: only a redirection, which the
+// server sends instead of running it, is followed.
+func (r rueidisClient) evalWaitCluster(ctx context.Context, sha, body string, keys, args []string, replicas int64, timeout time.Duration) []rueidis.RedisResult {
+	dc, release := r.c.Dedicate()
+	res := dc.DoMulti(ctx, r.eval(sha, body, keys, args), r.wait(replicas, timeout))
+	if aborted(res) {
+		dc.Close() // as the client does for its own blocking calls
+	} else {
+		release()
+	}
+	for range maxRedirects {
+		re, ok := rueidis.IsRedisErr(res[0].Error())
+		if !ok {
+			return res
+		}
+		addr, moved := re.IsMoved()
+		if !moved {
+			if addr, ok = re.IsAsk(); !ok {
+				return res
+			}
+		}
+		node := r.c.Nodes()[addr]
+		if node == nil {
+			return res // a node the client does not know yet: the caller retries
+		}
+		// A node's own client runs a pipeline with a blocking command on
+		// a dedicated connection, closed if the call is cut short. (Its
+		// builder is the cluster client's.)
+		eval, wait := r.eval(sha, body, keys, args), r.wait(replicas, timeout)
+		if moved {
+			res = node.DoMulti(ctx, eval, wait)
+		} else {
+			res = node.DoMulti(ctx, node.B().Asking().Build(), eval, wait)[1:]
+		}
+	}
+	return res
+}
+
+// aborted reports whether a reply of res is not the server's: the call
+// was cut short, and its connection may still carry a blocked command.
+func aborted(res []rueidis.RedisResult) bool {
+	for _, r := range res {
+		if r.NonRedisError() != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // LoadScripts pipelines the loads per node.

@@ -247,8 +247,12 @@ func (s *Script) Exec(ctx context.Context, keys, args []string) Reply {
 // (ConnWriteTimeout) or Close end the call; the client itself never sees ctx.
 //
 // With a Group g, the goroutine is g's: g.Close waits for it, and gives up
-// the call if its caller has left (late then gets the error). Once g is
-// closed, ExecOrLate is Exec, and late is never called.
+// the call, whether its caller has left (late then gets the error) or
+// still waits: then ExecOrLate returns an error wrapping ErrClosed (the
+// error g was made with) at once, as if ctx had ended, and the call's
+// reply or error goes to late. Once g is closed, ExecOrLate sends nothing
+// and returns that error, and late is never called (with a ctx that cannot
+// end, or no late, it is Exec: g plays no part).
 func (s *Script) ExecOrLate(ctx context.Context, g *Group, keys, args []string, late func(Reply)) Reply {
 	done := ctx.Done()
 	if done == nil || late == nil {
@@ -278,23 +282,27 @@ func (s *Script) ExecOrLate(ctx context.Context, g *Group, keys, args []string, 
 		go run()
 	} else if !g.Go(run) {
 		cancel()
-		return s.Exec(ctx, keys, args)
+		return ErrorReply(g.closedErr)
 	}
+	var err error
 	select {
 	case r := <-reply:
 		return r
 	case <-done:
-		left = g.afterLeft(cancel)
-		close(abandoned)
-		// The reply may have come at the same moment: take it if so.
-		select {
-		case r := <-reply:
-			left()
-			return r
-		default:
-		}
-		return ErrorReply(ctx.Err())
+		err = ctx.Err()
+	case <-g.closing():
+		err = g.closedErr
 	}
+	left = g.afterLeft(cancel)
+	close(abandoned)
+	// The reply may have come at the same moment: take it if so.
+	select {
+	case r := <-reply:
+		left()
+		return r
+	default:
+	}
+	return ErrorReply(err)
 }
 
 func (s *Script) exec(ctx context.Context, keys, args []string) Reply {
@@ -303,24 +311,7 @@ func (s *Script) exec(ctx context.Context, keys, args []string) Reply {
 	if !isNoScript(r) {
 		return r
 	}
-	// The node forgot the script. Load it everywhere once, however many
-	// callers saw NOSCRIPT at the same time, unless that happened since
-	// this call was sent; then try again.
-	var err error
-	if s.loads.Load() == seen {
-		_, err, _ = s.c.loads.Do(s.sha, func() (any, error) {
-			if s.loads.Load() != seen {
-				return nil, nil // another caller's reload finished meanwhile
-			}
-			err := s.load(ctx)
-			if err == nil {
-				s.loads.Add(1)
-			}
-			s.reloaded(err)
-			return nil, err
-		})
-	}
-	if err == nil {
+	if s.reload(ctx, seen) == nil {
 		if r = s.c.eval(ctx, s.sha, "", keys, args); !isNoScript(r) {
 			return r
 		}
@@ -328,6 +319,30 @@ func (s *Script) exec(ctx context.Context, keys, args []string) Reply {
 	// Flushed again in between, or the load failed: EVAL carries the body
 	// and caches it on the node that runs it.
 	return s.c.eval(ctx, "", s.body, keys, args)
+}
+
+// reload loads s again after a call sent when s.loads was seen got
+// NOSCRIPT: the node forgot the script. It loads it everywhere once,
+// however many callers saw NOSCRIPT at the same time, and not at all if a
+// reload completed since the call was sent (the call had simply been
+// queued before the script was back): then the caller just tries again.
+// Every path that runs a script (Exec, ExecWait) reloads through it.
+func (s *Script) reload(ctx context.Context, seen uint64) error {
+	if s.loads.Load() != seen {
+		return nil
+	}
+	_, err, _ := s.c.loads.Do(s.sha, func() (any, error) {
+		if s.loads.Load() != seen {
+			return nil, nil // another caller's reload finished meanwhile
+		}
+		err := s.load(ctx)
+		if err == nil {
+			s.loads.Add(1)
+		}
+		s.reloaded(err)
+		return nil, err
+	})
+	return err
 }
 
 // eval sends one script call. rueidis, the client of New, is called
@@ -369,7 +384,9 @@ const WaitSlack = 5 * time.Second
 // WAIT blocks its connection, so the pair goes on a connection of its own
 // (Client.EvalWait); unlike Exec, the call can carry a deadline without
 // harming other callers. It costs a goroutine while in flight when ctx can
-// be cancelled; with a Group g, that goroutine is g's, as for ExecOrLate.
+// be cancelled; with a Group g, that goroutine is g's, and g.Close gives
+// up the call, as for ExecOrLate; once g is closed, ExecWaitOrLate with
+// such a ctx sends nothing and returns g's closed error.
 func (s *Script) ExecWaitOrLate(ctx context.Context, g *Group, keys, args []string, replicas int64, timeout time.Duration, late func(r Reply, acks int64, err error)) (Reply, int64, error) {
 	if err := s.c.checkSlots(keys); err != nil {
 		return ErrorReply(err), 0, err
@@ -408,39 +425,37 @@ func (s *Script) ExecWaitOrLate(ctx context.Context, g *Group, keys, args []stri
 	if g == nil {
 		go run()
 	} else if !g.Go(run) {
-		// Closed: nothing may outlive the call, so it runs here, bounded
-		// by ctx as well.
 		cancel()
-		wctx, cancel := context.WithTimeout(ctx, timeout+WaitSlack)
-		defer cancel()
-		return s.execWait(wctx, keys, args, replicas, timeout)
+		return ErrorReply(g.closedErr), 0, g.closedErr
 	}
+	var err error
 	select {
 	case rep := <-replies:
 		return rep.r, rep.acks, rep.err
 	case <-done:
-		left = g.afterLeft(cancel)
-		close(abandoned)
-		select {
-		case rep := <-replies: // it came at the same moment
-			left()
-			return rep.r, rep.acks, rep.err
-		default:
-		}
-		err := ctx.Err()
-		return ErrorReply(err), 0, err
+		err = ctx.Err()
+	case <-g.closing():
+		err = g.closedErr
 	}
+	left = g.afterLeft(cancel)
+	close(abandoned)
+	select {
+	case rep := <-replies: // it came at the same moment
+		left()
+		return rep.r, rep.acks, rep.err
+	default:
+	}
+	return ErrorReply(err), 0, err
 }
 
 func (s *Script) execWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
 	client := s.c.client
+	seen := s.loads.Load()
 	r, acks, err := client.EvalWait(ctx, s.sha, "", keys, args, replicas, timeout)
 	if !isNoScript(r) {
 		return r, acks, err
 	}
-	lerr := s.load(ctx)
-	s.reloaded(lerr)
-	if lerr == nil {
+	if s.reload(ctx, seen) == nil {
 		if r, acks, err = client.EvalWait(ctx, s.sha, "", keys, args, replicas, timeout); !isNoScript(r) {
 			return r, acks, err
 		}

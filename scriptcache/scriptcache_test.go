@@ -417,7 +417,7 @@ func TestGroupCloseEndsLeftCalls(t *testing.T) {
 	ctx := context.Background()
 	srv, s := pausedIncr(t)
 	resume := srv.Resumer(t)
-	g := scriptcache.NewGroup()
+	g := scriptcache.NewGroup(nil)
 	late := make(chan scriptcache.Reply, 1)
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()

@@ -340,7 +340,7 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Manager{opts: opts, pubMode: "p", bg: scriptcache.NewGroup()}
+	m := &Manager{opts: opts, pubMode: "p", bg: scriptcache.NewGroup(ErrClosed)}
 	c := opts.leaseConfig()
 	m.lease, m.watchdog = c.Effective()
 	m.leaseMs = strconv.FormatInt(m.lease.Milliseconds(), 10)
@@ -907,6 +907,11 @@ func (s *Semaphore) attemptOnce(ctx context.Context, id string, n int64, mode st
 	if err != nil {
 		if errors.Is(err, ErrCapacityMismatch) || errors.Is(err, ErrNotReplicated) || errors.Is(err, ErrInvalidWeight) {
 			return res, err
+		}
+		if errors.Is(err, ErrClosed) {
+			// Close gave up the call: no give-back (the server may not
+			// answer), the lease ends what it may have granted.
+			return res, fmt.Errorf("semaphore: acquire %q: %w", s.name, err)
 		}
 		if cerr := ctx.Err(); cerr == nil || !errors.Is(err, cerr) {
 			// The request failed (the connection, or WAIT after the

@@ -74,6 +74,7 @@ func Run(t *testing.T, newClient NewClient) {
 	for _, tc := range primitiveTests {
 		t.Run(tc.name, func(t *testing.T) { each(t, newClient, tc.run) })
 	}
+	t.Run("EvalWaitSlotMoved", func(t *testing.T) { testEvalWaitSlotMoved(t, newClient) })
 }
 
 type test struct {
