@@ -268,9 +268,10 @@ func (n *node) closeOnce() (took time.Duration) {
 }
 
 // closeBound is how long Close may take whatever the server does: the
-// give-backs' second, the client's dial timeout, and room for a loaded
-// machine.
-const closeBound = 10 * time.Second
+// give-backs' second, the client's dial timeout (a second here), and as
+// much again for a loaded machine. Callers wait up to three leases (6 s),
+// so a Close that waits for them is caught.
+const closeBound = 4 * time.Second
 
 func (w *world) closeNode(n *node, why string) {
 	took := n.close()

@@ -38,8 +38,13 @@ func (w *world) worker(ctx context.Context, n *node, j int, rng *rand.Rand) {
 	}
 }
 
-// opTimeout is how long an acquisition may wait.
+// opTimeout is how long an acquisition may wait: mostly up to a lease,
+// now and then up to three (a caller that waits long, which a Close must
+// not wait for).
 func (w *world) opTimeout(rng *rand.Rand) time.Duration {
+	if rng.IntN(3) == 0 {
+		return time.Duration((1 + rng.Float64()*2) * float64(w.cfg.Lease))
+	}
 	return time.Duration((0.1 + rng.Float64()*0.9) * float64(w.cfg.Lease))
 }
 
