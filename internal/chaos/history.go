@@ -62,9 +62,9 @@ type history struct {
 }
 
 type opEvent struct {
-	at   time.Time
-	res  string // "" touches every resource
-	what string
+	at, end time.Time // the action was sent from at, and done by end
+	res     string    // "" touches every resource
+	what    string
 }
 
 type faultSpan struct {
@@ -106,7 +106,9 @@ func (h *history) violationLocked(format string, args ...any) {
 func (h *history) operator(res, what string) (done func()) {
 	h.mu.Lock()
 	now := time.Now()
-	h.ops = append(h.ops, opEvent{at: now, res: res, what: what})
+	i := len(h.ops)
+	// Until done, the action may land at any moment: its end is open.
+	h.ops = append(h.ops, opEvent{at: now, end: now.Add(time.Hour), res: res, what: what})
 	var before []*hold
 	for r, hs := range h.active {
 		if res == "" || r == res {
@@ -117,6 +119,7 @@ func (h *history) operator(res, what string) (done func()) {
 	return func() {
 		h.mu.Lock()
 		defer h.mu.Unlock()
+		h.ops[i].end = time.Now()
 		for _, x := range before {
 			if !x.ended {
 				x.owed = true
@@ -145,11 +148,12 @@ func (h *history) faultNear(from, to time.Time, slack time.Duration) bool {
 	return false
 }
 
-// operatorSince reports whether an operator action touched res (or every
-// resource) at or after t. Called with h.mu held.
+// operatorSinceLocked reports whether an operator action on res (or on
+// every resource) may have landed at or after t: it was not done before t.
+// Called with h.mu held.
 func (h *history) operatorSinceLocked(res string, t time.Time) bool {
 	for _, o := range h.ops {
-		if (o.res == "" || o.res == res) && !o.at.Before(t) {
+		if (o.res == "" || o.res == res) && !o.end.Before(t) {
 			return true
 		}
 	}
