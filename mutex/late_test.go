@@ -183,3 +183,34 @@ func TestLateRWGrantIsNotAHold(t *testing.T) {
 		})
 	}
 }
+
+// TestLateExtendIsLoss: an Extend whose answer arrives after the new lease
+// it asked for has ended (on the client's clock) must not return a
+// deadline and nil: the server may have let the hold go meanwhile. It
+// reports the loss.
+func TestLateExtendIsLoss(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	proxy := lateProxy(t, srv)
+	l := newLocker(t, redistest.Client(t, proxy.Addr()), mutex.Options{})
+	m := newMutex(t, l, "late-extend", mutex.WithLease(10*time.Second))
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proxy.SetLatency(lateLatency, 0)
+	if until, err := m.Extend(ctx, lateLease); !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("Extend answered after its lease = %v, %v; want ErrLost", until, err)
+	}
+	if !errors.Is(m.Err(), mutex.ErrLost) {
+		t.Fatalf("Err() = %v, want ErrLost", m.Err())
+	}
+	select {
+	case <-m.Lost():
+	default:
+		t.Fatal("Lost not closed")
+	}
+	proxy.SetLatency(0, 0)
+	if err := m.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
+		t.Fatalf("Unlock after the loss = %v, want ErrNotHeld", err)
+	}
+}

@@ -198,6 +198,18 @@ func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) 
 	}
 	old := m.lse
 	m.mu.Unlock()
+	if !lease.Live(sent, d, time.Now()) {
+		// Answered when the new lease was already over on this client's
+		// clock: the server may have ended the hold meanwhile, so it is
+		// lost, as a late grant is not a hold (see Mutex.startHold).
+		if old != nil {
+			old.Stop()
+		}
+		m.lose(gen, lease.ErrExpired)
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return time.Time{}, m.err
+	}
 	lse := m.l.keeper.Add(sent, d, nil, func(err error) { m.lose(gen, err) })
 	if old != nil {
 		old.Stop()
