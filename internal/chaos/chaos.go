@@ -164,6 +164,8 @@ func Run(t testing.TB, cfg Config) Report {
 			seed := rng.Uint64()
 			wg.Go(func() { w.worker(ctx, n, j, rand.New(rand.NewPCG(seed, uint64(n.i)))) })
 		}
+		seed := rng.Uint64()
+		wg.Go(func() { w.hammer(ctx, n, rand.New(rand.NewPCG(seed, 0xbeef))) })
 	}
 	faults := w.inject(ctx, sched)
 	wg.Wait()

@@ -372,3 +372,38 @@ func (w *world) limitOp(ctx context.Context, n *node, rng *rand.Rand) {
 		w.lim.add(algoName(l.Algorithm())+"/"+key, decision{call: call, ret: ret, cost: cost})
 	}
 }
+
+// hammer keeps one node's limiters under pressure on one hot key: bursts
+// of calls a few milliseconds apart, then quiet spells, so that every
+// algorithm is pushed to its bound both in steady state (windows back to
+// back) and after a quiet spell (a full GCRA bucket).
+func (w *world) hammer(ctx context.Context, n *node, rng *rand.Rand) {
+	for ctx.Err() == nil && !n.closed.Load() {
+		l := n.limiters[rng.IntN(len(n.limiters))]
+		name := algoName(l.Algorithm()) + "/hot"
+		until := time.Now().Add(time.Duration((0.15 + rng.Float64()*0.6) * float64(w.cfg.Lease)))
+		for time.Now().Before(until) && ctx.Err() == nil && !n.closed.Load() {
+			cost := 1 + rng.IntN(2)
+			w.count("limit.hammer")
+			actx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+			call := time.Now()
+			res, err := l.AllowN(actx, "hot", cost)
+			ret := time.Now()
+			cancel()
+			if err != nil {
+				w.expected("Limiter.AllowN", call, err)
+			} else if res.Allowed {
+				w.lim.add(name, decision{call: call, ret: ret, cost: cost})
+			}
+			sleep(ctx, 5*time.Millisecond)
+		}
+		sleep(ctx, time.Duration(rng.Float64()*float64(w.cfg.Lease)*0.75))
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
