@@ -180,6 +180,7 @@ func Run(t testing.TB, cfg Config) Report {
 	w.hist.checkTokens()
 	w.hist.checkLiveness(w.cfg.Lease / 4)
 	w.lim.check(w.hist)
+	w.lim.checkWindows(w.hist)
 
 	r := Report{Seed: cfg.Seed, Ops: w.ops, Holds: w.hist.holdsBy(), Faults: faults, Schedule: sched.lines(w.hist), CloseTook: w.closeTook}
 	w.hist.mu.Lock()

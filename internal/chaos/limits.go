@@ -13,8 +13,9 @@ import (
 // decision is one allowed rate-limit request: its cost and when the call
 // was made and returned. The server decided somewhere in between.
 type decision struct {
-	call, ret time.Time
-	cost      int
+	call, ret  time.Time
+	cost       int
+	resetAfter time.Duration // fixed window: until the window's end
 }
 
 // limitLog keeps the allowed requests of every limiter key.
@@ -82,6 +83,71 @@ func (l *limitLog) check(h *history) {
 			if sum > bound && !h.wiped(from, to) {
 				h.violation("rate limit %s: %d allowed within %v from %s, bound %d (%v, %v)",
 					name, sum, spec.limit.Period, h.since(from), bound, algoName(spec.algo), spec.limit)
+				break
+			}
+		}
+	}
+}
+
+// checkWindows checks the per-window bounds: a fixed window (it starts
+// with its first request and ends Period later, which each answer's
+// ResetAfter tells) and an aligned sliding window (Period-aligned on the
+// server's clock, this machine's wall clock) each allow at most Rate.
+// Decisions are placed by their call and return; a sliding-window
+// decision whose call and return fall in two windows is left out.
+func (l *limitLog) checkWindows(h *history) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for name, ds := range l.allowed {
+		spec := l.limits[limiterOf(name)]
+		p := spec.limit.Period
+		sum := map[int64]int{}
+		when := map[int64]time.Time{}
+		switch {
+		case strings.HasSuffix(name, "/http"):
+			continue // served requests: their window is not known
+		case spec.algo == ratelimit.FixedWindow:
+			// Answers of one window name one end, each up to its round
+			// trip off; windows' ends lie at least a Period apart.
+			type end struct {
+				at   time.Time
+				cost int
+				from time.Time
+			}
+			var es []end
+			for _, d := range ds {
+				mid := d.call.Add(d.ret.Sub(d.call) / 2)
+				es = append(es, end{mid.Add(d.resetAfter), d.cost, d.call})
+			}
+			slices.SortFunc(es, func(a, b end) int { return a.at.Compare(b.at) })
+			var k int64
+			for i, e := range es {
+				if i > 0 && e.at.Sub(es[i-1].at) > p/2 {
+					k++
+				}
+				sum[k] += e.cost
+				if _, ok := when[k]; !ok {
+					when[k] = e.from
+				}
+			}
+		case spec.algo == ratelimit.SlidingWindow:
+			for _, d := range ds {
+				k := d.call.UnixMicro() / p.Microseconds()
+				if d.ret.UnixMicro()/p.Microseconds() != k {
+					continue
+				}
+				sum[k] += d.cost
+				if _, ok := when[k]; !ok {
+					when[k] = d.call
+				}
+			}
+		default:
+			continue
+		}
+		for k, n := range sum {
+			if n > spec.limit.Rate && !h.wiped(when[k].Add(-p), when[k].Add(2*p)) {
+				h.violation("rate limit %s: %d allowed in one window from about %s, limit %d (%v, %v)",
+					name, n, h.since(when[k]), spec.limit.Rate, algoName(spec.algo), spec.limit)
 				break
 			}
 		}

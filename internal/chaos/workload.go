@@ -369,7 +369,7 @@ func (w *world) limitOp(ctx context.Context, n *node, rng *rand.Rand) {
 		return
 	}
 	if res.Allowed {
-		w.lim.add(algoName(l.Algorithm())+"/"+key, decision{call: call, ret: ret, cost: cost})
+		w.lim.add(algoName(l.Algorithm())+"/"+key, decision{call: call, ret: ret, cost: cost, resetAfter: res.ResetAfter})
 	}
 }
 
@@ -393,7 +393,7 @@ func (w *world) hammer(ctx context.Context, n *node, rng *rand.Rand) {
 			if err != nil {
 				w.expected("Limiter.AllowN", call, err)
 			} else if res.Allowed {
-				w.lim.add(name, decision{call: call, ret: ret, cost: cost})
+				w.lim.add(name, decision{call: call, ret: ret, cost: cost, resetAfter: res.ResetAfter})
 			}
 			sleep(ctx, 5*time.Millisecond)
 		}
