@@ -455,7 +455,7 @@ type Mutex struct {
 	// it returns the loss (see lossUnacked); the first Unlock clears it.
 	unacked bool
 	// scoped cancels the contexts Context made for the current hold.
-	scoped scopes
+	scoped lease.Scopes
 }
 
 func (m *Mutex) setLease(d time.Duration) {

@@ -22,7 +22,7 @@ func (rw *RWMutex) Context(parent context.Context) (context.Context, context.Can
 		}
 		cancel(cause)
 	} else {
-		rw.scoped.add(ctx, cancel)
+		rw.scoped.Add(ctx, cancel)
 	}
 	return ctx, func() { cancel(context.Canceled) }
 }
@@ -30,7 +30,7 @@ func (rw *RWMutex) Context(parent context.Context) (context.Context, context.Can
 // endScopedLocked cancels the contexts made by Context. Called with rw.mu
 // held.
 func (rw *RWMutex) endScopedLocked(cause error) {
-	rw.scoped.end(cause)
+	rw.scoped.End(cause)
 }
 
 // Do takes the write lock, runs fn with a context that ends if a hold is
