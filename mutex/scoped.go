@@ -151,3 +151,34 @@ func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) 
 	m.lse = lse
 	return lse.Deadline(), nil
 }
+
+// HeldUntil returns the time until which, by this client's clock, the
+// current hold is known to last: the end of its lease counted from before
+// the request that took or last renewed (or extended) it was sent, less
+// the safety margin (see "Loss" in the package doc). It returns the zero
+// time if nothing is held or the hold was lost.
+//
+// It reads the clock and this Mutex's own state only, and waits for no
+// renewal or goroutine: a process resumed after a pause longer than the
+// lease (SIGSTOP, a VM freeze) gets a time in the past at once, even
+// before the watchdog has run and closed Lost. Check it (or Valid) right
+// before a write that must not happen without the lock; the fencing token
+// is still what makes a write that is itself delayed harmless.
+func (m *Mutex) HeldUntil() time.Time {
+	m.mu.Lock()
+	lse := m.lse
+	if m.holds == 0 {
+		lse = nil
+	}
+	m.mu.Unlock()
+	if lse == nil {
+		return time.Time{}
+	}
+	return lse.Deadline()
+}
+
+// Valid reports whether, by this client's clock, this Mutex holds the lock
+// now: time.Now() is before HeldUntil.
+func (m *Mutex) Valid() bool {
+	return time.Now().Before(m.HeldUntil())
+}
