@@ -70,6 +70,11 @@
 // returns an error wrapping ErrLost and the reason. Loss is judged on the
 // client clock, counting each lease from before the request that set it was
 // sent, so the signal comes before Redis can count the permit as free.
+// Context gives a context that ends with the permit, and Semaphore.Do runs
+// a function under n permits and reports a loss while it ran. A process
+// paused past its lease (SIGSTOP, a VM freeze) hears of the loss only when
+// the watchdog runs again; HeldUntil and Valid read the client clock
+// instead, so a check right before a write catches it at once.
 //
 // # Waiting
 //
@@ -158,7 +163,8 @@
 // expiry, server milliseconds) and the channel PREFIX{S}:w; a fair one also
 // has its queue PREFIX{S}:q (waiter to arrival) and PREFIX{S}:qe (waiter to
 // entry). PREFIX defaults to "sluice:sem:"; the braces keep everything in
-// one cluster slot. The permit keys expire with the latest permit (or up
+// one cluster slot. A permit id is a UUID, followed by "/" and the label of
+// WithOwner if its Semaphore has one (Holders reads it back). The permit keys expire with the latest permit (or up
 // to a sixteenth of a lease after it) and are deleted with the last one,
 // the queue keys a lease after the last refresh (or up to a sixteenth
 // more) and when the queue empties, so an idle semaphore leaves nothing
