@@ -72,6 +72,28 @@ func TestPermitContext(t *testing.T) {
 		}
 	})
 
+	t.Run("release failed", func(t *testing.T) {
+		e := newEnv(t, addrs, semaphore.Options{})
+		p := acquire(t, e.sem(t, uniqueName(t), 2), 1)
+		pctx, cancel := p.Context(ctx)
+		defer cancel()
+		gone, end := context.WithCancel(ctx)
+		end()
+		if err := p.Release(gone); err == nil {
+			t.Fatal("Release with an ended context = nil, want its error")
+		}
+		// Not renewed any more: the permit is not to be counted on.
+		if cause := context.Cause(pctx); !errors.Is(cause, semaphore.ErrNotHeld) {
+			t.Fatalf("cause after a failed Release = %v, want ErrNotHeld", cause)
+		}
+		if p.Valid() || !p.HeldUntil().IsZero() {
+			t.Fatalf("after a failed Release: Valid %v, HeldUntil %v; want false and the zero time", p.Valid(), p.HeldUntil())
+		}
+		if err := p.Release(ctx); err != nil && !errors.Is(err, semaphore.ErrNotHeld) {
+			t.Fatalf("Release again = %v, want nil or ErrNotHeld", err)
+		}
+	})
+
 	t.Run("cancel", func(t *testing.T) {
 		e := newEnv(t, addrs, semaphore.Options{})
 		p := acquire(t, e.sem(t, uniqueName(t), 2), 1)

@@ -1295,14 +1295,16 @@ func (p *Permit) Release(ctx context.Context) error {
 	if deferred != nil {
 		p.loseLocked(deferred)
 	}
-	if err == nil && held < 0 {
-		err = errors.New("unexpected reply")
-	}
-	if err != nil {
+	if err != nil || held < 0 {
 		// Not renewed any more: work under Context stops here, as after a
 		// release that succeeded.
-		p.scoped.End(fmt.Errorf("%w: %q: release failed, not renewed: %w", ErrNotHeld, p.s.name, err))
+		p.scoped.End(fmt.Errorf("%w: %q: release failed, not renewed", ErrNotHeld, p.s.name))
+	}
+	if err != nil {
 		return fmt.Errorf("semaphore: release %q: %w", p.s.name, err)
+	}
+	if held < 0 {
+		return fmt.Errorf("semaphore: release %q: unexpected reply", p.s.name)
 	}
 	if lostErr == nil {
 		// Redis says it is gone before the watchdog noticed. Recorded
