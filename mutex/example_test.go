@@ -108,6 +108,12 @@ func Example_inventory() {
 		if stock == 0 {
 			return false, nil
 		}
+		// By this process's own clock, is the lease still on? A process
+		// paused past it (GC, SIGSTOP) learns it here at once; the token
+		// refuses a write delayed after the check.
+		if !m.Valid() {
+			return false, errors.New("lease over before the write")
+		}
 		return true, inv.write(m.Token(), stock-1)
 	}
 
@@ -162,4 +168,35 @@ func ExampleMutex_Do() {
 	// Output:
 	// working under the lock: true
 	// done: <nil> held after: 0
+}
+
+// HeldUntil tells, by this process's clock, until when the hold is sure to
+// last: a write bounded by it does not outlive the lease, and a process
+// resumed after a pause longer than the lease finds it already past, before
+// the watchdog has run and closed Lost.
+func ExampleMutex_HeldUntil() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	client, _ := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress: []string{mr.Addr()}, DisableCache: true, AlwaysRESP2: true,
+	})
+	defer client.Close()
+	ctx := context.Background()
+	sc, _ := scriptcache.New(ctx, client)
+	locks, _ := mutex.NewLocker(sc, mutex.Options{})
+	defer locks.Close()
+
+	m, _ := locks.NewMutex("ledger")
+	if err := m.Lock(ctx); err != nil {
+		panic(err)
+	}
+	wctx, cancel := context.WithDeadline(ctx, m.HeldUntil())
+	defer cancel()
+	_ = wctx // the write to storage runs under wctx, with m.Token()
+	fmt.Println("may write:", m.Valid())
+	m.Unlock(ctx)
+	fmt.Println("after Unlock:", m.Valid(), m.HeldUntil().IsZero())
+	// Output:
+	// may write: true
+	// after Unlock: false true
 }

@@ -38,8 +38,11 @@
 // the lease, 5 ms to 1 s; see internal/lease), so the signal comes before
 // Redis could have let anyone else in, provided the process is scheduled
 // within that margin: a process stopped for longer (a VM pause, SIGSTOP,
-// swapping) hears of the loss too late. Work that must not run without the
-// lock should watch Lost or, better, use the fencing token.
+// swapping) hears of the loss too late. HeldUntil and Valid read the client
+// clock instead of waiting for the watchdog, so a check right before a
+// write catches a process resumed past its lease at once. Work that must
+// not run without the lock should watch Lost or check Valid and, better,
+// use the fencing token.
 //
 // # Fencing tokens
 //
@@ -455,7 +458,7 @@ type Mutex struct {
 	// it returns the loss (see lossUnacked); the first Unlock clears it.
 	unacked bool
 	// scoped cancels the contexts Context made for the current hold.
-	scoped scopes
+	scoped lease.Scopes
 }
 
 func (m *Mutex) setLease(d time.Duration) {

@@ -222,7 +222,7 @@ type RWMutex struct {
 	lost chan struct{} // made on demand by Lost; closedChan once lost
 	err  error
 	// scoped cancels the contexts Context made while something is held.
-	scoped scopes
+	scoped lease.Scopes
 }
 
 // rwSide is the state of one kind of hold (write or read) of an RWMutex,

@@ -29,7 +29,7 @@ func (m *Mutex) Context(parent context.Context) (context.Context, context.Cancel
 		}
 		cancel(cause)
 	} else {
-		m.scoped.add(ctx, cancel)
+		m.scoped.Add(ctx, cancel)
 	}
 	return ctx, func() { cancel(context.Canceled) }
 }
@@ -37,38 +37,7 @@ func (m *Mutex) Context(parent context.Context) (context.Context, context.Cancel
 // endScopedLocked cancels the contexts of the hold that just ended. Called
 // with m.mu held.
 func (m *Mutex) endScopedLocked(cause error) {
-	m.scoped.end(cause)
-}
-
-// scopes are the contexts Context made for a hold, to cancel when it ends.
-type scopes []scope
-
-type scope struct {
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-}
-
-// add keeps ctx and its cancel, and drops the contexts already done
-// (cancelled by their callers, or their parents ended): a long hold that
-// scopes each request with Context or Do would otherwise keep them all
-// until it ends.
-func (s *scopes) add(ctx context.Context, cancel context.CancelCauseFunc) {
-	live := (*s)[:0]
-	for _, e := range *s {
-		if e.ctx.Err() == nil {
-			live = append(live, e)
-		}
-	}
-	clear((*s)[len(live):])
-	*s = append(live, scope{ctx, cancel})
-}
-
-// end cancels every context with cause.
-func (s *scopes) end(cause error) {
-	for _, e := range *s {
-		e.cancel(cause)
-	}
-	*s = nil
+	m.scoped.End(cause)
 }
 
 // Do locks m, runs fn with a context that ends if the hold is lost, and
@@ -113,41 +82,12 @@ func lossBy(lost <-chan struct{}, errOf func() error, name string) error {
 // doErr is the error of a Do (Mutex, RWMutex and MultiMutex alike): fn's
 // error err, joined with during, the loss of the hold declared by the time
 // fn returned (nil if none), and with what the release's errors uerrs add
-// (one per hold released: a MultiMutex's members each have one).
-//
-// A loss that comes to light after fn returned counts as a loss while fn
-// ran unless this client declared it itself, on its own clock: the lease
-// ran out (lease.ErrExpired: the hold lasted until its lease, after fn) or
-// the Locker was closed (lease.ErrClosed). A loss that was found (the
-// release, a renewal or a nested Lock saw the hold gone from Redis) can
-// date from any time while fn ran (an operator's ForceUnlock, a DEL, a
-// restart), so it is reported. Losses are left out once one is reported.
+// (one per hold released: a MultiMutex's members each have one). The rule,
+// shared with the semaphore's Do, is lease.DoErr's: a loss that comes to
+// light after fn returned counts as one while fn ran unless this client
+// declared it on its own clock (its lease ran out, its Locker was closed).
 func doErr(err, during error, uerrs ...error) error {
-	errs := []error{err}
-	if during != nil {
-		errs = append(errs, during)
-	}
-	for _, e := range uerrs {
-		switch {
-		case e == nil:
-		case !errors.Is(e, ErrLost):
-			errs = append(errs, e)
-		case during == nil && !declaredLoss(e):
-			errs = append(errs, e)
-			during = e
-		}
-	}
-	if len(errs) == 1 {
-		return err
-	}
-	return errors.Join(errs...)
-}
-
-// declaredLoss reports whether the loss that err wraps is one this client
-// declared on its own clock (its lease ran out, or its Locker was closed),
-// rather than one found in Redis.
-func declaredLoss(err error) bool {
-	return errors.Is(err, lease.ErrExpired) || errors.Is(err, lease.ErrClosed)
+	return lease.DoErr(ErrLost, err, during, uerrs...)
 }
 
 // ErrNotFixed means Extend was called on a Mutex whose lease the watchdog
@@ -222,4 +162,35 @@ func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) 
 	}
 	m.lse = lse
 	return lse.Deadline(), nil
+}
+
+// HeldUntil returns the time until which, by this client's clock, the
+// current hold is known to last: the end of its lease counted from before
+// the request that took or last renewed (or extended) it was sent, less
+// the safety margin (see "Loss" in the package doc). It returns the zero
+// time if nothing is held or the hold was lost.
+//
+// It reads the clock and this Mutex's own state only, and waits for no
+// renewal or goroutine: a process resumed after a pause longer than the
+// lease (SIGSTOP, a VM freeze) gets a time in the past at once, even
+// before the watchdog has run and closed Lost. Check it (or Valid) right
+// before a write that must not happen without the lock; the fencing token
+// is still what makes a write that is itself delayed harmless.
+func (m *Mutex) HeldUntil() time.Time {
+	m.mu.Lock()
+	lse := m.lse
+	if m.holds == 0 {
+		lse = nil
+	}
+	m.mu.Unlock()
+	if lse == nil {
+		return time.Time{}
+	}
+	return lse.Deadline()
+}
+
+// Valid reports whether, by this client's clock, this Mutex holds the lock
+// now: time.Now() is before HeldUntil.
+func (m *Mutex) Valid() bool {
+	return time.Now().Before(m.HeldUntil())
 }

@@ -3,6 +3,9 @@ package mutex
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"github.com/sluicekit/sluice/internal/lease"
 )
 
 // Context returns a context derived from parent that is cancelled when the
@@ -22,7 +25,7 @@ func (rw *RWMutex) Context(parent context.Context) (context.Context, context.Can
 		}
 		cancel(cause)
 	} else {
-		rw.scoped.add(ctx, cancel)
+		rw.scoped.Add(ctx, cancel)
 	}
 	return ctx, func() { cancel(context.Canceled) }
 }
@@ -30,7 +33,7 @@ func (rw *RWMutex) Context(parent context.Context) (context.Context, context.Can
 // endScopedLocked cancels the contexts made by Context. Called with rw.mu
 // held.
 func (rw *RWMutex) endScopedLocked(cause error) {
-	rw.scoped.end(cause)
+	rw.scoped.End(cause)
 }
 
 // Do takes the write lock, runs fn with a context that ends if a hold is
@@ -89,4 +92,63 @@ func (mm *MultiMutex) Do(ctx context.Context, fn func(ctx context.Context) error
 	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), mm.ms[0].lease)
 	defer ucancel()
 	return doErr(err, during, mm.unlock(uctx)...)
+}
+
+// HeldUntil returns the time until which, by this client's clock, every
+// hold of this RWMutex (write and read) is known to last: the earliest end
+// of their leases, as for Mutex.HeldUntil. It returns the zero time if
+// nothing is held or a hold was lost (Lost is closed).
+func (rw *RWMutex) HeldUntil() time.Time {
+	rw.mu.Lock()
+	var leases [2]*lease.Lease
+	if rw.err == nil {
+		for i, sd := range [2]*rwSide{&rw.w, &rw.r} {
+			if sd.holds > 0 {
+				leases[i] = sd.lse
+			}
+		}
+	}
+	rw.mu.Unlock()
+	var until time.Time
+	for _, l := range leases {
+		if l == nil {
+			continue
+		}
+		if d := l.Deadline(); until.IsZero() || d.Before(until) {
+			until = d
+		}
+	}
+	return until
+}
+
+// Valid reports whether, by this client's clock, this RWMutex's holds last
+// now: time.Now() is before HeldUntil.
+func (rw *RWMutex) Valid() bool {
+	return time.Now().Before(rw.HeldUntil())
+}
+
+// HeldUntil returns the time until which, by this client's clock, the
+// set's hold is known to last: the earliest of its members' HeldUntil. It
+// returns the zero time if the set holds nothing or a member was lost.
+func (mm *MultiMutex) HeldUntil() time.Time {
+	if mm.Holds() == 0 {
+		return time.Time{}
+	}
+	var until time.Time
+	for i, m := range mm.ms {
+		d := m.HeldUntil()
+		if d.IsZero() {
+			return time.Time{}
+		}
+		if i == 0 || d.Before(until) {
+			until = d
+		}
+	}
+	return until
+}
+
+// Valid reports whether, by this client's clock, the set is held now:
+// time.Now() is before HeldUntil.
+func (mm *MultiMutex) Valid() bool {
+	return time.Now().Before(mm.HeldUntil())
 }

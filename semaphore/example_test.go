@@ -200,3 +200,110 @@ func ExampleSemaphore_SetCapacity() {
 	// none held: 2 free
 	// took 5 after growing to 6: true
 }
+
+// Do takes permits, runs the work with a context that ends if they are
+// lost, and gives them back, reporting a loss even if the work succeeded.
+func ExampleSemaphore_Do() {
+	mgr, done := exampleManager()
+	defer done()
+	ctx := context.Background()
+
+	sem, err := mgr.NewSemaphore("transcoders", 4)
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = sem.Do(ctx, 2, func(ctx context.Context) error {
+		// ctx ends if the permits are lost: pass it to everything the
+		// work does.
+		free, _ := sem.Available(ctx)
+		fmt.Println("free while working:", free)
+		return nil
+	})
+	if errors.Is(err, semaphore.ErrLost) {
+		fmt.Println("the work ran, at least in part, without its permits")
+	}
+	free, _ := sem.Available(ctx)
+	fmt.Println("done:", err, "free after:", free)
+	// Output:
+	// free while working: 2
+	// done: <nil> free after: 4
+}
+
+// Labelling permits with their owner tells an operator who holds what.
+func ExampleWithOwner() {
+	mgr, done := exampleManager()
+	defer done()
+	ctx := context.Background()
+
+	sem, err := mgr.NewSemaphore("gpu", 2, semaphore.WithOwner("trainer-7"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	p, err := sem.Acquire(ctx, 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Release(ctx)
+	holders, err := sem.Holders(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, h := range holders {
+		fmt.Println(h.Owner, h.Weight, h.ID == p.ID())
+	}
+	// Output:
+	// trainer-7 1 true
+}
+
+// Info tells, in one call, how a semaphore is used: the capacity, the
+// permits held and free, and the fair waiters queued.
+func ExampleSemaphore_Info() {
+	mgr, done := exampleManager()
+	defer done()
+	ctx := context.Background()
+
+	sem, err := mgr.NewSemaphore("imports", 5)
+	if err != nil {
+		log.Fatal(err)
+	}
+	p, err := sem.Acquire(ctx, 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Release(ctx)
+	in, err := sem.Info(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("capacity %d, used %d, available %d, holders %d, queued %d\n",
+		in.Capacity, in.Used, in.Available, in.Holders, in.Queued)
+	// Output:
+	// capacity 5, used 3, available 2, holders 1, queued 0
+}
+
+// Before a write that must not happen without the permit, Valid asks, by
+// this process's clock, whether its lease is still on: a process resumed
+// after a pause longer than the lease gets false at once, before the
+// watchdog has run and closed Lost.
+func ExamplePermit_Valid() {
+	mgr, done := exampleManager()
+	defer done()
+	ctx := context.Background()
+
+	sem, err := mgr.NewSemaphore("exporter", 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	p, err := sem.Acquire(ctx, 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if p.Valid() {
+		fmt.Println("writing; more than 20 s of lease left:", time.Until(p.HeldUntil()) > 20*time.Second)
+	}
+	p.Release(ctx)
+	fmt.Println("after Release:", p.Valid())
+	// Output:
+	// writing; more than 20 s of lease left: true
+	// after Release: false
+}

@@ -70,6 +70,11 @@
 // returns an error wrapping ErrLost and the reason. Loss is judged on the
 // client clock, counting each lease from before the request that set it was
 // sent, so the signal comes before Redis can count the permit as free.
+// Context gives a context that ends with the permit, and Semaphore.Do runs
+// a function under n permits and reports a loss while it ran. A process
+// paused past its lease (SIGSTOP, a VM freeze) hears of the loss only when
+// the watchdog runs again; HeldUntil and Valid read the client clock
+// instead, so a check right before a write catches it at once.
 //
 // # Waiting
 //
@@ -158,12 +163,13 @@
 // expiry, server milliseconds) and the channel PREFIX{S}:w; a fair one also
 // has its queue PREFIX{S}:q (waiter to arrival) and PREFIX{S}:qe (waiter to
 // entry). PREFIX defaults to "sluice:sem:"; the braces keep everything in
-// one cluster slot. The permit keys expire with the latest permit (or up
-// to a sixteenth of a lease after it) and are deleted with the last one,
-// the queue keys a lease after the last refresh (or up to a sixteenth
-// more) and when the queue empties, so an idle semaphore leaves nothing
-// behind, except a capacity set by SetCapacity, kept in the hash for
-// CapacityRetention.
+// one cluster slot. A permit id is a UUID, followed by "/" and the label of
+// WithOwner if its Semaphore has one (Holders reads it back). The permit
+// keys expire with the latest permit (or up to a sixteenth of a lease
+// after it) and are deleted with the last one, the queue keys a lease
+// after the last refresh (or up to a sixteenth more) and when the queue
+// empties, so an idle semaphore leaves nothing behind, except a capacity
+// set by SetCapacity, kept in the hash for CapacityRetention.
 //
 // On miniredis (tests, examples) the rueidis client needs DisableCache and
 // AlwaysRESP2.
@@ -171,12 +177,15 @@ package semaphore
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/google/uuid"
 
@@ -311,7 +320,7 @@ type Manager struct {
 	recheck  time.Duration // how often a fair waiter's queue entry is refreshed
 
 	acquire, release, renewBatch, holders, queue *scriptcache.Script
-	queueRefresh                                 *scriptcache.Script
+	queueRefresh, info                           *scriptcache.Script
 
 	hub    *notify.Hub
 	keeper *lease.Keeper
@@ -351,7 +360,7 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 	for name, dst := range map[string]**scriptcache.Script{
 		"semaphore_acquire": &m.acquire, "semaphore_release": &m.release,
 		"semaphore_renew_batch": &m.renewBatch, "semaphore_holders": &m.holders, "semaphore_queue": &m.queue,
-		"semaphore_queue_refresh": &m.queueRefresh,
+		"semaphore_queue_refresh": &m.queueRefresh, "semaphore_info": &m.info,
 	} {
 		if *dst, err = sc.Script(name); err != nil {
 			return nil, fmt.Errorf("semaphore: %w", err)
@@ -408,8 +417,9 @@ func (m *Manager) waitFor(wait time.Duration) time.Duration {
 
 // NewSemaphore returns the semaphore called name with the given capacity.
 // It does not talk to Redis; the capacity is checked against the stored one
-// by Acquire (see the package doc).
-func (m *Manager) NewSemaphore(name string, capacity int64) (*Semaphore, error) {
+// by Acquire (see the package doc). Semaphores of one name made with
+// different options (WithOwner) share its permits.
+func (m *Manager) NewSemaphore(name string, capacity int64, opts ...SemaphoreOption) (*Semaphore, error) {
 	if err := keyspace.CheckName(name); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidName, err)
 	}
@@ -431,7 +441,77 @@ func (m *Manager) NewSemaphore(name string, capacity int64) (*Semaphore, error) 
 	if m.queued != nil {
 		s.qgroup = m.queued.Group(s.keys[0])
 	}
+	for _, o := range opts {
+		if err := o(s); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
+}
+
+// SemaphoreOption configures one Semaphore.
+type SemaphoreOption func(*Semaphore) error
+
+// maxOwnerLen is the longest owner label, in bytes. The label travels in
+// every permit id, so in every renewal of up to lease.MaxBatch permits.
+const maxOwnerLen = 128
+
+// WithOwner labels the permits this Semaphore grants with owner (a host,
+// a process, a worker: whatever tells an operator who holds them), shown
+// by Holders as Holder.Owner. It is a label, not an identity: every permit
+// still has its own id, and two Semaphores with one label share nothing
+// more than two without. The label is stored in Redis as part of the
+// permit's id, only when set, so an unlabelled permit costs nothing more.
+// owner must be 1 to 128 bytes without spaces or control characters
+// (ErrInvalidOptions).
+func WithOwner(owner string) SemaphoreOption {
+	return func(s *Semaphore) error {
+		bad := strings.IndexFunc(owner, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) })
+		if owner == "" || len(owner) > maxOwnerLen || bad >= 0 {
+			return fmt.Errorf("%w: owner must be 1 to %d bytes without spaces or control characters", ErrInvalidOptions, maxOwnerLen)
+		}
+		s.owner = owner
+		return nil
+	}
+}
+
+// idLen is the length of a permit id without an owner label: a UUID in its
+// text form. A labelled id is the UUID, ownerSep and the label; the UUID
+// first keeps every id clear of the hash's reserved fields (':used').
+const (
+	idLen    = 36
+	ownerSep = '/'
+)
+
+// newID returns a new permit id, labelled with the Semaphore's owner if it
+// has one. The label is written in with the UUID, so a labelled id costs
+// no more allocations than a plain one.
+func (s *Semaphore) newID() string {
+	if s.owner == "" {
+		return uuid.NewString()
+	}
+	u := uuid.New()
+	var text [idLen]byte
+	hex.Encode(text[0:8], u[0:4])
+	hex.Encode(text[9:13], u[4:6])
+	hex.Encode(text[14:18], u[6:8])
+	hex.Encode(text[19:23], u[8:10])
+	hex.Encode(text[24:], u[10:])
+	text[8], text[13], text[18], text[23] = '-', '-', '-', '-'
+	var b strings.Builder
+	b.Grow(idLen + 1 + len(s.owner))
+	b.Write(text[:])
+	b.WriteByte(ownerSep)
+	b.WriteString(s.owner)
+	return b.String()
+}
+
+// ownerOf returns the owner label in the permit id id, or "".
+func ownerOf(id string) string {
+	if len(id) > idLen+1 && id[idLen] == ownerSep {
+		return id[idLen+1:]
+	}
+	return ""
 }
 
 // Semaphore is one named counting semaphore seen with one capacity. It
@@ -444,6 +524,7 @@ type Semaphore struct {
 	keys     []string     // permits hash, expiry set, wake-up channel, queue, queue entries
 	group    *lease.Group // renews its permits' watchdog leases with others; nil for a fixed lease
 	qgroup   *lease.Group // refreshes its fair waiters' queue entries with others; nil if not fair
+	owner    string       // labels its permits' ids (WithOwner); "" for none
 }
 
 // Name returns the semaphore's name.
@@ -490,7 +571,7 @@ func (s *Semaphore) acquireAny(ctx context.Context, n int64) (*Permit, error) {
 	if s.m.opts.Fair {
 		return s.acquireFair(ctx, n)
 	}
-	id := uuid.NewString()
+	id := s.newID()
 	res, err := s.attempt(ctx, id, n, "")
 	if res.p != nil || err != nil {
 		return res.p, err
@@ -541,7 +622,7 @@ func (s *Semaphore) acquireAny(ctx context.Context, n int64) (*Permit, error) {
 // first when no subscription is up would subscribe for every Acquire, even
 // the many that are granted at once.)
 func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err error) {
-	id := uuid.NewString()
+	id := s.newID()
 	var w *notify.Waiter
 	live := false // registered on a confirmed subscription before the first attempt
 	if s.m.hub.Subscribed(s.keys[2]) {
@@ -754,7 +835,7 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (*Permit, error) {
 	if s.m.opts.Fair {
 		mode = "t"
 	}
-	res, err := s.attemptOnce(ctx, uuid.NewString(), n, mode)
+	res, err := s.attemptOnce(ctx, s.newID(), n, mode)
 	if res.p != nil || err != nil {
 		return res.p, err
 	}
@@ -1036,6 +1117,9 @@ type Holder struct {
 	Weight int64
 	// Remaining is how long its lease has left on the server's clock.
 	Remaining time.Duration
+	// Owner is the label of the Semaphore that granted it (WithOwner), or
+	// "" if it had none.
+	Owner string
 }
 
 // Holders lists the live permits of the semaphore, earliest expiry first,
@@ -1057,9 +1141,66 @@ func (s *Semaphore) Holders(ctx context.Context) ([]Holder, error) {
 		if err := errors.Join(err1, err2, err3, err4); err != nil {
 			return nil, fmt.Errorf("semaphore: holders %q: unexpected reply: %w", s.name, err)
 		}
-		out = append(out, Holder{ID: id, Weight: w, Remaining: time.Duration(ms) * time.Millisecond})
+		out = append(out, Holder{ID: id, Weight: w, Remaining: time.Duration(ms) * time.Millisecond, Owner: ownerOf(id)})
 	}
 	return out, nil
+}
+
+// Info is what Redis says about a semaphore, as Info reads it.
+type Info struct {
+	// Capacity is the capacity in force: the one SetCapacity set, else the
+	// one the live permits were granted under, else (none is held) this
+	// Semaphore's.
+	Capacity int64
+	// CapacitySet reports whether SetCapacity set it (see "Capacity" in
+	// the package doc).
+	CapacitySet bool
+	// Used is the weight of the live permits. Expired permits not
+	// reclaimed yet are left out, the 16 oldest of them exactly; if more
+	// than 16 remain (Expired > 16), the weight of the rest still counts.
+	Used int64
+	// Available is Capacity - Used, or 0 while a lowered capacity is
+	// still exceeded.
+	Available int64
+	// Holders is how many live permits there are (one per Acquire).
+	Holders int64
+	// Expired is how many permits have expired and not been reclaimed yet
+	// (the next acquire in their way, or Available, reclaims them).
+	Expired int64
+	// Queued is how many fair waiters are in the queue, live or not yet
+	// found dead; always 0 on a semaphore nobody waits on fairly.
+	Queued int64
+}
+
+// Info reads the state of the semaphore from Redis, whoever holds its
+// permits, in one read-only call of bounded cost: nothing is reclaimed,
+// unlike Available. Unlike Holders it does not list the permits.
+func (s *Semaphore) Info(ctx context.Context) (Info, error) {
+	vs, err := s.m.info.Exec(ctx, []string{s.keys[0], s.keys[1], s.keys[3]}, nil).ToArray()
+	if err == nil && vs.Len() != 6 {
+		err = fmt.Errorf("unexpected reply of %d values", vs.Len())
+	}
+	if err != nil {
+		return Info{}, fmt.Errorf("semaphore: info %q: %w", s.name, err)
+	}
+	var v [6]int64
+	for i := range v {
+		if v[i], err = vs.At(i).AsInt64(); err != nil {
+			return Info{}, fmt.Errorf("semaphore: info %q: unexpected reply: %w", s.name, err)
+		}
+	}
+	in := Info{Capacity: v[0], CapacitySet: v[1] == 1, Used: v[2], Holders: v[3], Expired: v[4], Queued: v[5]}
+	if in.Holders == 0 {
+		in.Used = 0 // only expired permits are left
+		if !in.CapacitySet {
+			in.Capacity = 0 // the next Acquire brings its own
+		}
+	}
+	if in.Capacity == 0 {
+		in.Capacity = s.capacity
+	}
+	in.Available = max(in.Capacity-in.Used, 0)
+	return in, nil
 }
 
 // Permit is a number of permits taken by one Acquire. Its methods are safe
@@ -1080,6 +1221,12 @@ type Permit struct {
 	released  bool  // Release got an answer
 	releasing bool  // a Release is in flight: a loss waits in deferred
 	deferred  error // a loss reported while Release was in flight
+	// stopped: a Release has begun, so the permit is not renewed any
+	// more and is not to be counted on (HeldUntil, Context).
+	stopped bool
+	// scoped cancels the contexts Context made, when the permit is lost
+	// or a Release returns.
+	scoped lease.Scopes
 }
 
 // ID returns the permit's id, as listed by Holders.
@@ -1117,6 +1264,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	// one decided before the Stop below can arrive while the release is in
 	// flight, and must not be signalled if the release then succeeds.
 	p.releasing = !released
+	p.stopped = true
 	p.mu.Unlock()
 	if released {
 		return fmt.Errorf("%w: %q: released before", ErrNotHeld, p.s.name)
@@ -1136,6 +1284,9 @@ func (p *Permit) Release(ctx context.Context) error {
 	p.deferred = nil
 	if held == 1 {
 		p.released = true
+		if len(p.scoped) > 0 {
+			p.scoped.End(fmt.Errorf("%w: %q: released", ErrNotHeld, p.s.name))
+		}
 		if o := p.s.m.obs; o != nil {
 			o.Observe(scriptcache.Event{Kind: scriptcache.EventReleased, Primitive: scriptcache.PrimitiveSemaphore, Name: p.s.name, Hold: time.Since(p.since), Weight: p.weight})
 		}
@@ -1143,6 +1294,11 @@ func (p *Permit) Release(ctx context.Context) error {
 	}
 	if deferred != nil {
 		p.loseLocked(deferred)
+	}
+	if err != nil || held < 0 {
+		// Not renewed any more: work under Context stops here, as after a
+		// release that succeeded.
+		p.scoped.End(fmt.Errorf("%w: %q: release failed, not renewed", ErrNotHeld, p.s.name))
 	}
 	if err != nil {
 		return fmt.Errorf("semaphore: release %q: %w", p.s.name, err)
@@ -1263,4 +1419,5 @@ func (p *Permit) loseLocked(err error) {
 			Reason: obs.LossReason(err), Err: err})
 	}
 	close(p.lost)
+	p.scoped.End(err)
 }
