@@ -108,7 +108,7 @@ func Wrap(c redis.UniversalClient) (*Client, error) {
 // (errors.As finds the *net.OpError of a refused connection): go-redis
 // retries failed dials until ctx ends and only logs why they failed. To
 // find it, New dials the server once itself if loading has not finished
-// within probeAfter (or half the time left to ctx's deadline, if less).
+// within 100 ms (or half the time left to ctx's deadline, if less).
 func New(ctx context.Context, c redis.UniversalClient, opts ...scriptcache.Option) (*scriptcache.Cache, error) {
 	w, err := Wrap(c)
 	if err != nil {
