@@ -41,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -101,12 +102,109 @@ func Wrap(c redis.UniversalClient) (*Client, error) {
 
 // New wraps c (see Wrap) and loads sluice's scripts into every node it
 // knows: the script cache every primitive's constructor takes.
+//
+// If ctx ends before the server answers, the error wraps ctx.Err() and,
+// when a connection to the server could not be opened, the reason
+// (errors.As finds the *net.OpError of a refused connection): go-redis
+// retries failed dials until ctx ends and only logs why they failed. To
+// find it, New dials the server once itself if loading has not finished
+// within 100 ms (or half the time left to ctx's deadline, if less).
 func New(ctx context.Context, c redis.UniversalClient, opts ...scriptcache.Option) (*scriptcache.Cache, error) {
 	w, err := Wrap(c)
 	if err != nil {
 		return nil, err
 	}
-	return scriptcache.NewFrom(ctx, w, opts...)
+	p := w.startProbe(ctx)
+	sc, err := scriptcache.NewFrom(ctx, w, opts...)
+	if dialErr := p.stop(); err != nil && ctx.Err() != nil && dialErr != nil {
+		return nil, fmt.Errorf("%w; goredis: cannot connect: %w", err, dialErr)
+	}
+	return sc, err
+}
+
+// probeAfter is how long New waits for the server before it dials the
+// server itself to learn why it does not answer.
+const probeAfter = 100 * time.Millisecond
+
+// probe is New's own dial of the server: its error, if the dial failed.
+type probe struct {
+	timer  *time.Timer
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the dial has ended, if it started
+	err    error         // the dial's; read after done is closed
+}
+
+// startProbe dials the server in a goroutine after probeAfter (or half the
+// time left to ctx's deadline), under ctx. A ctx that cannot end needs no
+// probe: go-redis then returns the dial error itself.
+func (c *Client) startProbe(ctx context.Context) *probe {
+	if ctx.Done() == nil {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	p := &probe{cancel: cancel, done: make(chan struct{})}
+	after := probeAfter
+	if d, ok := ctx.Deadline(); ok {
+		after = min(after, time.Until(d)/2)
+	}
+	p.timer = time.AfterFunc(after, func() {
+		defer close(p.done)
+		p.err = c.dial(ctx)
+	})
+	return p
+}
+
+// stop ends the probe and returns the error of its dial if that has failed
+// by now; a dial still under way is cancelled, and waited for, but says
+// nothing.
+func (p *probe) stop() error {
+	if p == nil {
+		return nil
+	}
+	defer p.cancel()
+	if p.timer.Stop() {
+		return nil // never started
+	}
+	select {
+	case <-p.done:
+		return p.err
+	default:
+	}
+	p.cancel()
+	<-p.done
+	return nil
+}
+
+// dial opens a connection to the server the client is configured for, as
+// go-redis would (its Dialer: for a Sentinel failover client, through the
+// sentinels), and closes it. For a cluster it tries each seed address and
+// returns the first error if none connects.
+func (c *Client) dial(ctx context.Context) error {
+	var addrs []string
+	var dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+	if c.cluster != nil {
+		o := c.cluster.Options()
+		addrs, dialer = o.Addrs, o.Dialer
+	} else {
+		o := c.single.Options()
+		addrs, dialer = []string{o.Addr}, o.Dialer
+	}
+	if dialer == nil {
+		var d net.Dialer
+		dialer = d.DialContext
+	}
+	var first error
+	for _, addr := range addrs {
+		conn, err := dialer(ctx, "tcp", addr)
+		if err == nil {
+			conn.Close()
+			return nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // Cluster reports whether the wrapped client is a *redis.ClusterClient.

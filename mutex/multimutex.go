@@ -225,7 +225,7 @@ func (mm *MultiMutex) acquire(ctx context.Context, lock func(*Mutex, context.Con
 		case <-lost[i]:
 			err := lossBy(lost[i], m.Err, m.name)
 			mm.unwind(ctx, mm.ms)
-			return fmt.Errorf("%w: %w", ErrNotObtained, err)
+			return fmt.Errorf("%w: %w", ErrNotObtained, inner(err))
 		default:
 		}
 	}
@@ -383,7 +383,7 @@ func (mm *MultiMutex) unlock(ctx context.Context) []error {
 		return []error{mm.notHeld()}
 	}
 	if err := mm.enter(ctx); err != nil {
-		return []error{fmt.Errorf("mutex: unlock %s: %w", mm.label(), err)}
+		return []error{fmt.Errorf("mutex: unlock %s: %w", mm.label(), inner(err))}
 	}
 	defer mm.leave()
 	mm.mu.Lock()
@@ -416,7 +416,7 @@ func (mm *MultiMutex) unlock(ctx context.Context) []error {
 		}
 	}
 	if wasLost != nil && !errors.Is(errors.Join(errs...), ErrLost) {
-		errs = append(errs, fmt.Errorf("%w: %w", ErrNotHeld, wasLost))
+		errs = append(errs, fmt.Errorf("%w: %w", ErrNotHeld, inner(wasLost)))
 	}
 	// The set is down to target once every member is (a member lost has
 	// nothing left): else an Unlock failed, and the next one goes on.
@@ -441,7 +441,7 @@ func (mm *MultiMutex) unlock(ctx context.Context) []error {
 // notHeld is Unlock's error when the set holds nothing.
 func (mm *MultiMutex) notHeld() error {
 	if err := mm.Err(); err != nil {
-		return fmt.Errorf("%w: %w", ErrNotHeld, err)
+		return fmt.Errorf("%w: %w", ErrNotHeld, inner(err))
 	}
 	return fmt.Errorf("%w: %s", ErrNotHeld, mm.label())
 }

@@ -780,11 +780,11 @@ func waitErr(ctx context.Context, name string, err error) error {
 	case ctx.Err() != nil:
 		return notObtained(name, err)
 	}
-	return fmt.Errorf("mutex: lock %q: %w", name, err)
+	return fmt.Errorf("mutex: lock %q: %w", name, inner(err))
 }
 
 func notObtained(name string, cause error) error {
-	return fmt.Errorf("%w: %q: %w", ErrNotObtained, name, cause)
+	return fmt.Errorf("%w: %q: %w", ErrNotObtained, name, inner(cause))
 }
 
 // ctxErr turns a failed call on name into ErrNotObtained when it failed
@@ -951,7 +951,7 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try bool) (attemptR
 		}
 	}
 	if err != nil {
-		return res, fmt.Errorf("mutex: lock %q: %w", m.name, err)
+		return res, fmt.Errorf("mutex: lock %q: %w", m.name, inner(err))
 	}
 	if r.Len() != 3 {
 		return res, fmt.Errorf("mutex: lock %q: unexpected reply of %d values", m.name, r.Len())
@@ -1079,7 +1079,7 @@ func (m *Mutex) startHold(ctx context.Context, sent time.Time, token, n int64) e
 	if errors.Is(lostErr, lease.ErrClosed) {
 		return ErrClosed
 	}
-	return fmt.Errorf("%w: %w", ErrNotObtained, lostErr)
+	return fmt.Errorf("%w: %w", ErrNotObtained, inner(lostErr))
 }
 
 // foundNotHeld records that the server no longer has acquisition gen,
@@ -1193,7 +1193,7 @@ func (m *Mutex) lose(gen uint64, cause error) {
 func (m *Mutex) loseLocked(cause error) {
 	m.holds, m.lse, m.unacked = 0, nil, true
 	m.orphan = m.tokenArg
-	m.err = fmt.Errorf("%w: %q: %w", ErrLost, m.name, cause)
+	m.err = fmt.Errorf("%w: %q: %w", ErrLost, m.name, inner(cause))
 	if o := m.l.obs; o != nil { // before the holder is told
 		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: m.prim, Name: m.name, Hold: time.Since(m.since), Weight: 1,
 			Reason: obs.LossReason(cause), Err: m.err})
@@ -1256,7 +1256,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 			m.unlockCall(ctx, "1", orphan)
 		}
 		if lostErr != nil {
-			return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
+			return fmt.Errorf("%w: %w", ErrNotHeld, inner(lostErr))
 		}
 		return fmt.Errorf("%w: %q", ErrNotHeld, m.name)
 	}
@@ -1269,14 +1269,14 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		if pending != nil && m.gen == heldGen && m.holds > 0 {
 			m.loseLocked(pending)
 		}
-		return fmt.Errorf("mutex: unlock %q: %w", m.name, err)
+		return fmt.Errorf("mutex: unlock %q: %w", m.name, inner(err))
 	}
 	if m.gen != heldGen || m.holds == 0 {
 		// The hold was declared lost while this call was in flight (a
 		// partial Unlock; a final one defers the loss). A partial Unlock
 		// leaves holds that the next Unlock gives back.
 		m.unacked = false // told now
-		return fmt.Errorf("%w: %w", ErrNotHeld, m.err)
+		return fmt.Errorf("%w: %w", ErrNotHeld, inner(m.err))
 	}
 	if left < 0 {
 		// Redis says we do not hold it, before our watchdog noticed.
@@ -1285,7 +1285,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		}
 		m.loseLocked(errors.New("found not held at unlock"))
 		m.orphan, m.unacked = "", false
-		return fmt.Errorf("%w: %w", ErrNotHeld, m.err)
+		return fmt.Errorf("%w: %w", ErrNotHeld, inner(m.err))
 	}
 	m.holds = left
 	if left == 0 {
@@ -1362,7 +1362,7 @@ func (m *Mutex) Info(ctx context.Context) (Info, error) {
 		err = fmt.Errorf("unexpected reply of %d values", vals.Len())
 	}
 	if err != nil {
-		return Info{}, fmt.Errorf("mutex: info %q: %w", m.name, err)
+		return Info{}, fmt.Errorf("mutex: info %q: %w", m.name, inner(err))
 	}
 	var in Info
 	in.Owner, _ = vals.At(0).ToString()
@@ -1383,7 +1383,7 @@ func (m *Mutex) Info(ctx context.Context) (Info, error) {
 func (m *Mutex) ForceUnlock(ctx context.Context) (bool, error) {
 	n, err := m.l.release.Exec(ctx, m.releaseKeys, []string{"f", m.l.pubMode, m.keepMs, "", "", ""}).AsInt64()
 	if err != nil {
-		return false, fmt.Errorf("mutex: force unlock %q: %w", m.name, err)
+		return false, fmt.Errorf("mutex: force unlock %q: %w", m.name, inner(err))
 	}
 	return n == 1, nil
 }

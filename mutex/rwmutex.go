@@ -517,7 +517,7 @@ func (rw *RWMutex) attempt(ctx context.Context, write bool, mark string) (bool, 
 		}
 	}
 	if err != nil {
-		return false, 0, fmt.Errorf("mutex: lock %q (%s): %w", rw.name, kind(write), err)
+		return false, 0, fmt.Errorf("mutex: lock %q (%s): %w", rw.name, kind(write), inner(err))
 	}
 	if r.Len() != 3 {
 		return false, 0, fmt.Errorf("mutex: lock %q (%s): unexpected reply of %d values", rw.name, kind(write), r.Len())
@@ -596,7 +596,7 @@ func (rw *RWMutex) attempt(ctx context.Context, write bool, mark string) (bool, 
 	if errors.Is(lostErr, lease.ErrClosed) {
 		return false, 0, ErrClosed
 	}
-	return false, 0, fmt.Errorf("%w: %w", ErrNotObtained, lostErr)
+	return false, 0, fmt.Errorf("%w: %w", ErrNotObtained, inner(lostErr))
 }
 
 // giveBack sends, in the background, the rwmutex_abandon script for an
@@ -732,7 +732,7 @@ func (rw *RWMutex) lose(write bool, gen uint64, cause error) {
 func (rw *RWMutex) loseLocked(write bool, cause error) {
 	sd := rw.side(write)
 	sd.holds, sd.lse, sd.orphan, sd.unacked = 0, nil, sd.id, true
-	rw.err = fmt.Errorf("%w: %q (%s): %w", ErrLost, rw.name, kind(write), cause)
+	rw.err = fmt.Errorf("%w: %q (%s): %w", ErrLost, rw.name, kind(write), inner(cause))
 	if o := rw.l.obs; o != nil { // before the holder is told
 		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: scriptcache.PrimitiveRWMutex, Name: rw.name, Hold: time.Since(sd.since), Weight: 1,
 			Reason: obs.LossReason(cause), Err: rw.err})
@@ -779,7 +779,7 @@ func (rw *RWMutex) release(ctx context.Context, write bool) error {
 			rw.releaseGrant(ctx, write, orphan)
 		}
 		if lostErr != nil {
-			return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
+			return fmt.Errorf("%w: %w", ErrNotHeld, inner(lostErr))
 		}
 		return fmt.Errorf("%w: %q (%s)", ErrNotHeld, rw.name, kind(write))
 	}
@@ -798,11 +798,11 @@ func (rw *RWMutex) release(ctx context.Context, write bool) error {
 		if pending != nil && sd.gen == heldGen && sd.holds > 0 {
 			rw.loseLocked(write, pending)
 		}
-		return fmt.Errorf("mutex: unlock %q (%s): %w", rw.name, kind(write), err)
+		return fmt.Errorf("mutex: unlock %q (%s): %w", rw.name, kind(write), inner(err))
 	}
 	if sd.gen != heldGen || sd.holds == 0 {
 		sd.unacked = false // told now
-		return fmt.Errorf("%w: %w", ErrNotHeld, rw.err)
+		return fmt.Errorf("%w: %w", ErrNotHeld, inner(rw.err))
 	}
 	if left < 0 {
 		if sd.lse != nil {
@@ -810,7 +810,7 @@ func (rw *RWMutex) release(ctx context.Context, write bool) error {
 		}
 		rw.loseLocked(write, errors.New("found not held at unlock"))
 		sd.orphan, sd.unacked = "", false
-		return fmt.Errorf("%w: %w", ErrNotHeld, rw.err)
+		return fmt.Errorf("%w: %w", ErrNotHeld, inner(rw.err))
 	}
 	sd.holds = left
 	if left == 0 {
@@ -888,7 +888,7 @@ type RWInfo struct {
 func (rw *RWMutex) Info(ctx context.Context) (RWInfo, error) {
 	vals, err := rw.s.info.Exec(ctx, rw.renewKeys, nil).ToArray()
 	if err != nil {
-		return RWInfo{}, fmt.Errorf("mutex: info %q: %w", rw.name, err)
+		return RWInfo{}, fmt.Errorf("mutex: info %q: %w", rw.name, inner(err))
 	}
 	if vals.Len() != 6 {
 		return RWInfo{}, fmt.Errorf("mutex: info %q: unexpected reply of %d values", rw.name, vals.Len())
@@ -916,7 +916,7 @@ func (rw *RWMutex) ForceUnlock(ctx context.Context) (bool, error) {
 		err = fmt.Errorf("unexpected reply of %d values", vals.Len())
 	}
 	if err != nil {
-		return false, fmt.Errorf("mutex: force unlock %q: %w", rw.name, err)
+		return false, fmt.Errorf("mutex: force unlock %q: %w", rw.name, inner(err))
 	}
 	w, _ := vals.At(0).AsInt64()
 	r, _ := vals.At(1).AsInt64()

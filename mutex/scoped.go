@@ -115,14 +115,14 @@ func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) 
 	m.mu.Unlock()
 	if holds == 0 {
 		if lostErr != nil {
-			return time.Time{}, fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
+			return time.Time{}, fmt.Errorf("%w: %w", ErrNotHeld, inner(lostErr))
 		}
 		return time.Time{}, fmt.Errorf("%w: %q", ErrNotHeld, m.name)
 	}
 	sent := time.Now()
 	ok, err := m.l.renew.Exec(ctx, m.keys[:1], []string{m.owner, tokenArg, strconv.FormatInt(d.Milliseconds(), 10)}).AsInt64()
 	if err != nil {
-		return time.Time{}, fmt.Errorf("mutex: extend %q: %w", m.name, err)
+		return time.Time{}, fmt.Errorf("mutex: extend %q: %w", m.name, inner(err))
 	}
 	if ok == 0 {
 		return time.Time{}, m.foundNotHeld(gen)

@@ -10,13 +10,13 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/rueidis"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
-	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/mutex"
 	sluiceotel "github.com/sluicekit/sluice/otel"
 	"github.com/sluicekit/sluice/ratelimit"
@@ -30,12 +30,13 @@ import (
 // otel_scope labels).
 func Example_prometheus() {
 	ctx := context.Background()
-	// A throwaway Redis for the example; use your own address instead.
-	srv, err := redistest.StartServer()
+	// An in-process Redis stand-in, so that the example runs anywhere; use
+	// your Redis's address instead.
+	srv, err := miniredis.Run()
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer srv.Stop()
+	defer srv.Close()
 	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
 	if err != nil {
 		log.Fatal(err)

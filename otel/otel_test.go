@@ -2,6 +2,7 @@ package sluiceotel_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -125,6 +126,11 @@ func TestMetrics(t *testing.T) {
 	case <-m.Lost():
 	case <-time.After(signal):
 		t.Fatal("the forced unlock was not noticed")
+	}
+	// The loss is reported until the Unlock that acknowledges it; a TryLock
+	// before that would return the loss, not find the lock taken.
+	if err := m.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
+		t.Fatalf("Unlock after the loss = %v; want ErrNotHeld", err)
 	}
 	// A try that finds the lock taken.
 	if err := other.Lock(ctx); err != nil {

@@ -48,7 +48,9 @@ type ConcurrencyOptions struct {
 	Name string
 	// KeyFunc, TrustedProxies, ClientIPHeader, IPv4PrefixLen and
 	// IPv6PrefixLen choose the key of a request, as in MiddlewareOptions:
-	// by default the client IP, IPv6 grouped by /64.
+	// by default the client IP, IPv6 grouped by /64. A KeyFunc that
+	// returns one constant key limits the whole server instead (see
+	// NewConcurrencyMiddleware).
 	KeyFunc        func(r *http.Request) (string, error)
 	TrustedProxies []netip.Prefix
 	ClientIPHeader ClientIPHeader
@@ -100,6 +102,30 @@ type ConcurrencyOptions struct {
 //
 // RateLimit is sent with the 429 only: knowing how many permits are left
 // after taking one would cost another round trip per request.
+//
+// The key is the client IP by default, so each client has Limit requests
+// in flight. For one limit over the whole server, give a KeyFunc that
+// returns the same non-empty key for every request (an empty key passes
+// the request unlimited):
+//
+//	KeyFunc: func(*http.Request) (string, error) { return "all", nil },
+//
+// Stacked with NewMiddleware, in either order, each middleware adds its
+// policy to the RateLimit-Policy and RateLimit lists the other wrote
+// (different PolicyNames keep both; a name is listed once). What is
+// counted depends on the order:
+//
+//   - Rate limit outside (rate(concurrency(h))), the usual choice: a
+//     request the rate limit refuses never takes a permit, so a flooding
+//     client is turned away by the rate limiter (from its deny cache,
+//     without a Redis call) and never holds one of the slots. A request
+//     refused for concurrency has been counted by the rate limit.
+//   - Concurrency outside (concurrency(rate(h))): every request takes a
+//     permit first, also one the rate limit then refuses (it holds the
+//     permit while the rate limit is asked), so each request of a flood
+//     costs the Redis calls that take and give back a permit. A request refused for concurrency is not counted
+//     by the rate limit: choose this order when requests turned away for
+//     being too many at once must not spend a client's rate.
 //
 // The permit is given back when the handler returns, also by a panic. A
 // client that goes away cancels the request's context; a handler that
@@ -198,8 +224,10 @@ func (c *concurrency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 	// A timeout wraps ErrNotObtained too: it is an outage, not a denial.
 	unavailable := Unavailable(err)
 	denied := !unavailable && errors.Is(err, semaphore.ErrNotObtained)
-	if !c.opts.DisableHeaders && (p != nil || denied) {
-		h.Set("RateLimit-Policy", c.policy)
+	if !c.opts.DisableHeaders && p != nil {
+		// Added to the policies of an outer middleware, not set over
+		// them (see addPolicies).
+		addPolicies(h, c.names, c.policy, "")
 	}
 	switch {
 	case p != nil:
@@ -207,7 +235,7 @@ func (c *concurrency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 		next.ServeHTTP(w, r)
 	case denied:
 		if !c.opts.DisableHeaders {
-			h.Set("RateLimit", c.names[0]+";r=0")
+			addPolicies(h, c.names, c.policy, c.names[0]+";r=0")
 		}
 		h.Set("Retry-After", c.retry)
 		if c.opts.ProblemDetails {

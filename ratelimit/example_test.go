@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicekit/sluice/ratelimit"
 	"github.com/sluicekit/sluice/scriptcache"
+	"github.com/sluicekit/sluice/semaphore"
 )
 
 // Examples run on miniredis so that their output is deterministic; use a
@@ -157,4 +158,74 @@ func ExampleLimiter_Wait() {
 	// Output:
 	// true <nil>
 	// false 1m0s true
+}
+
+// A per-client-IP rate limit in front of a server-wide limit of requests
+// in flight. A KeyFunc that returns the same key for every request makes
+// one count for all clients (the default key is the client IP); the key
+// must not be empty, since an empty key lets a request through unlimited.
+// The rate middleware is the outer one, so a client over its rate is
+// refused before it can take one of the server's slots, and each response
+// lists both policies.
+func ExampleNewConcurrencyMiddleware_serverWide() {
+	sc, done := newScriptCache()
+	defer done()
+
+	mgr, err := semaphore.NewManager(sc, semaphore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	defer mgr.Close()
+	limiter, err := ratelimit.New(sc, ratelimit.Options{
+		Algorithm: ratelimit.FixedWindow,
+		Limit:     ratelimit.PerMinute(100),
+	})
+	if err != nil {
+		panic(err)
+	}
+	perIP, err := ratelimit.NewMiddleware(limiter, ratelimit.MiddlewareOptions{PolicyName: "per-ip"})
+	if err != nil {
+		panic(err)
+	}
+	inFlight, err := ratelimit.NewConcurrencyMiddleware(mgr, ratelimit.ConcurrencyOptions{
+		Limit:      1, // a real server would allow more
+		PolicyName: "server",
+		KeyFunc:    func(*http.Request) (string, error) { return "all", nil },
+	})
+	if err != nil {
+		panic(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+	})
+	h := perIP(inFlight(slow))
+
+	send := func(ip string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = ip + ":1234"
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	show := func(w *httptest.ResponseRecorder) {
+		fmt.Println(w.Code)
+		fmt.Println("  RateLimit-Policy:", w.Header().Get("RateLimit-Policy"))
+		fmt.Println("  RateLimit:", w.Header().Get("RateLimit"))
+	}
+	first := make(chan *httptest.ResponseRecorder)
+	go func() { first <- send("192.0.2.1") }()
+	<-entered
+	// Another client: the server's one slot is taken.
+	show(send("198.51.100.7"))
+	close(release)
+	show(<-first)
+	// Output:
+	// 429
+	//   RateLimit-Policy: "per-ip";q=100;w=60, "server";q=1;qu="concurrent-requests"
+	//   RateLimit: "per-ip";r=99;t=60, "server";r=0
+	// 200
+	//   RateLimit-Policy: "per-ip";q=100;w=60, "server";q=1;qu="concurrent-requests"
+	//   RateLimit: "per-ip";r=99;t=60
 }

@@ -250,6 +250,11 @@ type MiddlewareOptions struct {
 // whole seconds (rounded up, at least 1) and a short text body, unless
 // OnDenied writes something else.
 //
+// Stacked with another middleware that sets these fields
+// (NewConcurrencyMiddleware, or NewMiddleware with another Limiter), it adds
+// its members to their lists rather than replacing them; see
+// NewConcurrencyMiddleware for which order to stack them in.
+//
 // The decision does not depend on the client: Redis is asked under a
 // context that the client's disconnect does not cancel, bounded by
 // Timeout. Otherwise a client could half-close its connection after
@@ -493,11 +498,17 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		for i := 1; i < len(d.Results); i++ {
 			value += ", " + item(i)
 		}
-		// Set would make the canonical form of each name (an allocation,
-		// for these two) and a slice of each value; this is the same,
-		// with one slice for both.
-		vs := []string{policy, value}
-		h[headerPolicy], h[headerRateLimit] = vs[0:1:1], vs[1:2:2]
+		if len(h[headerPolicy]) == 0 && len(h[headerRateLimit]) == 0 {
+			// Set would make the canonical form of each name (an
+			// allocation, for these two) and a slice of each value; this
+			// is the same, with one slice for both.
+			vs := []string{policy, value}
+			h[headerPolicy], h[headerRateLimit] = vs[0:1:1], vs[1:2:2]
+		} else {
+			// An outer middleware wrote its policies: add ours to its
+			// list (see addPolicies).
+			addPolicies(h, names, policy, value)
+		}
 		if m.opts.XRateLimitHeaders {
 			res := d.Results[top]
 			h.Set("X-RateLimit-Limit", strconv.Itoa(res.Limit))

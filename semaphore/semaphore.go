@@ -796,7 +796,7 @@ func (s *Semaphore) waitErr(err error) error {
 	case errors.Is(err, notify.ErrClosed):
 		return ErrClosed
 	case errors.Is(err, notify.ErrSubscribe):
-		return fmt.Errorf("semaphore: acquire %q: %w", s.name, err)
+		return fmt.Errorf("semaphore: acquire %q: %w", s.name, inner(err))
 	default:
 		return s.notObtained(err)
 	}
@@ -852,7 +852,7 @@ func (s *Semaphore) checkWeight(n int64) error {
 }
 
 func (s *Semaphore) notObtained(cause error) error {
-	return fmt.Errorf("%w: %q: %w", ErrNotObtained, s.name, cause)
+	return fmt.Errorf("%w: %q: %w", ErrNotObtained, s.name, inner(cause))
 }
 
 // reply is the acquire script's answer.
@@ -992,7 +992,7 @@ func (s *Semaphore) attemptOnce(ctx context.Context, id string, n int64, mode st
 		if errors.Is(err, ErrClosed) {
 			// Close gave up the call: no give-back (the server may not
 			// answer), the lease ends what it may have granted.
-			return res, fmt.Errorf("semaphore: acquire %q: %w", s.name, err)
+			return res, fmt.Errorf("semaphore: acquire %q: %w", s.name, inner(err))
 		}
 		if cerr := ctx.Err(); cerr == nil || !errors.Is(err, cerr) {
 			// The request failed (the connection, or WAIT after the
@@ -1004,7 +1004,7 @@ func (s *Semaphore) attemptOnce(ctx context.Context, id string, n int64, mode st
 		if ctx.Err() != nil {
 			return res, s.notObtained(ctx.Err())
 		}
-		return res, fmt.Errorf("semaphore: acquire %q: %w", s.name, err)
+		return res, fmt.Errorf("semaphore: acquire %q: %w", s.name, inner(err))
 	}
 	if r.status == 0 {
 		// Wake up when the earliest permit expires, at the latest after one
@@ -1078,7 +1078,7 @@ func (s *Semaphore) Available(ctx context.Context) (int64, error) {
 			if errors.Is(err, ErrCapacityMismatch) {
 				return 0, err
 			}
-			return 0, fmt.Errorf("semaphore: available %q: %w", s.name, err)
+			return 0, fmt.Errorf("semaphore: available %q: %w", s.name, inner(err))
 		}
 		if r.wait != 0 || r.used == 0 {
 			return max(r.capacity-r.used, 0), nil
@@ -1101,7 +1101,7 @@ func (s *Semaphore) SetCapacity(ctx context.Context, n int64) error {
 	}
 	vs, err := s.m.queue.Exec(ctx, s.keys, []string{"c", strconv.FormatInt(n, 10), "0", "", retentionMs, s.m.pubMode}).ToArray()
 	if err != nil {
-		return fmt.Errorf("semaphore: set capacity %q: %w", s.name, err)
+		return fmt.Errorf("semaphore: set capacity %q: %w", s.name, inner(err))
 	}
 	if vs.Len() != 2 {
 		return fmt.Errorf("semaphore: set capacity %q: unexpected reply of %d values", s.name, vs.Len())
@@ -1127,7 +1127,7 @@ type Holder struct {
 func (s *Semaphore) Holders(ctx context.Context) ([]Holder, error) {
 	vs, err := s.m.holders.Exec(ctx, s.keys[:2], nil).ToArray()
 	if err != nil {
-		return nil, fmt.Errorf("semaphore: holders %q: %w", s.name, err)
+		return nil, fmt.Errorf("semaphore: holders %q: %w", s.name, inner(err))
 	}
 	if vs.Len()%3 != 0 {
 		return nil, fmt.Errorf("semaphore: holders %q: unexpected reply of %d values", s.name, vs.Len())
@@ -1301,7 +1301,7 @@ func (p *Permit) Release(ctx context.Context) error {
 		p.scoped.End(fmt.Errorf("%w: %q: release failed, not renewed", ErrNotHeld, p.s.name))
 	}
 	if err != nil {
-		return fmt.Errorf("semaphore: release %q: %w", p.s.name, err)
+		return fmt.Errorf("semaphore: release %q: %w", p.s.name, inner(err))
 	}
 	if held < 0 {
 		return fmt.Errorf("semaphore: release %q: unexpected reply", p.s.name)
@@ -1313,7 +1313,7 @@ func (p *Permit) Release(ctx context.Context) error {
 		lostErr = p.err
 	}
 	p.released = true
-	return fmt.Errorf("%w: %w", ErrNotHeld, lostErr)
+	return fmt.Errorf("%w: %w", ErrNotHeld, inner(lostErr))
 }
 
 // renewPermits is the watchdog's renewal of items (*Permit, all with the
@@ -1393,9 +1393,9 @@ var errRenewGone = fmt.Errorf("%w: expired or deleted", lease.ErrGone)
 // lose records the loss of the permit; called by the lease keeper.
 func (p *Permit) lose(cause error) {
 	if errors.Is(cause, lease.ErrClosed) {
-		cause = fmt.Errorf("%w: %w", ErrClosed, cause)
+		cause = fmt.Errorf("%w: %w", ErrClosed, inner(cause))
 	}
-	err := fmt.Errorf("%w: %q: %w", ErrLost, p.s.name, cause)
+	err := fmt.Errorf("%w: %q: %w", ErrLost, p.s.name, inner(cause))
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.releasing {
