@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -75,7 +74,6 @@ func (r rueidisClient) evalChecked(ctx context.Context, sha, body string, keys, 
 		// shared connection, already open, may still carry it.
 	}
 	var rctx context.Context
-	var hidden *cancelOnly
 	switch {
 	case ctx == context.Background():
 		rctx = background // no allocation on the commonest path
@@ -86,9 +84,10 @@ func (r rueidisClient) evalChecked(ctx context.Context, sha, body string, keys, 
 			rctx = ctx // nothing to hide
 			break
 		}
-		hidden = cancelOnlyPool.Get().(*cancelOnly)
-		hidden.Context = ctx
-		rctx = hidden
+		// A wrapper per call, never reused: rueidis may derive a context
+		// from it (a dial's timeout) whose timer or goroutine reads it
+		// after the call has returned.
+		rctx = &cancelOnly{ctx}
 	}
 	res := r.do(rctx, sha, body, keys, args)
 	for range 3 {
@@ -96,13 +95,6 @@ func (r rueidisClient) evalChecked(ctx context.Context, sha, body string, keys, 
 			break
 		}
 		res = r.do(rctx, sha, body, keys, args)
-	}
-	if hidden != nil && ctx.Err() == nil {
-		// A call that ended without ctx ending left nothing in rueidis
-		// that still refers to the wrapper; an abandoned one may have, so
-		// its wrapper is not reused.
-		hidden.Context = nil
-		cancelOnlyPool.Put(hidden)
 	}
 	return Reply{rr: res}
 }
@@ -290,13 +282,13 @@ func (r rueidisClient) Subscribe(ctx context.Context, channel string, sharded bo
 	return err
 }
 
-// cancelOnly is ctx without its deadline (see Eval). Eval reuses them: a
-// wrapper costs an allocation per call otherwise.
+// cancelOnly is ctx without its deadline (see Eval). Each call gets its
+// own: a pooled one was read, through a context rueidis derived from it,
+// after the call had put it back (a data race, and a nil Context if the
+// timing had been a little different).
 type cancelOnly struct{ context.Context }
 
 func (*cancelOnly) Deadline() (time.Time, bool) { return time.Time{}, false }
-
-var cancelOnlyPool = sync.Pool{New: func() any { return new(cancelOnly) }}
 
 // dialFailed reports whether err is the failure to dial a connection. (A
 // function of its own: the error variable errors.As fills would otherwise
