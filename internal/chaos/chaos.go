@@ -157,6 +157,7 @@ func Run(t testing.TB, cfg Config) Report {
 	defer stop()
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5eed))
 	sched := w.schedule(rng)
+	opSched := w.operatorStream(rng)
 
 	var wg sync.WaitGroup
 	for _, n := range w.nodes {
@@ -167,7 +168,14 @@ func Run(t testing.TB, cfg Config) Report {
 		seed := rng.Uint64()
 		wg.Go(func() { w.hammer(ctx, n, rand.New(rand.NewPCG(seed, 0xbeef))) })
 	}
-	faults := w.inject(ctx, sched)
+	var opFaults map[string]int
+	var ow sync.WaitGroup
+	ow.Go(func() { opFaults = w.inject(ctx, opSched, true) })
+	faults := w.inject(ctx, sched, false)
+	ow.Wait()
+	for k, n := range opFaults {
+		faults[k] += n
+	}
 	wg.Wait()
 	w.heal()
 
@@ -182,7 +190,8 @@ func Run(t testing.TB, cfg Config) Report {
 	w.lim.check(w.hist)
 	w.lim.checkWindows(w.hist)
 
-	r := Report{Seed: cfg.Seed, Ops: w.ops, Holds: w.hist.holdsBy(), Faults: faults, Schedule: sched.lines(w.hist), CloseTook: w.closeTook}
+	r := Report{Seed: cfg.Seed, Ops: w.ops, Holds: w.hist.holdsBy(), Faults: faults,
+		Schedule: append(sched.lines(w.hist), opSched.lines(w.hist)...), CloseTook: w.closeTook}
 	w.hist.mu.Lock()
 	r.Violations = append(r.Violations, w.hist.viol...)
 	w.hist.mu.Unlock()

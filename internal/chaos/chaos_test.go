@@ -18,7 +18,7 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 func TestChaos(t *testing.T) {
 	redistest.Skip(t)
 	seeds := []uint64{1, 2}
-	per := 12 * time.Second
+	per := 16 * time.Second
 	var soak time.Duration
 	if s := os.Getenv("SLUICE_CHAOS"); s != "" {
 		d, err := time.ParseDuration(s)

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -32,8 +33,15 @@ type fault struct {
 
 type schedule []fault
 
-// schedule draws the run's faults from rng: one every lease/4 to lease on
-// average, lengths measured against the lease.
+// stormEnd is the share of the run that has faults; the rest is calm, so
+// that waiters can be checked for liveness and the end state settles.
+const stormEnd = 0.6
+
+// schedule draws the run's faults from rng: in the storm (the first
+// stormEnd of the run) one every lease/4 to lease, lengths measured
+// against the lease, and on top of them a careless operator who deletes,
+// overwrites or force-unlocks a resource every lease/8 to lease/2; once,
+// a node is closed while the server is stopped, with calls in flight.
 func (w *world) schedule(rng *rand.Rand) schedule {
 	kinds := w.cfg.Faults
 	if kinds == nil {
@@ -43,9 +51,9 @@ func (w *world) schedule(rng *rand.Rand) schedule {
 	span := func(lo, hi float64) time.Duration {
 		return time.Duration((lo + rng.Float64()*(hi-lo)) * float64(lease))
 	}
+	storm := time.Duration(stormEnd * float64(w.cfg.Duration))
 	var s schedule
-	closed := false
-	for at := span(0.1, 0.5); at < w.cfg.Duration; at += span(0.25, 1) {
+	for at := span(0.1, 0.5); at < storm; at += span(0.25, 1) {
 		f := fault{at: at, kind: kinds[rng.IntN(len(kinds))], node: rng.IntN(w.cfg.Nodes)}
 		switch f.kind {
 		case "latency":
@@ -61,16 +69,33 @@ func (w *world) schedule(rng *rand.Rand) schedule {
 		case "del", "wrongtype", "forceunlock":
 			f.res = resources[rng.IntN(len(resources))]
 		case "close":
-			// One node at most, and not in the first half: the others go on.
-			if closed || at < w.cfg.Duration/2 || w.cfg.Nodes < 2 {
-				continue
-			}
-			closed = true
-			if rng.IntN(2) == 0 {
-				f.length = 1 // the server stopped during the Close
-			}
+			continue // placed below
 		}
 		s = append(s, f)
+	}
+	if slices.Contains(kinds, "close") && w.cfg.Nodes > 1 {
+		at := time.Duration((0.3 + rng.Float64()*0.15) * float64(w.cfg.Duration))
+		i, _ := slices.BinarySearchFunc(s, at, func(f fault, at time.Duration) int { return cmp.Compare(f.at, at) })
+		s = slices.Insert(s, i, fault{at: at, kind: "close", node: rng.IntN(w.cfg.Nodes), length: 1})
+	}
+	return s
+}
+
+// operatorStream draws the careless operator's actions (see schedule).
+func (w *world) operatorStream(rng *rand.Rand) schedule {
+	var kinds []string
+	for _, k := range []string{"del", "wrongtype", "forceunlock"} {
+		if w.cfg.Faults == nil || slices.Contains(w.cfg.Faults, k) {
+			kinds = append(kinds, k)
+		}
+	}
+	if len(kinds) == 0 {
+		return nil
+	}
+	storm := time.Duration(stormEnd * float64(w.cfg.Duration))
+	var s schedule
+	for at := w.cfg.Lease / 4; at < storm; at += time.Duration((0.125 + rng.Float64()*0.375) * float64(w.cfg.Lease)) {
+		s = append(s, fault{at: at, kind: kinds[rng.IntN(len(kinds))], res: resources[rng.IntN(len(resources))]})
 	}
 	return s
 }
@@ -115,7 +140,10 @@ func (s schedule) lines(h *history) []string {
 
 // inject runs the schedule until ctx ends, one fault at a time, and
 // returns how many of each kind it injected.
-func (w *world) inject(ctx context.Context, s schedule) map[string]int {
+//
+// tolerant: a fault that could not be applied is skipped, not reported
+// (the careless operator's actions, which may meet a stopped server).
+func (w *world) inject(ctx context.Context, s schedule, tolerant bool) map[string]int {
 	n := map[string]int{}
 	start := w.hist.epoch
 	for _, f := range s {
@@ -126,6 +154,11 @@ func (w *world) inject(ctx context.Context, s schedule) map[string]int {
 		}
 		at := time.Now()
 		if err := w.apply(ctx, f); err != nil {
+			if tolerant {
+				// The operator's command met a fault of the main
+				// schedule (a stopped server): it did not happen.
+				continue
+			}
 			w.hist.violation("fault %s could not be injected: %v", f.kind, err)
 			return n
 		}
@@ -141,7 +174,7 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	// after it ends: calls sent meanwhile may still be answered late or
 	// find its effects.
 	from := time.Now()
-	w.hist.fault(from, from.Add(f.length+w.cfg.Lease), f.kind)
+	w.hist.fault(from, from.Add(f.length+w.cfg.Lease), f.kind, f.res)
 	nd := w.nodes[f.node]
 	hold := func() {
 		select {
@@ -215,7 +248,7 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	}
 	// A fault can last longer than planned (a stalled Close, a slow
 	// restart): it is in force until a lease after it really ended.
-	w.hist.fault(from, time.Now().Add(w.cfg.Lease), f.kind)
+	w.hist.fault(from, time.Now().Add(w.cfg.Lease), f.kind, f.res)
 	return err
 }
 

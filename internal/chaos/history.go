@@ -70,6 +70,9 @@ type opEvent struct {
 type faultSpan struct {
 	from, to time.Time
 	what     string
+	// res is the resource an operator fault hit ("" for a fault of the
+	// network, the server or every resource).
+	res string
 }
 
 func newHistory() *history {
@@ -129,11 +132,25 @@ func (h *history) operator(res, what string) (done func()) {
 	}
 }
 
-// fault records a network or server fault in force from from to to.
-func (h *history) fault(from, to time.Time, what string) {
+// fault records a fault in force from from to to, hitting res only ("":
+// everything).
+func (h *history) fault(from, to time.Time, what, res string) {
 	h.mu.Lock()
-	h.faults = append(h.faults, faultSpan{from, to, what})
+	h.faults = append(h.faults, faultSpan{from, to, what, res})
 	h.mu.Unlock()
+}
+
+// lossExplainedLocked reports whether a fault that can make res's holds
+// lost was in force at some time in [from, to]: one of the network, the
+// server or every resource, or an operator's action on res. Called with
+// h.mu held.
+func (h *history) lossExplainedLocked(res string, from, to time.Time) bool {
+	for _, f := range h.faults {
+		if (f.res == "" || f.res == res) && !f.from.After(to) && !f.to.Before(from) {
+			return true
+		}
+	}
+	return false
 }
 
 // faultNear reports whether a fault was in force within slack of [from, to].
@@ -287,6 +304,14 @@ func (h *history) end(x *hold, told bool, how string) {
 		x.told, x.toldHow = true, how
 	}
 	h.events = append(h.events, event{at: time.Now(), hold: x.id, what: fmt.Sprintf("%s %s end: told=%v %s", x.kind, x.res, x.told, how)})
+	if x.told && !x.owed && x.toldHow != "" && !h.lossExplainedLocked(x.res, x.call, time.Now()) {
+		// A loss nothing explains: a false loss is no safety violation,
+		// but it is a bug (a batch renewal that failed for another's
+		// key, say), and it makes holders give up work for nothing.
+		h.violationLocked("loss with no fault to explain it: %s hold #%d of %q (node %d) was told (%s)",
+			x.kind, x.id, x.res, x.node, x.toldHow)
+		h.noteInvolvedLocked(x)
+	}
 	if x.owed && !x.told {
 		h.violationLocked("lost hold never reported: %s hold #%d of %q (node %d) was removed (%s) and its holder was not told (%s)",
 			x.kind, x.id, x.res, x.node, x.owedWhy, how)

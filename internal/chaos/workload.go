@@ -52,7 +52,7 @@ func (w *world) opTimeout(rng *rand.Rand) time.Duration {
 // then longer than a lease, so that the watchdog renews it.
 func (w *world) holdFor(ctx context.Context, rng *rand.Rand) {
 	d := time.Duration(rng.Float64() * float64(w.cfg.Lease) / 8)
-	if rng.IntN(20) == 0 {
+	if rng.IntN(8) == 0 {
 		d = time.Duration((1 + rng.Float64()/2) * float64(w.cfg.Lease))
 	}
 	select {
@@ -129,7 +129,7 @@ func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	if err != nil {
 		w.expected("Mutex.Lock", call, err, mutexErrs...)
 		if !try {
-			w.gaveUp(ctx, "mutex", name, 1, call, err)
+			w.gaveUp(ctx, "mutex", note, name, 1, call, err)
 		}
 		return
 	}
@@ -137,17 +137,19 @@ func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 		lost: func() bool { return closed(m.Lost()) }}
 	w.hist.begin(x)
 	w.holdFor(ctx, rng)
-	if rng.IntN(3) == 0 {
-		w.nested(ctx, x, m.Lost(), m.Lock, m.Unlock)
+	// Nest now and then, and always once the hold is known lost: that
+	// Lock must not join it.
+	if lost := m.Lost(); closed(lost) || rng.IntN(3) == 0 {
+		w.nested(ctx, x, lost, m.Lock, m.Unlock)
 	}
 	w.release(x, func(c context.Context) error { return m.Unlock(c) }, func() bool { return m.Err() != nil }, mutexErrs)
 }
 
 // gaveUp records a blocking acquisition that ended with its context, for
 // the liveness check; not those cut short by the end of the workload.
-func (w *world) gaveUp(ctx context.Context, kind, res string, weight int64, call time.Time, err error) {
+func (w *world) gaveUp(ctx context.Context, kind, note, res string, weight int64, call time.Time, err error) {
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-		w.hist.gaveUp(wait{kind: kind, res: res, weight: weight, call: call, ret: time.Now()})
+		w.hist.gaveUp(wait{kind: kind, note: note, res: res, weight: weight, call: call, ret: time.Now()})
 	}
 }
 
@@ -249,7 +251,7 @@ func (w *world) rwOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 	cancel()
 	if err != nil {
 		w.expected("RWMutex."+kind, call, err, mutexErrs...)
-		w.gaveUp(ctx, kind, name, 1, call, err)
+		w.gaveUp(ctx, kind, note, name, 1, call, err)
 		return
 	}
 	var token int64
@@ -260,9 +262,12 @@ func (w *world) rwOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 		lost: func() bool { return closed(rw.Lost()) }}
 	w.hist.begin(x)
 	w.holdFor(ctx, rng)
-	unlock := rw.RUnlock
+	lock, unlock := rw.RLock, rw.RUnlock
 	if write {
-		unlock = rw.Unlock
+		lock, unlock = rw.Lock, rw.Unlock
+	}
+	if lost := rw.Lost(); closed(lost) || rng.IntN(3) == 0 {
+		w.nested(ctx, x, lost, lock, unlock)
 	}
 	w.release(x, unlock, func() bool { return rw.Err() != nil }, mutexErrs)
 }
@@ -299,8 +304,8 @@ func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 		xs = append(xs, x)
 	}
 	w.holdFor(ctx, rng)
-	if rng.IntN(3) == 0 {
-		w.nested(ctx, xs[0], mm.Lost(), mm.Lock, mm.Unlock)
+	if lost := mm.Lost(); closed(lost) || rng.IntN(3) == 0 {
+		w.nested(ctx, xs[0], lost, mm.Lock, mm.Unlock)
 	}
 	knew := mm.Err() != nil
 	at := time.Now()
@@ -342,7 +347,7 @@ func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 	if err != nil {
 		w.expected("Semaphore.Acquire", call, err, semErrs...)
 		if !try {
-			w.gaveUp(ctx, "permit", name, weight, call, err)
+			w.gaveUp(ctx, "permit", note, name, weight, call, err)
 		}
 		return
 	}
