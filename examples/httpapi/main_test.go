@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -90,47 +91,52 @@ func TestHTTPAPI(t *testing.T) {
 
 	// In flight: two long requests of one IP, then a third is refused by
 	// the concurrency middleware (its RateLimit field names that policy).
+	// The permits held are read from the metrics: acquisitions minus
+	// releases, as the otel observer counts them.
 	slow, stopSlow := context.WithCancel(context.Background())
 	defer stopSlow()
-	slowDone := make(chan struct{}, 2)
+	slowDone := make(chan int, 2)
 	for range 2 {
 		go func() {
-			defer func() { slowDone <- struct{}{} }()
-			_, _ = get(slow, "198.51.100.9", "/work?ms=10000")
+			resp, err := get(slow, "198.51.100.9", "/work?ms=10000")
+			if err != nil {
+				slowDone <- 0
+				return
+			}
+			slowDone <- resp.StatusCode
 		}()
 	}
-	refused := waitFor(t, func() bool {
-		resp := mustGet("198.51.100.9", "/work")
-		return resp.StatusCode == http.StatusTooManyRequests &&
-			strings.Contains(strings.Join(resp.Header.Values("RateLimit"), ","), "concurrency")
-	})
-	if !refused {
-		t.Fatal("a third request with two in flight was never refused by the in-flight limit")
+	if !waitFor(t, func() bool { return heldPermits(t, base) == 2 }) {
+		t.Fatalf("the two long requests never held their permits (%v held)", heldPermits(t, base))
+	}
+	resp := mustGet("198.51.100.9", "/work")
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(strings.Join(resp.Header.Values("RateLimit"), ","), "concurrency") {
+		t.Errorf("third request with two in flight: %d %v, want 429 naming the concurrency policy", resp.StatusCode, resp.Header)
+	}
+	if resp := mustGet("203.0.113.2", "/work"); resp.StatusCode != http.StatusOK {
+		t.Errorf("another IP meanwhile: status %d, want 200", resp.StatusCode)
 	}
 	stopSlow()
-	<-slowDone
-	<-slowDone
+	for range 2 {
+		if code := <-slowDone; code != 0 {
+			t.Errorf("a long request ended with %d before it was cancelled", code)
+		}
+	}
 	if !waitFor(t, func() bool { return mustGet("198.51.100.9", "/work").StatusCode == http.StatusOK }) {
 		t.Fatal("the IP was not served again after its long requests ended")
 	}
 
 	// Metrics: sluice's series in a Prometheus scrape.
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := scrape(t, base)
 	for _, want := range []string{`sluice_ratelimit_decisions_total{allowed="false"`, `sluice_ratelimit_decisions_total{allowed="true"`,
 		"sluice_semaphore_hold_seconds_count", "sluice_semaphore_failures_total"} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("/metrics lacks %s:\n%s", want, grep(string(body), "sluice_"))
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s:\n%s", want, grep(body, "sluice_"))
 		}
 	}
 }
 
-// waitFor polls cond every 200ms (the limit's rate, so that polling never
-// runs out of the IP's budget) for up to 10 s, for states that another
+// waitFor polls cond every 50ms for up to 10 s, for states that another
 // goroutine's HTTP request brings about.
 func waitFor(t *testing.T, cond func() bool) bool {
 	t.Helper()
@@ -139,9 +145,46 @@ func waitFor(t *testing.T, cond func() bool) bool {
 		if cond() {
 			return true
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
 	return false
+}
+
+func scrape(t *testing.T, base string) string {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
+}
+
+// heldPermits is the number of semaphore permits held now, from the
+// metrics: acquisitions (the wait histogram's count) minus releases (the
+// hold histogram's count).
+func heldPermits(t *testing.T, base string) float64 {
+	t.Helper()
+	sum := func(body, name string) float64 {
+		var n float64
+		for _, l := range strings.Split(body, "\n") {
+			if strings.HasPrefix(l, name+"{") || strings.HasPrefix(l, name+" ") {
+				f := strings.Fields(l)
+				v, err := strconv.ParseFloat(f[len(f)-1], 64)
+				if err != nil {
+					t.Fatalf("metrics line %q: %v", l, err)
+				}
+				n += v
+			}
+		}
+		return n
+	}
+	body := scrape(t, base)
+	return sum(body, "sluice_semaphore_wait_seconds_count") - sum(body, "sluice_semaphore_hold_seconds_count")
 }
 
 func grep(s, prefix string) string {
