@@ -6,6 +6,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -150,5 +151,29 @@ func TestDrawSVG(t *testing.T) {
 	}
 	if bars["sluice"] != 6 || bars["peer"] != 3 || bars["broken"] != 0 {
 		t.Errorf("bar segments per impl = %v, want sluice 6 (two workloads), peer 3, broken 0", bars)
+	}
+}
+
+// TestRedraw checks that -from draws from a -json file the picture the
+// run itself would have drawn.
+func TestRedraw(t *testing.T) {
+	rep := &report{Server: "s", ServerKind: "single", Rounds: 5, Duration: 0.3, Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+		Results: []result{{Title: "w", Impl: "sluice", Kind: ours, Ops: 10, OpsPerSec: 100, P50: 1e5, P90: 2e5, P99: 3e5, VsBestPeer: 1.5}}}
+	dir := t.TempDir()
+	if err := writeJSON(dir+"/r.json", rep); err != nil {
+		t.Fatal(err)
+	}
+	if err := redraw(dir+"/r.json", dir+"/r.svg"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(dir + "/r.svg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := drawSVG(rep); !bytes.Equal(got, want) {
+		t.Errorf("redrawn picture differs from the run's:\n%s\nwant:\n%s", got, want)
+	}
+	if err := redraw(dir+"/r.json", ""); err == nil {
+		t.Error("redraw without -svg: no error")
 	}
 }

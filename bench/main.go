@@ -8,6 +8,7 @@
 //	go run . -redis 127.0.0.1:6379 -peers      # real numbers, with peers
 //	go run . -quick                           # CI smoke test of everything, under 20 s
 //	go run . -redis ADDR -peers -svg cmp.svg  # also draw the comparison
+//	go run . -from results.json -svg cmp.svg  # draw an earlier -json run
 //
 // It is its own module so that the peers' dependencies never enter the
 // library's go.mod.
@@ -16,6 +17,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -39,6 +41,7 @@ type config struct {
 	full     bool
 	json     string
 	svg      string
+	from     string
 	rounds   int
 	duration time.Duration
 	run      string
@@ -54,6 +57,7 @@ func main() {
 	flag.BoolVar(&c.full, "full", false, "after the use cases, measure every workload (implied by -peers, -quick, -run and -svg)")
 	flag.StringVar(&c.json, "json", "", "also write the results as JSON to this `file`")
 	flag.StringVar(&c.svg, "svg", "", "also draw the workloads' latencies per library as an SVG picture in this `file`")
+	flag.StringVar(&c.from, "from", "", "run nothing: draw -svg from the results of an earlier -json `file`")
 	flag.IntVar(&c.rounds, "rounds", 0, "rounds per workload; the median is reported (default 5, 1 with -quick)")
 	flag.DurationVar(&c.duration, "duration", 0, "length of one measurement (default 300ms, 150ms with -quick)")
 	flag.StringVar(&c.run, "run", "", "only run workloads whose name matches this `regexp` (e.g. lock, ratelimit.flood, ceiling, http)")
@@ -73,6 +77,13 @@ Flags:
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if c.from != "" {
+		if err := redraw(c.from, c.svg); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -87,6 +98,23 @@ Flags:
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// redraw draws the SVG picture of the results of an earlier run, saved
+// with -json.
+func redraw(from, svg string) error {
+	if svg == "" {
+		return errors.New("-from needs -svg FILE to draw into")
+	}
+	data, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	var rep report
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return fmt.Errorf("%s: %w", from, err)
+	}
+	return writeSVG(svg, &rep)
 }
 
 // errScenario means a scenario's invariant did not hold.

@@ -104,7 +104,8 @@ func drawSVG(rep *report) []byte {
 			f := (math.Log10(float64(max(d, 1))) - d0) / (d1 - d0)
 			return float64(plotX0) + math.Max(0, math.Min(1, f))*float64(plotX1-plotX0)
 		}
-		fmt.Fprintf(&b, `<text x="12" y="%d" font-size="14" font-weight="bold">%s</text>`+"\n", y+14, html.EscapeString(p.title))
+		fmt.Fprintf(&b, `<text x="12" y="%d" font-size="14"><tspan font-weight="bold">%s</tspan><tspan dx="12" fill="#666" font-size="11">vs peer by %s</tspan></text>`+"\n",
+			y+14, html.EscapeString(p.title), html.EscapeString(string(p.rows[0].JudgedBy.orOps())))
 		top, bottom := y+svgTitleH-8, y+svgTitleH+len(p.rows)*svgRowH
 		for e := d0; e <= d1; e++ {
 			for _, m := range []float64{1, 2, 5} {
