@@ -8,8 +8,9 @@
 // It starts -procs copies of itself, each with -workers goroutines that
 // take jobs from a Redis list. Every job counts itself in and out of a
 // Redis counter while it runs; each process reports the highest count it
-// saw, which never exceeds the capacity. Run a copy by hand, with
-// -procs 0, to add a process of your own to the pool.
+// saw, which never exceeds the capacity. A copy started by hand with
+// -procs 0 works the same queue as one more process; kill one with kill -9
+// and its permits come back within -lease.
 package main
 
 import (
@@ -41,7 +42,14 @@ type config struct {
 	capacity int           // jobs running at once, across all processes
 	jobs     int           // jobs queued at the start
 	job      time.Duration // how long one job takes
+	lease    time.Duration // permits' watchdog lease
 	prefix   string        // starts every Redis key
+}
+
+// workerArgs are the flags of a worker process started by run.
+func (c config) workerArgs() []string {
+	return []string{"-procs", "0", "-redis", c.redis, "-workers", strconv.Itoa(c.workers),
+		"-capacity", strconv.Itoa(c.capacity), "-job", c.job.String(), "-lease", c.lease.String(), "-prefix", c.prefix}
 }
 
 func (c config) key(name string) string { return c.prefix + name }
@@ -72,6 +80,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.capacity, "capacity", 3, "jobs running at once, across all processes")
 	fs.IntVar(&c.jobs, "jobs", 30, "jobs to queue")
 	fs.DurationVar(&c.job, "job", 50*time.Millisecond, "how long one job takes")
+	fs.DurationVar(&c.lease, "lease", 10*time.Second, "permit lease, renewed while a job runs: a killed process's permits come back within it")
 	fs.StringVar(&c.prefix, "prefix", "example:workers:", "start of every Redis key")
 	return c, fs.Parse(args)
 }
@@ -109,9 +118,7 @@ func run(ctx context.Context, c config, out io.Writer) (tally, error) {
 	var wg sync.WaitGroup
 	for i := range c.procs {
 		wg.Go(func() {
-			args := []string{"-procs", "0", "-redis", c.redis, "-workers", strconv.Itoa(c.workers),
-				"-capacity", strconv.Itoa(c.capacity), "-job", c.job.String(), "-prefix", c.prefix}
-			cmd := exec.CommandContext(ctx, self, args...)
+			cmd := exec.CommandContext(ctx, self, c.workerArgs()...)
 			cmd.Env = append(os.Environ(), workerEnv+"=1")
 			cmd.Stderr = os.Stderr
 			stdout, err := cmd.Output()
@@ -155,8 +162,10 @@ func work(ctx context.Context, c config, out io.Writer) (tally, error) {
 		return tally{}, fmt.Errorf("redis %s: %w", c.redis, err)
 	}
 	// One Manager per process: it renews the permits of every job running
-	// here, and Close waits for its goroutines.
-	mgr, err := semaphore.NewManager(sc, semaphore.Options{Prefix: c.prefix})
+	// here every third of the lease, and Close waits for its goroutines. A
+	// process killed with kill -9 renews nothing, so its permits come back
+	// when their lease ends.
+	mgr, err := semaphore.NewManager(sc, semaphore.Options{WatchdogLease: c.lease, Prefix: c.prefix})
 	if err != nil {
 		return tally{}, err
 	}

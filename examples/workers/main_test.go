@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -49,5 +51,61 @@ func TestWorkers(t *testing.T) {
 	}
 	if n, err := srv.Do("LLEN", "test:queue"); err != nil || n != "0" {
 		t.Errorf("queue left with %s jobs (%v), want 0", n, err)
+	}
+}
+
+// TestKilledWorker kills (SIGKILL) a worker process while it holds both
+// permits of the pool: its jobs never end and it releases nothing, yet the
+// jobs queued after it all run, once its permits' lease has run out, and
+// never more than the capacity at once.
+func TestKilledWorker(t *testing.T) {
+	srv := redistest.NewServer(t)
+	c := config{redis: srv.Addr(), workers: 2, capacity: 2, job: time.Minute, lease: 500 * time.Millisecond, prefix: "kill:"}
+	if _, err := srv.Do("RPUSH", "kill:queue", "long-1", "long-2"); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, c.workerArgs()...)
+	cmd.Env = append(os.Environ(), workerEnv+"=1")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if n, _ := srv.Do("GET", "kill:running"); n == "2" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the worker process never ran its two jobs")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+
+	// The killed jobs never count themselves out; start the count afresh
+	// for the jobs that follow.
+	if _, err := srv.Do("DEL", "kill:running"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Do("RPUSH", "kill:queue", "1", "2", "3", "4", "5", "6"); err != nil {
+		t.Fatal(err)
+	}
+	c.job = 10 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got, err := work(ctx, c, io.Discard)
+	if err != nil {
+		t.Fatalf("work after the kill: %v (the killed process's permits never came back?)", err)
+	}
+	if got.Done != 6 || got.Peak > c.capacity {
+		t.Errorf("after the kill: %d jobs done, at most %d at once; want 6, at most %d", got.Done, got.Peak, c.capacity)
 	}
 }
