@@ -67,7 +67,10 @@ func main() {
   go run .                                the three use cases on an embedded miniredis, in seconds
   go run . -full                          and every workload measured (about 2 minutes; not Redis numbers)
   go run . -redis 127.0.0.1:6379 -peers   a real Redis, compared with the peer libraries
-  go run . -redis ADDR -peers -svg cmp.svg   and the comparison drawn as a picture
+  go run . -redis 127.0.0.1:6379 -peers -svg cmp.svg
+                                          and the comparison drawn as a picture
+  go run . -from results.json -svg cmp.svg
+                                          draw the results of an earlier -json run
   go run . -redis 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
                                           a Redis Cluster (the seed list)
   go run . -quick                         one short round, for CI
