@@ -3,6 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/xml"
+	"errors"
+	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +32,7 @@ func TestQuickEmbedded(t *testing.T) {
 			t.Errorf("%s / %s: %d ops, %d errors (%s)", r.Workload, r.Impl, r.Ops, r.Errors, r.Err)
 		}
 	}
-	for _, want := range []string{"NOT Redis numbers", "ceiling", "done in"} {
+	for _, want := range []string{"not Redis timings", "ceiling", "done in"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
@@ -97,5 +101,79 @@ func TestSummarize(t *testing.T) {
 	// The best peer is the one with the lowest p50, peer-a at 4ms.
 	if r := got[0].VsBestPeer; r < 1.9 || r > 2.1 {
 		t.Errorf("latency ratio = %v, want about 2", r)
+	}
+}
+
+// TestDemoOnly pins what the bare command runs: the use cases alone, and
+// every workload as soon as a flag asks for measurements.
+func TestDemoOnly(t *testing.T) {
+	for _, c := range []struct {
+		c    config
+		want bool
+	}{
+		{config{}, false}, {config{redis: "127.0.0.1:6379"}, false}, {config{json: "r.json"}, false},
+		{config{full: true}, true}, {config{peers: true}, true}, {config{quick: true}, true},
+		{config{run: "lock"}, true}, {config{svg: "r.svg"}, true},
+	} {
+		if got := c.c.measures(); got != c.want {
+			t.Errorf("%+v: measures() = %v, want %v", c.c, got, c.want)
+		}
+	}
+}
+
+// TestDrawSVG checks that the picture is well-formed XML with a bar of
+// three segments per measured row, and leaves out rows that failed.
+func TestDrawSVG(t *testing.T) {
+	rep := &report{Server: "test <server>", ServerKind: "single", Rounds: 1, Duration: 0.1, Results: []result{
+		{Title: "w1", Impl: "sluice", Kind: ours, Ops: 10, OpsPerSec: 100, P50: time.Millisecond, P90: 2 * time.Millisecond, P99: 5 * time.Millisecond},
+		{Title: "w1", Impl: "peer & co", Kind: peer, Ops: 10, OpsPerSec: 50, P50: 3 * time.Millisecond, P90: 4 * time.Millisecond, P99: 90 * time.Millisecond},
+		{Title: "w1", Impl: "broken", Kind: peer, Err: "open: refused"},
+		{Title: "w2", Impl: "sluice", Kind: ours, Ops: 10, OpsPerSec: 1e6, P50: 400, P90: 500, P99: 900},
+	}}
+	out := drawSVG(rep)
+	dec := xml.NewDecoder(bytes.NewReader(out))
+	bars := map[string]int{}
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("not well-formed XML: %v\n%s", err, out)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "title" {
+			var s string
+			if err := dec.DecodeElement(&s, &se); err != nil {
+				t.Fatal(err)
+			}
+			bars[strings.Fields(s)[0]]++
+		}
+	}
+	if bars["sluice"] != 6 || bars["peer"] != 3 || bars["broken"] != 0 {
+		t.Errorf("bar segments per impl = %v, want sluice 6 (two workloads), peer 3, broken 0", bars)
+	}
+}
+
+// TestRedraw checks that -from draws from a -json file the picture the
+// run itself would have drawn.
+func TestRedraw(t *testing.T) {
+	rep := &report{Server: "s", ServerKind: "single", Rounds: 5, Duration: 0.3, Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+		Results: []result{{Title: "w", Impl: "sluice", Kind: ours, Ops: 10, OpsPerSec: 100, P50: 1e5, P90: 2e5, P99: 3e5, VsBestPeer: 1.5}}}
+	dir := t.TempDir()
+	if err := writeJSON(dir+"/r.json", rep); err != nil {
+		t.Fatal(err)
+	}
+	if err := redraw(dir+"/r.json", dir+"/r.svg"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(dir + "/r.svg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := drawSVG(rep); !bytes.Equal(got, want) {
+		t.Errorf("redrawn picture differs from the run's:\n%s\nwant:\n%s", got, want)
+	}
+	if err := redraw(dir+"/r.json", ""); err == nil {
+		t.Error("redraw without -svg: no error")
 	}
 }

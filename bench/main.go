@@ -1,10 +1,14 @@
-// Command bench runs every sluice primitive end to end and measures it, on
-// an embedded miniredis by default or on a real Redis or Redis Cluster, and
-// with -peers compares it with the libraries people use for the same jobs.
+// Command bench shows sluice's three use cases end to end in a few seconds,
+// and with -full measures every primitive, on an embedded miniredis by
+// default or on a real Redis or Redis Cluster; with -peers it compares them
+// with the libraries people use for the same jobs.
 //
-//	go run .                                  # embedded server, no setup
+//	go run .                                  # the three use cases, seconds, no setup
+//	go run . -full                            # every workload, about 2 minutes
 //	go run . -redis 127.0.0.1:6379 -peers      # real numbers, with peers
-//	go run . -quick                           # CI smoke test, under 20 s
+//	go run . -quick                           # CI smoke test of everything, under 20 s
+//	go run . -redis ADDR -peers -svg cmp.svg  # also draw the comparison
+//	go run . -from results.json -svg cmp.svg  # draw an earlier -json run
 //
 // It is its own module so that the peers' dependencies never enter the
 // library's go.mod.
@@ -13,6 +17,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -33,7 +38,10 @@ type config struct {
 	redis    string
 	peers    bool
 	quick    bool
+	full     bool
 	json     string
+	svg      string
+	from     string
 	rounds   int
 	duration time.Duration
 	run      string
@@ -46,15 +54,23 @@ func main() {
 			"cluster seed list; empty starts an embedded miniredis (env "+envRedis+")")
 	flag.BoolVar(&c.peers, "peers", false, "also run the peer libraries on the same workloads, interleaved")
 	flag.BoolVar(&c.quick, "quick", false, "one short round of everything, for CI (under 20 s)")
+	flag.BoolVar(&c.full, "full", false, "after the use cases, measure every workload (implied by -peers, -quick, -run and -svg)")
 	flag.StringVar(&c.json, "json", "", "also write the results as JSON to this `file`")
+	flag.StringVar(&c.svg, "svg", "", "also draw the workloads' latencies per library as an SVG picture in this `file`")
+	flag.StringVar(&c.from, "from", "", "run nothing: draw -svg from the results of an earlier -json `file`")
 	flag.IntVar(&c.rounds, "rounds", 0, "rounds per workload; the median is reported (default 5, 1 with -quick)")
 	flag.DurationVar(&c.duration, "duration", 0, "length of one measurement (default 300ms, 150ms with -quick)")
 	flag.StringVar(&c.run, "run", "", "only run workloads whose name matches this `regexp` (e.g. lock, ratelimit.flood, ceiling, http)")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), `bench runs every sluice primitive end to end and measures it.
+		fmt.Fprintf(flag.CommandLine.Output(), `bench shows sluice's three use cases end to end, and measures every primitive.
 
-  go run .                                embedded miniredis: no Redis needed, not Redis numbers
+  go run .                                the three use cases on an embedded miniredis, in seconds
+  go run . -full                          and every workload measured (about 2 minutes; not Redis numbers)
   go run . -redis 127.0.0.1:6379 -peers   a real Redis, compared with the peer libraries
+  go run . -redis 127.0.0.1:6379 -peers -svg cmp.svg
+                                          and the comparison drawn as a picture
+  go run . -from results.json -svg cmp.svg
+                                          draw the results of an earlier -json run
   go run . -redis 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
                                           a Redis Cluster (the seed list)
   go run . -quick                         one short round, for CI
@@ -64,6 +80,13 @@ Flags:
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if c.from != "" {
+		if err := redraw(c.from, c.svg); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -71,10 +94,30 @@ Flags:
 	if err == nil && c.json != "" {
 		err = writeJSON(c.json, rep)
 	}
+	if err == nil && c.svg != "" {
+		err = writeSVG(c.svg, rep)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// redraw draws the SVG picture of the results of an earlier run, saved
+// with -json.
+func redraw(from, svg string) error {
+	if svg == "" {
+		return errors.New("-from needs -svg FILE to draw into")
+	}
+	data, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	var rep report
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return fmt.Errorf("%s: %w", from, err)
+	}
+	return writeSVG(svg, &rep)
 }
 
 // errScenario means a scenario's invariant did not hold.
@@ -126,8 +169,8 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 	}
 	fmt.Fprintf(out, "sluice bench on %s, GOMAXPROCS %d\n", rep.Server, runtime.GOMAXPROCS(0))
 	if b.srv.embedded != nil {
-		fmt.Fprintln(out, "NOTE: this is an embedded miniredis (Lua in Go, in this process), so the numbers below are")
-		fmt.Fprintln(out, "      NOT Redis numbers. For real ones: go run . -redis 127.0.0.1:6379 -peers")
+		fmt.Fprintln(out, "The server is an embedded miniredis (Lua run in Go, in this process): every check below holds on")
+		fmt.Fprintln(out, "it as on Redis, but its timings are not Redis timings. Real ones: go run . -redis 127.0.0.1:6379 -peers")
 	}
 
 	for _, sr := range scenarioRunners {
@@ -138,6 +181,13 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 	}
 	prog.clear()
 	printScenarios(out, rep.Scenarios)
+	if !c.measures() {
+		rep.Elapsed = time.Since(rep.Started).Seconds()
+		fmt.Fprintf(out, "\ndone in %.1fs. That was the demo; to measure every primitive (about 2 minutes here):\n", rep.Elapsed)
+		fmt.Fprintln(out, "  go run . -full                                        on this embedded server")
+		fmt.Fprintln(out, "  go run . -redis 127.0.0.1:6379 -peers -svg cmp.svg    on a real Redis, against the peer libraries, drawn")
+		return rep, scenarioErr(ctx, rep)
+	}
 
 	runGroup(ctx, b, lockImpls, lockWorkloads)
 	runGroup(ctx, b, semaphoreImpls, semaphoreWorkloads)
@@ -176,7 +226,7 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 	}
 	printCeilings(out, rep.Ceiling, rep.Fractions, b.srv.embedded != nil)
 	for _, h := range rep.HTTP {
-		printHTTPLoad(out, &h, b.rounds)
+		printHTTPLoad(out, &h, b.rounds, b.srv.embedded != nil)
 	}
 	printAttack(out, rep.Attack)
 	rep.Notes = notes(b)
@@ -191,15 +241,27 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 	rep.Elapsed = time.Since(rep.Started).Seconds()
 	fmt.Fprintf(out, "\ndone in %.1fs\n", rep.Elapsed)
 
+	return rep, scenarioErr(ctx, rep)
+}
+
+// measures says whether the run goes on from the use cases to the
+// workloads: the demo alone takes seconds, everything about two minutes.
+func (c config) measures() bool {
+	return c.full || c.peers || c.quick || c.run != "" || c.svg != ""
+}
+
+// scenarioErr is the run's error: cut short, or a scenario whose invariant
+// did not hold.
+func scenarioErr(ctx context.Context, rep *report) error {
 	if err := ctx.Err(); err != nil {
-		return rep, fmt.Errorf("run cut short: %w", err)
+		return fmt.Errorf("run cut short: %w", err)
 	}
 	for _, sc := range rep.Scenarios {
 		if !sc.OK {
-			return rep, fmt.Errorf("%w: %s", errScenario, sc.Name)
+			return fmt.Errorf("%w: %s", errScenario, sc.Name)
 		}
 	}
-	return rep, nil
+	return nil
 }
 
 // notes are the caveats a reader of the numbers needs, printed under the

@@ -37,6 +37,7 @@ type result struct {
 	Errors      int64         `json:"errors"`
 	OpsPerSec   float64       `json:"ops_per_sec"`
 	P50         time.Duration `json:"p50_ns"`
+	P90         time.Duration `json:"p90_ns"`
 	P99         time.Duration `json:"p99_ns"`
 	AllocsPerOp float64       `json:"allocs_per_op"`
 	// ClientCPU and ServerCPU are the CPU time per operation of this
@@ -181,7 +182,7 @@ func summarize[T any](w workload[T], entries []*entry[T]) []result {
 		m := median(e.samples, w.judge)
 		r.Ops, r.Errors = m.ops, m.errs
 		r.OpsPerSec = m.opsPerSec()
-		r.P50, r.P99 = m.lat.quantile(0.50), m.lat.quantile(0.99)
+		r.P50, r.P90, r.P99 = m.lat.quantile(0.50), m.lat.quantile(0.90), m.lat.quantile(0.99)
 		r.AllocsPerOp = m.allocsPerOp()
 		cpu := m.cpuPerOp()
 		r.ClientCPU = cpu.client

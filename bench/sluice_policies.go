@@ -110,7 +110,7 @@ func policyRatio(results []result) string {
 	x := two.OpsPerSec / one.OpsPerSec
 	verdict := "met"
 	if x < 0.9 {
-		verdict = "NOT met"
+		verdict = "not met"
 	}
 	var per []float64
 	for i := range min(len(one.RoundsOpsPS), len(two.RoundsOpsPS)) {
