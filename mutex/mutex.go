@@ -854,7 +854,7 @@ func (m *Mutex) lossUnacked() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.unacked {
-		return m.err
+		return fmt.Errorf("%w (Unlock releases it)", m.err)
 	}
 	return nil
 }

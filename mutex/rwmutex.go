@@ -340,7 +340,7 @@ func (rw *RWMutex) lossUnacked() error {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
 	if rw.w.unacked || rw.r.unacked {
-		return rw.err
+		return fmt.Errorf("%w (Unlock or RUnlock releases it)", rw.err)
 	}
 	return nil
 }
