@@ -154,9 +154,9 @@ func (w *world) inject(ctx context.Context, s schedule, tolerant bool) map[strin
 		}
 		at := time.Now()
 		if err := w.apply(ctx, f); err != nil {
-			if tolerant {
-				// The operator's command met a fault of the main
-				// schedule (a stopped server): it did not happen.
+			if tolerant || f.res != "" {
+				// The operator's command met a fault (a stopped server,
+				// a connection a restart broke): it did not happen.
 				continue
 			}
 			w.hist.violation("fault %s could not be injected: %v", f.kind, err)
@@ -211,15 +211,21 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	case "restart":
 		done := w.hist.operator("", "restart")
 		err = w.srv.Restart()
-		done()
+		if err == nil {
+			done() // an action that failed removed nothing
+		}
 	case "flushall":
 		done := w.hist.operator("", "FLUSHALL")
 		_, err = w.srv.Do("FLUSHALL")
-		done()
+		if err == nil {
+			done() // an action that failed removed nothing
+		}
 	case "del":
 		done := w.hist.operator(f.res, "DEL of its keys")
 		err = w.delKeys(f.res)
-		done()
+		if err == nil {
+			done() // an action that failed removed nothing
+		}
 	case "wrongtype":
 		done := w.hist.operator(f.res, "SET of its key to a string")
 		for _, k := range holderKeys(f.res) {
@@ -227,11 +233,15 @@ func (w *world) apply(ctx context.Context, f fault) error {
 				break
 			}
 		}
-		done()
+		if err == nil {
+			done() // an action that failed removed nothing
+		}
 	case "forceunlock":
 		done := w.hist.operator(f.res, "ForceUnlock")
 		err = w.forceUnlock(ctx, f.res)
-		done()
+		if err == nil {
+			done() // an action that failed removed nothing
+		}
 	case "close":
 		if f.length > 0 {
 			// Close while the server has stopped answering: Close must

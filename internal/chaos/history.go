@@ -102,7 +102,7 @@ func (h *history) violationLocked(format string, args ...any) {
 
 // operator records an action that removes holds behind their holders'
 // backs. It is called before the action is sent and returns a function to
-// call once it has been done: every hold of res (every hold, for "")
+// call once it has been done (not if it failed): every hold of res (every hold, for "")
 // in progress all that while is owed a loss signal by the end of the
 // hold. A hold that started or ended meanwhile may have come before or
 // after the action on the server; begin's incidents cover those.

@@ -12,6 +12,7 @@ type wait struct {
 	res       string
 	weight    int64
 	call, ret time.Time
+	state     string // the resource's keys in Redis when it gave up
 }
 
 func (h *history) gaveUp(wt wait) {
@@ -41,8 +42,8 @@ func (h *history) checkLiveness(bound time.Duration) {
 		}
 		if gap, at := freeSpell(wt, byRes[wt.res], h.capacity[wt.res]); gap > bound {
 			h.mu.Lock()
-			h.violationLocked("liveness: %s %s waiter on %q (called %s) gave up after %v although it was free for %v from %s, with no fault in force",
-				wt.note, wt.kind, wt.res, h.since(wt.call), wt.ret.Sub(wt.call).Round(time.Millisecond), gap.Round(time.Millisecond), h.since(at))
+			h.violationLocked("liveness: %s %s waiter on %q (called %s) gave up after %v although it was free for %v from %s, with no fault in force; Redis then:%s",
+				wt.note, wt.kind, wt.res, h.since(wt.call), wt.ret.Sub(wt.call).Round(time.Millisecond), gap.Round(time.Millisecond), h.since(at), wt.state)
 			var near []*hold
 			for _, x := range byRes[wt.res] {
 				if x.end.After(at.Add(-bound)) && x.start.Before(at.Add(gap+bound)) {

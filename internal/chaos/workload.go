@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluicekit/sluice/mutex"
@@ -149,7 +150,18 @@ func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 // the liveness check; not those cut short by the end of the workload.
 func (w *world) gaveUp(ctx context.Context, kind, note, res string, weight int64, call time.Time, err error) {
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-		w.hist.gaveUp(wait{kind: kind, note: note, res: res, weight: weight, call: call, ret: time.Now()})
+		ret := time.Now()
+		// What Redis says of the resource now, for the report if the
+		// liveness check finds the wait unexplained.
+		var state string
+		if !w.hist.faultNear(call, ret, 0) {
+			for _, k := range holderKeys(res) {
+				v, _ := w.srv.Do("HGETALL", k)
+				ttl, _ := w.srv.Do("PTTL", k)
+				state += fmt.Sprintf(" %s={%s} pttl %s;", k, strings.ReplaceAll(v, "\n", " "), ttl)
+			}
+		}
+		w.hist.gaveUp(wait{kind: kind, note: note, res: res, weight: weight, call: call, ret: ret, state: state})
 	}
 }
 
