@@ -18,9 +18,10 @@ type hold struct {
 	res    string // the resource: a lock name or a semaphore name
 	owner  string // holds of one owner (a Mutex value) never conflict
 	node   int
-	weight int64  // permits; 1 for locks
-	token  int64  // fencing token, 0 where there is none
-	note   string // fair or plain, for reports
+	weight int64    // permits; 1 for locks
+	token  int64    // fencing token, 0 where there is none
+	note   string   // fair or plain, for reports
+	set    []string // a MultiMutex member's: every name of the set, whose losses are the set's
 
 	call, start, end time.Time // acquisition called, returned; release called
 	ended            bool
@@ -138,6 +139,20 @@ func (h *history) fault(from, to time.Time, what, res string) {
 	h.mu.Lock()
 	h.faults = append(h.faults, faultSpan{from, to, what, res})
 	h.mu.Unlock()
+}
+
+// setLossExplainedLocked is lossExplainedLocked for x's resource, or for
+// any name of x's set: a member's loss is the whole set's.
+func (h *history) setLossExplainedLocked(x *hold, to time.Time) bool {
+	if h.lossExplainedLocked(x.res, x.call, to) {
+		return true
+	}
+	for _, res := range x.set {
+		if h.lossExplainedLocked(res, x.call, to) {
+			return true
+		}
+	}
+	return false
 }
 
 // lossExplainedLocked reports whether a fault that can make res's holds
@@ -304,7 +319,7 @@ func (h *history) end(x *hold, told bool, how string) {
 		x.told, x.toldHow = true, how
 	}
 	h.events = append(h.events, event{at: time.Now(), hold: x.id, what: fmt.Sprintf("%s %s end: told=%v %s", x.kind, x.res, x.told, how)})
-	if x.told && !x.owed && x.toldHow != "" && !h.lossExplainedLocked(x.res, x.call, time.Now()) {
+	if x.told && !x.owed && x.toldHow != "" && !h.setLossExplainedLocked(x, time.Now()) {
 		// A loss nothing explains: a false loss is no safety violation,
 		// but it is a bug (a batch renewal that failed for another's
 		// key, say), and it makes holders give up work for nothing.

@@ -310,7 +310,7 @@ func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	tokens := mm.Tokens()
 	var xs []*hold
 	for i, name := range mm.Names() {
-		x := &hold{kind: "set", res: name, owner: id, node: n.i, weight: 1, token: tokens[i], note: note, call: call, start: start,
+		x := &hold{kind: "set", res: name, set: ns, owner: id, node: n.i, weight: 1, token: tokens[i], note: note, call: call, start: start,
 			lost: func() bool { return closed(mm.Lost()) }}
 		w.hist.begin(x)
 		xs = append(xs, x)
