@@ -140,7 +140,7 @@ func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	if rng.IntN(3) == 0 {
 		w.nested(ctx, x, m.Lost(), m.Lock, m.Unlock)
 	}
-	w.release(x, func(c context.Context) error { return m.Unlock(c) }, func() bool { return m.Err() != nil }, mutexErrs)
+	w.release(x, m.Unlock, func() bool { return m.Err() != nil }, mutexErrs)
 }
 
 // gaveUp records a blocking acquisition that ended with its context, for
@@ -168,9 +168,28 @@ func (w *world) nested(ctx context.Context, x *hold, lost <-chan struct{}, lock,
 		w.hist.nestedAfterLoss(x)
 	}
 	rctx, rcancel := w.releaseCtx()
-	defer rcancel()
-	if err := unlock(rctx); err != nil {
-		w.expected("nested Unlock", call, err, mutexErrs...)
+	err = unlock(rctx)
+	rcancel()
+	w.expected("nested Unlock", call, err, mutexErrs...)
+	w.retryRelease("nested Unlock", err, unlock, mutexErrs)
+}
+
+// retryRelease calls unlock again after a release failed otherwise than
+// with ErrNotHeld (the reply was lost, the slot was moving), as the README
+// tells a caller to: the hold is still counted (and, for a lock, renewed),
+// and a retry never gives back two. It gives up after a few leases.
+func (w *world) retryRelease(op string, err error, unlock func(context.Context) error, allowed []error) {
+	for range 8 {
+		if err == nil || errors.Is(err, mutex.ErrNotHeld) || errors.Is(err, semaphore.ErrNotHeld) {
+			return
+		}
+		time.Sleep(w.cfg.Lease / 8)
+		w.count("release.retry")
+		rctx, cancel := w.releaseCtx()
+		call := time.Now()
+		err = unlock(rctx)
+		cancel()
+		w.expected(op+" (retried)", call, err, allowed...)
 	}
 }
 
@@ -194,6 +213,7 @@ func (w *world) release(x *hold, unlock func(context.Context) error, errSet func
 		how = "Err set before Unlock"
 	}
 	w.hist.end(x, knew || err != nil, how)
+	w.retryRelease(x.kind+" release", err, unlock, allowed)
 }
 
 func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string) {
@@ -226,6 +246,10 @@ func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string)
 	}
 	w.expected("Mutex.Do", call, err, mutexErrs...)
 	w.hist.end(x, err != nil, "Do: "+fmt.Sprint(err))
+	if m.Holds() > 0 {
+		// Do's Unlock failed and left the hold counted: give it back.
+		w.retryRelease("Mutex.Do", err, m.Unlock, mutexErrs)
+	}
 }
 
 func (w *world) rwOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
@@ -314,6 +338,7 @@ func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	for _, x := range xs {
 		w.hist.end(x, knew || err != nil, "set Unlock: "+fmt.Sprint(err))
 	}
+	w.retryRelease("MultiMutex.Unlock", err, mm.Unlock, mutexErrs)
 }
 
 func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
