@@ -215,7 +215,7 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	case "sigstop":
 		if err = srv.Pause(); err == nil {
 			hold()
-			err = srv.Resume()
+			err = w.resume(srv)
 		}
 	case "restart":
 		done := w.hist.operator("", "restart")
@@ -254,7 +254,7 @@ func (w *world) apply(ctx context.Context, f fault) error {
 				break
 			}
 			w.closeNode(nd, "with calls in flight to a stopped server")
-			err = srv.Resume()
+			err = w.resume(srv)
 		} else {
 			w.closeNode(nd, "with calls in flight")
 		}
@@ -265,6 +265,17 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	// restart): it is in force until a lease after it really ended.
 	w.hist.fault(from, time.Now().Add(w.cfg.Lease), f.kind)
 	return err
+}
+
+// resume continues a stopped server. On a cluster it waits until every
+// node says the cluster is ok again: a node stopped past the node timeout
+// is marked failed, and the cluster refuses commands until that clears;
+// the fault is in force until then.
+func (w *world) resume(srv *redistest.Server) error {
+	if err := srv.Resume(); err != nil || w.cl == nil {
+		return err
+	}
+	return w.cl.WaitOK(30 * time.Second)
 }
 
 // heal undoes every fault at the end of the workload.

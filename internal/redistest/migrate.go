@@ -1,10 +1,12 @@
 package redistest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Owner returns the master that owns slot, as node 0 of the cluster sees
@@ -135,4 +137,24 @@ func migrateKeys(from, to *Server, slot string, batch int, between func()) error
 			return fmt.Errorf("redistest: migrate %v: %w", keys, err)
 		}
 	}
+}
+
+// WaitOK waits until every node reports cluster_state:ok, as after a node
+// stopped for a while comes back (if it was stopped past the node
+// timeout, the others marked it failed and refuse every command until
+// they clear that).
+func (c *Cluster) WaitOK(timeout time.Duration) error {
+	var info string
+	if !WaitFor(context.Background(), timeout, func() bool {
+		for _, n := range c.Nodes {
+			var err error
+			if info, err = n.Do("CLUSTER", "INFO"); err != nil || !strings.Contains(info, "cluster_state:ok") {
+				return false
+			}
+		}
+		return true
+	}) {
+		return fmt.Errorf("redistest: cluster not ok after %v: %s", timeout, info)
+	}
+	return nil
 }
