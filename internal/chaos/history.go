@@ -273,6 +273,16 @@ func (h *history) releasing(x *hold, at time.Time) {
 	}
 }
 
+// tell records that x's holder was told of a loss while it held x. Other
+// holders' begin reads told under h.mu, so it is written under it too.
+func (h *history) tell(x *hold, how string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !x.told {
+		x.told, x.toldHow = true, how
+	}
+}
+
 // end records what the release of x reported: told says whether it (or
 // the holder's state before it) reported a loss, how says how. A hold an
 // operator removed must have been told by now.

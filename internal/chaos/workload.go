@@ -235,7 +235,7 @@ func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string)
 		w.hist.begin(x)
 		w.holdFor(ctx, rng)
 		if closed(fctx.Done()) && errors.Is(context.Cause(fctx), mutex.ErrLost) {
-			x.told, x.toldHow = true, "fn's context ended with the loss"
+			w.hist.tell(x, "fn's context ended with the loss")
 		}
 		w.hist.releasing(x, time.Now())
 		return nil
