@@ -165,6 +165,11 @@ func (w *world) inject(ctx context.Context, s schedule) map[string]int {
 			return n
 		case <-time.After(time.Until(start.Add(f.at))):
 		}
+		if ctx.Err() != nil {
+			// Both were ready (the previous fault ran past the end):
+			// select chose at random.
+			return n
+		}
 		at := time.Now()
 		if err := w.apply(ctx, f); err != nil {
 			w.hist.violation("fault %s could not be injected: %v", f.kind, err)
@@ -345,7 +350,8 @@ func (w *world) delKeys(res string) error {
 }
 
 func (w *world) forceUnlock(ctx context.Context, res string) error {
-	fctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+	// The workload's end does not cut short an operator's call.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Lease)
 	defer cancel()
 	switch {
 	case strings.HasPrefix(res, "rw"):
