@@ -61,11 +61,18 @@ type history struct {
 	waits     []wait
 }
 
+// An opEvent is an operator action: it may take effect on the server at
+// any time from at (before it was sent) to end (once it was done; zero
+// while in progress). A FLUSHALL of a cluster reaches its masters one after
+// another, so holds granted after at may still be removed by it.
 type opEvent struct {
-	at   time.Time
-	res  string // "" touches every resource
-	what string
+	at, end time.Time
+	res     string // "" touches every resource
+	what    string
 }
+
+// since reports whether o may have taken effect at or after t.
+func (o opEvent) since(t time.Time) bool { return o.end.IsZero() || !o.end.Before(t) }
 
 type faultSpan struct {
 	from, to time.Time
@@ -106,6 +113,7 @@ func (h *history) violationLocked(format string, args ...any) {
 func (h *history) operator(res, what string) (done func()) {
 	h.mu.Lock()
 	now := time.Now()
+	i := len(h.ops)
 	h.ops = append(h.ops, opEvent{at: now, res: res, what: what})
 	var before []*hold
 	for r, hs := range h.active {
@@ -117,6 +125,7 @@ func (h *history) operator(res, what string) (done func()) {
 	return func() {
 		h.mu.Lock()
 		defer h.mu.Unlock()
+		h.ops[i].end = time.Now()
 		for _, x := range before {
 			if !x.ended {
 				x.owed = true
@@ -145,11 +154,11 @@ func (h *history) faultNear(from, to time.Time, slack time.Duration) bool {
 	return false
 }
 
-// operatorSince reports whether an operator action touched res (or every
-// resource) at or after t. Called with h.mu held.
+// operatorSince reports whether an operator action may have touched res
+// (or every resource) at or after t. Called with h.mu held.
 func (h *history) operatorSinceLocked(res string, t time.Time) bool {
 	for _, o := range h.ops {
-		if (o.res == "" || o.res == res) && !o.at.Before(t) {
+		if (o.res == "" || o.res == res) && o.since(t) {
 			return true
 		}
 	}
