@@ -9,6 +9,7 @@ import (
 type wait struct {
 	kind      string // "mutex", "write", "read", "permit"
 	res       string
+	who       string // the waiter, for reports
 	weight    int64
 	call, ret time.Time
 }
@@ -40,8 +41,8 @@ func (h *history) checkLiveness(bound time.Duration) {
 		}
 		if gap, at := freeSpell(wt, byRes[wt.res], h.capacity[wt.res]); gap > bound {
 			h.mu.Lock()
-			h.violationLocked("liveness: %s waiter on %q (called %s) gave up after %v although it was free for %v from %s, with no fault in force",
-				wt.kind, wt.res, h.since(wt.call), wt.ret.Sub(wt.call).Round(time.Millisecond), gap.Round(time.Millisecond), h.since(at))
+			h.violationLocked("liveness: %s waiter %s on %q (called %s) gave up after %v although it was free for %v from %s, with no fault in force",
+				wt.kind, wt.who, wt.res, h.since(wt.call), wt.ret.Sub(wt.call).Round(time.Millisecond), gap.Round(time.Millisecond), h.since(at))
 			var near []*hold
 			for _, x := range byRes[wt.res] {
 				if x.end.After(at.Add(-bound)) && x.start.Before(at.Add(gap+bound)) {

@@ -129,7 +129,7 @@ func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	if err != nil {
 		w.expected("Mutex.Lock", call, err, mutexErrs...)
 		if !try {
-			w.gaveUp(ctx, "mutex", name, 1, call, err)
+			w.gaveUp(ctx, "mutex", name, id+" "+note+" node "+strconv.Itoa(n.i), 1, call, err)
 		}
 		return
 	}
@@ -145,9 +145,9 @@ func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 
 // gaveUp records a blocking acquisition that ended with its context, for
 // the liveness check; not those cut short by the end of the workload.
-func (w *world) gaveUp(ctx context.Context, kind, res string, weight int64, call time.Time, err error) {
+func (w *world) gaveUp(ctx context.Context, kind, res, who string, weight int64, call time.Time, err error) {
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-		w.hist.gaveUp(wait{kind: kind, res: res, weight: weight, call: call, ret: time.Now()})
+		w.hist.gaveUp(wait{kind: kind, res: res, who: who, weight: weight, call: call, ret: time.Now()})
 	}
 }
 
@@ -273,7 +273,7 @@ func (w *world) rwOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 	cancel()
 	if err != nil {
 		w.expected("RWMutex."+kind, call, err, mutexErrs...)
-		w.gaveUp(ctx, kind, name, 1, call, err)
+		w.gaveUp(ctx, kind, name, id+" "+note+" node "+strconv.Itoa(n.i), 1, call, err)
 		return
 	}
 	var token int64
@@ -367,7 +367,7 @@ func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 	if err != nil {
 		w.expected("Semaphore.Acquire", call, err, semErrs...)
 		if !try {
-			w.gaveUp(ctx, "permit", name, weight, call, err)
+			w.gaveUp(ctx, "permit", name, "a "+note+" Acquire of node "+strconv.Itoa(n.i), weight, call, err)
 		}
 		return
 	}
