@@ -59,6 +59,7 @@ type history struct {
 	viol      []string
 	incidents []incident
 	waits     []wait
+	partials  []*hold // MultiMutex Locks that may have held a name (liveness)
 }
 
 // An opEvent is an operator action: it may take effect on the server at

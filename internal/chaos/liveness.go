@@ -14,6 +14,15 @@ type wait struct {
 	call, ret time.Time
 }
 
+// partial records that a MultiMutex's Lock, from call to ret, may have
+// held res while it waited for a later name of its set: no hold of the
+// API's, but a waiter on res may wait for it.
+func (h *history) partial(res string, call, ret time.Time) {
+	h.mu.Lock()
+	h.partials = append(h.partials, &hold{kind: "set", res: res, call: call, start: call, end: ret, ended: true})
+	h.mu.Unlock()
+}
+
 func (h *history) gaveUp(wt wait) {
 	h.mu.Lock()
 	h.waits = append(h.waits, wt)
@@ -24,7 +33,7 @@ func (h *history) gaveUp(wt wait) {
 // stayed free for longer than bound while they waited, with no fault in
 // force around the wait: a release that woke nobody, a lost hand-off. A
 // lock is free for a waiter while no hold of it (no write hold, for a
-// reader) is in progress; a semaphore while at least 2 permits (the
+// reader) is in progress and no MultiMutex Lock may hold it (partial); a semaphore while at least 2 permits (the
 // heaviest request) are free. Hand-offs take time, so only a free spell
 // longer than bound counts.
 func (h *history) checkLiveness(bound time.Duration) {
@@ -34,12 +43,16 @@ func (h *history) checkLiveness(bound time.Duration) {
 	for _, x := range h.done {
 		byRes[x.res] = append(byRes[x.res], x)
 	}
+	partials := map[string][]*hold{}
+	for _, x := range h.partials {
+		partials[x.res] = append(partials[x.res], x)
+	}
 	h.mu.Unlock()
 	for _, wt := range waits {
 		if h.faultNear(wt.call, wt.ret, 0) {
 			continue
 		}
-		if gap, at := freeSpell(wt, byRes[wt.res], h.capacity[wt.res]); gap > bound {
+		if gap, at := freeSpell(wt, slices.Concat(byRes[wt.res], partials[wt.res]), h.capacity[wt.res]); gap > bound {
 			h.mu.Lock()
 			h.violationLocked("liveness: %s waiter %s on %q (called %s) gave up after %v although it was free for %v from %s, with no fault in force",
 				wt.kind, wt.who, wt.res, h.since(wt.call), wt.ret.Sub(wt.call).Round(time.Millisecond), gap.Round(time.Millisecond), h.since(at))

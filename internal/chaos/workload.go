@@ -309,6 +309,12 @@ func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	call := time.Now()
 	err = mm.Lock(actx)
 	cancel()
+	// While it waits for a name, a set holds the names before it in its
+	// order: those may keep other waiters out with no hold on record.
+	members := mm.Names()
+	for _, name := range members[:len(members)-1] {
+		w.hist.partial(name, call, time.Now())
+	}
 	if err != nil {
 		w.expected("MultiMutex.Lock", call, err, mutexErrs...)
 		return
