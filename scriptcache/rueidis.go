@@ -223,12 +223,13 @@ func aborted(res []rueidis.RedisResult) bool {
 	return false
 }
 
-// LoadScripts pipelines the loads per node.
+// LoadScripts pipelines the loads per node. Each node gets commands of
+// its own: DoMulti returns when ctx ends, while a node that has not
+// answered may still hold the commands it was given.
 func (r rueidisClient) LoadScripts(ctx context.Context, bodies ...string) error {
-	cmds := make(rueidis.Commands, 0, len(bodies))
 	var errs []error
 	for _, node := range r.c.Nodes() {
-		cmds = cmds[:0]
+		cmds := make(rueidis.Commands, 0, len(bodies))
 		for _, b := range bodies {
 			cmds = append(cmds, node.B().ScriptLoad().Script(b).Build())
 		}

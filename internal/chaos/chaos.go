@@ -1,7 +1,9 @@
 // Package chaos is sluice's randomized fault harness: from a seed it runs a
 // mixed workload over the public API of every primitive, on several
-// clients of one real redis-server, while it injects faults (network,
-// server, operator mistakes), and checks what the API reported against
+// clients of one real redis-server or of a 3-master Redis Cluster, on
+// rueidis or on another client (Config.Client), while it injects faults
+// (network, server, operator mistakes, a slot migrating under load), and
+// checks what the API reported against
 // an oracle written from the README's guarantees, not from the
 // implementation:
 //
@@ -28,6 +30,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -40,6 +43,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/sluicekit/sluice/internal/faultproxy"
+	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/mutex"
 	"github.com/sluicekit/sluice/ratelimit"
@@ -58,8 +62,18 @@ type Config struct {
 	// signals the moment a conflicting hold starts, so the margin must
 	// cover the worst timer lateness of a loaded machine: 2 s gives 200 ms.
 	Lease time.Duration
-	// Faults lists the fault kinds to draw from; nil means all.
+	// Faults lists the fault kinds to draw from; nil means all of the
+	// menu (AllFaults, or ClusterFaults on a cluster).
 	Faults []string
+	// Cluster runs the workload on a 3-master Redis Cluster of the run's
+	// own instead of one server. No fault proxy can sit in front of a
+	// cluster (its redirections name the nodes' real addresses), so its
+	// menu has no network faults; it has slot migrations instead.
+	Cluster bool
+	// Client builds the script cache of one node on a client of addrs
+	// (a single server's fault proxy, or every node of a cluster) and
+	// returns a function that closes that client. nil means rueidis.
+	Client func(ctx context.Context, addrs []string, cluster bool) (*scriptcache.Cache, func(), error)
 	// Logf reports progress and the schedule (t.Logf).
 	Logf func(format string, args ...any)
 }
@@ -96,7 +110,8 @@ const (
 // world is what one run works on.
 type world struct {
 	cfg   Config
-	srv   *redistest.Server
+	srv   *redistest.Server  // the single server, nil on a cluster
+	cl    *redistest.Cluster // the cluster, nil on a single server
 	hist  *history
 	lim   *limitLog
 	nodes []*node
@@ -112,18 +127,18 @@ type world struct {
 // node is one client of the server with its own primitives, as one process
 // of a fleet would have.
 type node struct {
-	i        int
-	proxy    *faultproxy.Proxy
-	client   rueidis.Client
-	sc       *scriptcache.Cache
-	locks    *mutex.Locker
-	fair     *mutex.Locker
-	sems     *semaphore.Manager
-	fairSems *semaphore.Manager
-	limiters []*ratelimit.Limiter
-	routes   httpRoutes
-	closed   atomic.Bool
-	once     sync.Once
+	i           int
+	proxy       *faultproxy.Proxy
+	closeClient func()
+	sc          *scriptcache.Cache
+	locks       *mutex.Locker
+	fair        *mutex.Locker
+	sems        *semaphore.Manager
+	fairSems    *semaphore.Manager
+	limiters    []*ratelimit.Limiter
+	routes      httpRoutes
+	closed      atomic.Bool
+	once        sync.Once
 }
 
 // Run runs one seed and returns its report. The caller fails the test on
@@ -141,8 +156,21 @@ func Run(t testing.TB, cfg Config) Report {
 	if cfg.Logf == nil {
 		cfg.Logf = t.Logf
 	}
-	w := &world{cfg: cfg, srv: redistest.NewServer(t, "--enable-debug-command", "local"),
-		hist: newHistory(), lim: newLimitLog(), ops: map[string]int{}}
+	if cfg.Client == nil {
+		cfg.Client = rueidisClient
+	}
+	w := &world{cfg: cfg, hist: newHistory(), lim: newLimitLog(), ops: map[string]int{}}
+	if cfg.Cluster {
+		redistest.Skip(t)
+		cl, err := redistest.StartCluster(3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.Stop)
+		w.cl = cl
+	} else {
+		w.srv = redistest.NewServer(t, "--enable-debug-command", "local")
+	}
 	for i := range semNames {
 		w.hist.capacity["s"+strconv.Itoa(i)] = semCap
 	}
@@ -191,35 +219,36 @@ func Run(t testing.TB, cfg Config) Report {
 	w.lim.checkWindows(w.hist)
 
 	r := Report{Seed: cfg.Seed, Ops: w.ops, Holds: w.hist.holdsBy(), Faults: faults,
-		Schedule: append(sched.lines(w.hist), opSched.lines(w.hist)...), CloseTook: w.closeTook}
+		Schedule: append(sched.lines(w.cl != nil), opSched.lines(w.cl != nil)...), CloseTook: w.closeTook}
 	w.hist.mu.Lock()
 	r.Violations = append(r.Violations, w.hist.viol...)
 	w.hist.mu.Unlock()
 	return r
 }
 
+// newNode starts node i: behind a fault proxy of its own if proxied (on
+// a single server only).
 func (w *world) newNode(t testing.TB, i int, proxied bool) *node {
 	n := &node{i: i}
-	addr := w.srv.Addr()
-	if proxied {
-		p, err := faultproxy.New(addr)
-		if err != nil {
-			t.Fatal(err)
+	var addrs []string
+	if w.cl != nil {
+		addrs = w.cl.Addrs()
+	} else {
+		addrs = []string{w.srv.Addr()}
+		if proxied {
+			p, err := faultproxy.New(addrs[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.proxy = p
+			addrs[0] = p.Addr()
 		}
-		n.proxy = p
-		addr = p.Addr()
 	}
-	c, err := rueidis.NewClient(rueidis.ClientOption{
-		InitAddress:  []string{addr},
-		DisableCache: true,
-		Dialer:       dialer(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.client = c
-	ctx := context.Background()
-	if n.sc, err = scriptcache.New(ctx, c); err != nil {
+	var err error
+	if n.sc, n.closeClient, err = w.cfg.Client(context.Background(), addrs, w.cl != nil); err != nil {
+		if n.proxy != nil {
+			n.proxy.Close()
+		}
 		t.Fatal(err)
 	}
 	lease := w.cfg.Lease
@@ -244,6 +273,25 @@ func (w *world) newNode(t testing.TB, i int, proxied bool) *node {
 	}
 	w.newRoutes(t, n)
 	return n
+}
+
+// rueidisClient is Config.Client's default: a rueidis client of addrs,
+// without client-side caching (the scripts make no use of it).
+func rueidisClient(ctx context.Context, addrs []string, _ bool) (*scriptcache.Cache, func(), error) {
+	c, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress:  addrs,
+		DisableCache: true,
+		Dialer:       dialer(),
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	sc, err := scriptcache.New(ctx, c)
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return sc, c.Close, nil
 }
 
 func limiterSpecs(lease time.Duration) []limiterSpec {
@@ -272,7 +320,7 @@ func (n *node) closeOnce() (took time.Duration) {
 	wg.Go(n.fairSems.Close)
 	wg.Wait()
 	took = time.Since(start)
-	n.client.Close()
+	n.closeClient()
 	if n.proxy != nil {
 		n.proxy.Close()
 	}
@@ -307,29 +355,44 @@ func (w *world) count(op string) {
 func (w *world) checkQuiet(t testing.TB) {
 	deadline := 3 * w.cfg.Lease
 	ok := redistest.WaitFor(context.Background(), deadline, func() bool {
-		return w.heldKeys() == ""
+		return w.heldKeys(false) == ""
 	})
 	if !ok {
-		left := w.heldKeys()
+		left := w.heldKeys(true)
 		w.hist.violation("held after every holder released and %v passed: %s", deadline, left)
 		w.hist.noteLastHolds(left)
 	}
 }
 
-// heldKeys lists the lock hashes and permit sets left in Redis.
-func (w *world) heldKeys() string {
+// heldKeys lists the lock hashes and permit sets left in Redis, with their
+// TTLs and contents if detail is set.
+func (w *world) heldKeys(detail bool) string {
 	var left []string
-	for _, pattern := range []string{"sluice:mutex:{*}", "sluice:sem:{*}"} {
-		out, err := w.srv.Do("KEYS", pattern)
-		if err != nil {
-			return "KEYS failed: " + err.Error()
-		}
-		for k := range strings.FieldsSeq(out) {
-			typ, _ := w.srv.Do("TYPE", k)
-			if typ == "string" {
-				continue // an operator's wrong-typed key, with a TTL
+	for _, srv := range w.servers() {
+		for _, pattern := range []string{"sluice:mutex:{*}", "sluice:sem:{*}"} {
+			out, err := srv.Do("KEYS", pattern)
+			if err != nil {
+				return "KEYS failed: " + err.Error()
 			}
-			left = append(left, k+" ("+typ+")")
+			for k := range strings.FieldsSeq(out) {
+				typ, _ := srv.Do("TYPE", k)
+				if typ == "string" {
+					continue // an operator's wrong-typed key, with a TTL
+				}
+				if !detail {
+					left = append(left, k)
+					continue
+				}
+				ttl, _ := srv.Do("PTTL", k)
+				var body string
+				switch typ {
+				case "hash":
+					body, _ = srv.Do("HGETALL", k)
+				case "zset":
+					body, _ = srv.Do("ZRANGE", k, "0", "-1", "WITHSCORES")
+				}
+				left = append(left, fmt.Sprintf("%s (%s, PTTL %s on %s: %s)", k, typ, ttl, srv.Addr(), strings.ReplaceAll(body, "\n", " ")))
+			}
 		}
 	}
 	return strings.Join(left, ", ")
@@ -339,11 +402,49 @@ func (w *world) heldKeys() string {
 // lease of anything (a queue entry's, a tombstone's) and a margin.
 func (w *world) checkKeysExpire() {
 	ok := redistest.WaitFor(context.Background(), 4*w.cfg.Lease, func() bool {
-		out, err := w.srv.Do("DBSIZE")
-		return err == nil && strings.TrimSpace(out) == "0"
+		for _, srv := range w.servers() {
+			out, err := srv.Do("DBSIZE")
+			if err != nil || strings.TrimSpace(out) != "0" {
+				return false
+			}
+		}
+		return true
 	})
 	if !ok {
-		keys, _ := w.srv.Do("KEYS", "*")
-		w.hist.violation("keys left %v after every Close: %s", 4*w.cfg.Lease, strings.ReplaceAll(keys, "\n", " "))
+		var keys []string
+		for _, srv := range w.servers() {
+			out, _ := srv.Do("KEYS", "*")
+			keys = append(keys, strings.Fields(out)...)
+		}
+		w.hist.violation("keys left %v after every Close: %s", 4*w.cfg.Lease, strings.Join(keys, " "))
 	}
+}
+
+// servers are the redis-servers of the run: the single server, or the
+// cluster's masters.
+func (w *world) servers() []*redistest.Server {
+	if w.cl != nil {
+		return w.cl.Nodes
+	}
+	return []*redistest.Server{w.srv}
+}
+
+// owner returns the server that holds key: on a cluster, the master that
+// owns its slot now.
+func (w *world) owner(key string) (*redistest.Server, error) {
+	if w.cl == nil {
+		return w.srv, nil
+	}
+	return w.cl.Owner(int(keyspace.Slot(key)))
+}
+
+// doAll sends one command to every server.
+func (w *world) doAll(args ...string) error {
+	var errs []error
+	for _, srv := range w.servers() {
+		if _, err := srv.Do(args...); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", srv.Addr(), err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -10,6 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicekit/sluice/internal/keyspace"
+	"github.com/sluicekit/sluice/internal/redistest"
 )
 
 // Every fault kind the harness can inject.
@@ -20,12 +23,26 @@ var AllFaults = []string{
 	"close", // Close of a node's Lockers and Managers with calls in flight
 }
 
+// ClusterFaults is the menu on a cluster: no fault proxy can sit in front
+// of one, so there are no network faults; server faults stop or pause one
+// node, SCRIPT FLUSH and FLUSHALL go to every node, the other operator
+// mistakes to the node that owns the resource's slot, and "migrate" moves
+// that slot, keys and all, to another master under load. A kill -9 of a
+// node is left out: it loses data and the cluster's configuration.
+var ClusterFaults = []string{
+	"scriptflush", "clientpause", "sigstop",
+	"del", "wrongtype", "forceunlock", "flushall",
+	"close", "migrate",
+}
+
 // fault is one entry of a schedule: at its offset from the start, kind
-// hits node (network faults, close) or res (operator faults) for length.
+// hits node (network faults, close), server (server faults on a cluster:
+// an index of its masters) or res (operator faults, migrate) for length.
 type fault struct {
 	at     time.Duration
 	kind   string
 	node   int
+	server int
 	res    string
 	length time.Duration
 	base   time.Duration // latency
@@ -43,9 +60,17 @@ const stormEnd = 0.6
 // overwrites or force-unlocks a resource every lease/8 to lease/2; once,
 // a node is closed while the server is stopped, with calls in flight.
 func (w *world) schedule(rng *rand.Rand) schedule {
+	menu := AllFaults
+	if w.cl != nil {
+		menu = ClusterFaults
+	}
 	kinds := w.cfg.Faults
 	if kinds == nil {
-		kinds = AllFaults
+		kinds = menu
+	}
+	kinds = slices.DeleteFunc(slices.Clone(kinds), func(k string) bool { return !slices.Contains(menu, k) })
+	if len(kinds) == 0 {
+		return nil
 	}
 	lease := w.cfg.Lease
 	span := func(lo, hi float64) time.Duration {
@@ -55,6 +80,11 @@ func (w *world) schedule(rng *rand.Rand) schedule {
 	var s schedule
 	for at := span(0.1, 0.5); at < storm; at += span(0.25, 1) {
 		f := fault{at: at, kind: kinds[rng.IntN(len(kinds))], node: rng.IntN(w.cfg.Nodes)}
+		if w.cl != nil {
+			// Drawn only on a cluster, so that a single server's
+			// schedules stay those its seeds always drew.
+			f.server = rng.IntN(len(w.cl.Nodes))
+		}
 		switch f.kind {
 		case "latency":
 			f.base, f.length = span(0.05, 1.6), span(0.5, 2)
@@ -68,6 +98,11 @@ func (w *world) schedule(rng *rand.Rand) schedule {
 			f.length = span(0.25, 1.5)
 		case "del", "wrongtype", "forceunlock":
 			f.res = resources[rng.IntN(len(resources))]
+		case "migrate":
+			// To f.server unless it owns the slot already (then the
+			// next master); each key waits length before it moves.
+			f.res = resources[rng.IntN(len(resources))]
+			f.length = span(0.02, 0.2)
 		case "close":
 			continue // placed below
 		}
@@ -115,11 +150,17 @@ var resources = func() []string {
 	return r
 }()
 
-func (s schedule) lines(h *history) []string {
+func (s schedule) lines(cluster bool) []string {
 	var out []string
 	for _, f := range s {
 		l := fmt.Sprintf("%.3fs %s", f.at.Seconds(), f.kind)
 		switch {
+		case f.kind == "migrate":
+			l += fmt.Sprintf(" %s to master %d (or the next), %v between keys", f.res, f.server, f.length.Round(time.Millisecond))
+		case cluster && (f.kind == "sigstop" || f.kind == "clientpause"):
+			l += fmt.Sprintf(" master %d for %v", f.server, f.length.Round(time.Millisecond))
+		case cluster && f.kind == "close" && f.length > 0:
+			l += fmt.Sprintf(" node %d while master %d is stopped", f.node, f.server)
 		case f.kind == "close" && f.length > 0:
 			l += fmt.Sprintf(" node %d while the server is stopped", f.node)
 		case f.res != "":
@@ -152,6 +193,11 @@ func (w *world) inject(ctx context.Context, s schedule, tolerant bool) map[strin
 			return n
 		case <-time.After(time.Until(start.Add(f.at))):
 		}
+		if ctx.Err() != nil {
+			// Both were ready (the previous fault ran past the end):
+			// select chose at random.
+			return n
+		}
 		at := time.Now()
 		if err := w.apply(ctx, f); err != nil {
 			if tolerant || f.res != "" {
@@ -176,6 +222,7 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	from := time.Now()
 	w.hist.fault(from, from.Add(f.length+w.cfg.Lease), f.kind, f.res)
 	nd := w.nodes[f.node]
+	srv := w.servers()[f.server] // the one stopped or paused
 	hold := func() {
 		select {
 		case <-ctx.Done():
@@ -199,14 +246,14 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	case "reset":
 		nd.proxy.ResetAll()
 	case "scriptflush":
-		_, err = w.srv.Do("SCRIPT", "FLUSH")
+		err = w.doAll("SCRIPT", "FLUSH")
 	case "clientpause":
-		_, err = w.srv.Do("CLIENT", "PAUSE", strconv.FormatInt(f.length.Milliseconds(), 10), "ALL")
+		_, err = srv.Do("CLIENT", "PAUSE", strconv.FormatInt(f.length.Milliseconds(), 10), "ALL")
 		hold()
 	case "sigstop":
-		if err = w.srv.Pause(); err == nil {
+		if err = srv.Pause(); err == nil {
 			hold()
-			err = w.srv.Resume()
+			err = w.resume(srv)
 		}
 	case "restart":
 		done := w.hist.operator("", "restart")
@@ -216,7 +263,7 @@ func (w *world) apply(ctx context.Context, f fault) error {
 		}
 	case "flushall":
 		done := w.hist.operator("", "FLUSHALL")
-		_, err = w.srv.Do("FLUSHALL")
+		err = w.doAll("FLUSHALL")
 		if err == nil {
 			done() // an action that failed removed nothing
 		}
@@ -229,7 +276,11 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	case "wrongtype":
 		done := w.hist.operator(f.res, "SET of its key to a string")
 		for _, k := range holderKeys(f.res) {
-			if _, err = w.srv.Do("SET", k, "operator", "PX", strconv.FormatInt(w.cfg.Lease.Milliseconds(), 10)); err != nil {
+			var owner *redistest.Server
+			if owner, err = w.owner(k); err != nil {
+				break
+			}
+			if _, err = owner.Do("SET", k, "operator", "PX", strconv.FormatInt(w.cfg.Lease.Milliseconds(), 10)); err != nil {
 				break
 			}
 		}
@@ -247,14 +298,16 @@ func (w *world) apply(ctx context.Context, f fault) error {
 			// Close while the server has stopped answering: Close must
 			// not wait for calls in flight to a server that never
 			// answers.
-			if err = w.srv.Pause(); err != nil {
+			if err = srv.Pause(); err != nil {
 				break
 			}
 			w.closeNode(nd, "with calls in flight to a stopped server")
-			err = w.srv.Resume()
+			err = w.resume(srv)
 		} else {
 			w.closeNode(nd, "with calls in flight")
 		}
+	case "migrate":
+		err = w.migrate(f)
 	}
 	// A fault can last longer than planned (a stalled Close, a slow
 	// restart): it is in force until a lease after it really ended.
@@ -262,15 +315,51 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	return err
 }
 
+// resume continues a stopped server. On a cluster it waits until every
+// node says the cluster is ok again: a node stopped past the node timeout
+// is marked failed, and the cluster refuses commands until that clears;
+// the fault is in force until then.
+func (w *world) resume(srv *redistest.Server) error {
+	if err := srv.Resume(); err != nil || w.cl == nil {
+		return err
+	}
+	return w.cl.WaitOK(30 * time.Second)
+}
+
 // heal undoes every fault at the end of the workload.
 func (w *world) heal() {
-	w.srv.Resume()
+	for _, srv := range w.servers() {
+		srv.Resume()
+	}
 	for _, n := range w.nodes {
+		if n.proxy == nil {
+			continue
+		}
 		n.proxy.SetLatency(0, 0)
 		n.proxy.Blackhole(false)
 		n.proxy.DropReplies(false)
 	}
-	w.srv.Do("CLIENT", "UNPAUSE")
+	w.doAll("CLIENT", "UNPAUSE")
+}
+
+// migrate moves the slot of f.res's hash tag to master f.server (or the
+// next one if that owns it), one key at a time with f.length before each,
+// so that calls meet ASK (a key already moved), TRYAGAIN (a script whose
+// keys are split between the two masters) and then MOVED. Keys move with
+// MIGRATE, which keeps their TTLs and takes them off the old owner at
+// once: no hold is removed, so this is no operator action, only a fault
+// whose errors are excused.
+func (w *world) migrate(f fault) error {
+	slot := int(keyspace.Slot(holderKeys(f.res)[0]))
+	from, err := w.cl.Owner(slot)
+	if err != nil {
+		return err
+	}
+	to := w.cl.Nodes[f.server]
+	if to == from {
+		to = w.cl.Nodes[(f.server+1)%len(w.cl.Nodes)]
+	}
+	return w.cl.MigrateSlot(slot, to, 1, func() { time.Sleep(f.length) })
 }
 
 // holderKeys are the keys that record a resource's holders: overwriting
@@ -285,8 +374,13 @@ func holderKeys(res string) []string {
 	return []string{"sluice:mutex:{" + res + "}"}
 }
 
+// delKeys deletes every key of res, on the server that owns its slot.
 func (w *world) delKeys(res string) error {
-	out, err := w.srv.Do("KEYS", "sluice:*{"+res+"}*")
+	srv, err := w.owner("{" + res + "}")
+	if err != nil {
+		return err
+	}
+	out, err := srv.Do("KEYS", "sluice:*{"+res+"}*")
 	if err != nil {
 		return err
 	}
@@ -294,12 +388,13 @@ func (w *world) delKeys(res string) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	_, err = w.srv.Do(append([]string{"DEL"}, keys...)...)
+	_, err = srv.Do(append([]string{"DEL"}, keys...)...)
 	return err
 }
 
 func (w *world) forceUnlock(ctx context.Context, res string) error {
-	fctx, cancel := context.WithTimeout(ctx, w.cfg.Lease)
+	// The workload's end does not cut short an operator's call.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Lease)
 	defer cancel()
 	switch {
 	case strings.HasPrefix(res, "rw"):

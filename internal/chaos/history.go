@@ -60,13 +60,21 @@ type history struct {
 	viol      []string
 	incidents []incident
 	waits     []wait
+	partials  []*hold // MultiMutex Locks that may have held a name (liveness)
 }
 
+// An opEvent is an operator action: it may take effect on the server at
+// any time from at (before it was sent) to end (once it was done; zero
+// while in progress). A FLUSHALL of a cluster reaches its masters one after
+// another, so holds granted after at may still be removed by it.
 type opEvent struct {
-	at, end time.Time // the action was sent from at, and done by end
+	at, end time.Time // the action was sent from at, and done by end (zero: not yet)
 	res     string    // "" touches every resource
 	what    string
 }
+
+// since reports whether o may have taken effect at or after t.
+func (o opEvent) since(t time.Time) bool { return o.end.IsZero() || !o.end.Before(t) }
 
 type faultSpan struct {
 	from, to time.Time
@@ -111,8 +119,7 @@ func (h *history) operator(res, what string) (done func()) {
 	h.mu.Lock()
 	now := time.Now()
 	i := len(h.ops)
-	// Until done, the action may land at any moment: its end is open.
-	h.ops = append(h.ops, opEvent{at: now, end: now.Add(time.Hour), res: res, what: what})
+	h.ops = append(h.ops, opEvent{at: now, res: res, what: what})
 	var before []*hold
 	for r, hs := range h.active {
 		if res == "" || r == res {
@@ -185,7 +192,7 @@ func (h *history) faultNear(from, to time.Time, slack time.Duration) bool {
 // Called with h.mu held.
 func (h *history) operatorSinceLocked(res string, t time.Time) bool {
 	for _, o := range h.ops {
-		if (o.res == "" || o.res == res) && !o.end.Before(t) {
+		if (o.res == "" || o.res == res) && o.since(t) {
 			return true
 		}
 	}
@@ -306,6 +313,16 @@ func (h *history) releasing(x *hold, at time.Time) {
 	live := h.active[x.res]
 	if i := slices.Index(live, x); i >= 0 {
 		h.active[x.res] = slices.Delete(live, i, i+1)
+	}
+}
+
+// tell records that x's holder was told of a loss while it held x. Other
+// holders' begin reads told under h.mu, so it is written under it too.
+func (h *history) tell(x *hold, how string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !x.told {
+		x.told, x.toldHow = true, how
 	}
 }
 

@@ -160,7 +160,7 @@ func (h *history) wiped(from, to time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, o := range h.ops {
-		if (o.res == "" || strings.HasPrefix(o.res, "limit")) && !o.end.Before(from) && !o.at.After(to) {
+		if (o.res == "" || strings.HasPrefix(o.res, "limit")) && o.since(from) && !o.at.After(to) {
 			return true
 		}
 	}

@@ -8,11 +8,20 @@ import (
 // A wait is a blocking acquisition that gave up when its context ended.
 type wait struct {
 	kind      string // "mutex", "write", "read", "permit"
-	note      string // fair or plain
 	res       string
+	who       string // the waiter, for reports
 	weight    int64
 	call, ret time.Time
 	state     string // the resource's keys in Redis when it gave up
+}
+
+// partial records that a MultiMutex's Lock, from call to ret, may have
+// held res while it waited for a later name of its set: no hold of the
+// API's, but a waiter on res may wait for it.
+func (h *history) partial(res string, call, ret time.Time) {
+	h.mu.Lock()
+	h.partials = append(h.partials, &hold{kind: "set", res: res, call: call, start: call, end: ret, ended: true})
+	h.mu.Unlock()
 }
 
 func (h *history) gaveUp(wt wait) {
@@ -25,7 +34,7 @@ func (h *history) gaveUp(wt wait) {
 // stayed free for longer than bound while they waited, with no fault in
 // force around the wait: a release that woke nobody, a lost hand-off. A
 // lock is free for a waiter while no hold of it (no write hold, for a
-// reader) is in progress; a semaphore while at least 2 permits (the
+// reader) is in progress and no MultiMutex Lock may hold it (partial); a semaphore while at least 2 permits (the
 // heaviest request) are free. Hand-offs take time, so only a free spell
 // longer than bound counts.
 func (h *history) checkLiveness(bound time.Duration) {
@@ -35,15 +44,19 @@ func (h *history) checkLiveness(bound time.Duration) {
 	for _, x := range h.done {
 		byRes[x.res] = append(byRes[x.res], x)
 	}
+	partials := map[string][]*hold{}
+	for _, x := range h.partials {
+		partials[x.res] = append(partials[x.res], x)
+	}
 	h.mu.Unlock()
 	for _, wt := range waits {
 		if h.faultNear(wt.call, wt.ret, 0) {
 			continue
 		}
-		if gap, at := freeSpell(wt, byRes[wt.res], h.capacity[wt.res]); gap > bound {
+		if gap, at := freeSpell(wt, slices.Concat(byRes[wt.res], partials[wt.res]), h.capacity[wt.res]); gap > bound {
 			h.mu.Lock()
-			h.violationLocked("liveness: %s %s waiter on %q (called %s) gave up after %v although it was free for %v from %s, with no fault in force; Redis then:%s",
-				wt.note, wt.kind, wt.res, h.since(wt.call), wt.ret.Sub(wt.call).Round(time.Millisecond), gap.Round(time.Millisecond), h.since(at), wt.state)
+			h.violationLocked("liveness: %s waiter %s on %q (called %s) gave up after %v although it was free for %v from %s, with no fault in force; Redis then:%s",
+				wt.kind, wt.who, wt.res, h.since(wt.call), wt.ret.Sub(wt.call).Round(time.Millisecond), gap.Round(time.Millisecond), h.since(at), wt.state)
 			var near []*hold
 			for _, x := range byRes[wt.res] {
 				if x.end.After(at.Add(-bound)) && x.start.Before(at.Add(gap+bound)) {

@@ -130,7 +130,7 @@ func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	if err != nil {
 		w.expected("Mutex.Lock", call, err, mutexErrs...)
 		if !try {
-			w.gaveUp(ctx, "mutex", note, name, 1, call, err)
+			w.gaveUp(ctx, "mutex", name, id+" "+note+" node "+strconv.Itoa(n.i), 1, call, err)
 		}
 		return
 	}
@@ -143,12 +143,12 @@ func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	if lost := m.Lost(); closed(lost) || rng.IntN(3) == 0 {
 		w.nested(ctx, x, lost, m.Lock, m.Unlock)
 	}
-	w.release(x, func(c context.Context) error { return m.Unlock(c) }, func() bool { return m.Err() != nil }, mutexErrs)
+	w.release(x, m.Unlock, func() bool { return m.Err() != nil }, mutexErrs)
 }
 
 // gaveUp records a blocking acquisition that ended with its context, for
 // the liveness check; not those cut short by the end of the workload.
-func (w *world) gaveUp(ctx context.Context, kind, note, res string, weight int64, call time.Time, err error) {
+func (w *world) gaveUp(ctx context.Context, kind, res, who string, weight int64, call time.Time, err error) {
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		ret := time.Now()
 		// What Redis says of the resource now, for the report if the
@@ -156,12 +156,14 @@ func (w *world) gaveUp(ctx context.Context, kind, note, res string, weight int64
 		var state string
 		if !w.hist.faultNear(call, ret, 0) {
 			for _, k := range holderKeys(res) {
-				v, _ := w.srv.Do("HGETALL", k)
-				ttl, _ := w.srv.Do("PTTL", k)
-				state += fmt.Sprintf(" %s={%s} pttl %s;", k, strings.ReplaceAll(v, "\n", " "), ttl)
+				if srv, err := w.owner(k); err == nil {
+					v, _ := srv.Do("HGETALL", k)
+					ttl, _ := srv.Do("PTTL", k)
+					state += fmt.Sprintf(" %s={%s} pttl %s;", k, strings.ReplaceAll(v, "\n", " "), ttl)
+				}
 			}
 		}
-		w.hist.gaveUp(wait{kind: kind, note: note, res: res, weight: weight, call: call, ret: ret, state: state})
+		w.hist.gaveUp(wait{kind: kind, res: res, who: who, weight: weight, call: call, ret: ret, state: state})
 	}
 }
 
@@ -182,9 +184,28 @@ func (w *world) nested(ctx context.Context, x *hold, lost <-chan struct{}, lock,
 		w.hist.nestedAfterLoss(x)
 	}
 	rctx, rcancel := w.releaseCtx()
-	defer rcancel()
-	if err := unlock(rctx); err != nil {
-		w.expected("nested Unlock", call, err, mutexErrs...)
+	err = unlock(rctx)
+	rcancel()
+	w.expected("nested Unlock", call, err, mutexErrs...)
+	w.retryRelease("nested Unlock", err, unlock, mutexErrs)
+}
+
+// retryRelease calls unlock again after a release failed otherwise than
+// with ErrNotHeld (the reply was lost, the slot was moving), as the README
+// tells a caller to: the hold is still counted (and, for a lock, renewed),
+// and a retry never gives back two. It gives up after a few leases.
+func (w *world) retryRelease(op string, err error, unlock func(context.Context) error, allowed []error) {
+	for range 8 {
+		if err == nil || errors.Is(err, mutex.ErrNotHeld) || errors.Is(err, semaphore.ErrNotHeld) {
+			return
+		}
+		time.Sleep(w.cfg.Lease / 8)
+		w.count("release.retry")
+		rctx, cancel := w.releaseCtx()
+		call := time.Now()
+		err = unlock(rctx)
+		cancel()
+		w.expected(op+" (retried)", call, err, allowed...)
 	}
 }
 
@@ -208,6 +229,7 @@ func (w *world) release(x *hold, unlock func(context.Context) error, errSet func
 		how = "Err set before Unlock"
 	}
 	w.hist.end(x, knew || err != nil, how)
+	w.retryRelease(x.kind+" release", err, unlock, allowed)
 }
 
 func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string) {
@@ -229,7 +251,7 @@ func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string)
 		w.hist.begin(x)
 		w.holdFor(ctx, rng)
 		if closed(fctx.Done()) && errors.Is(context.Cause(fctx), mutex.ErrLost) {
-			x.told, x.toldHow = true, "fn's context ended with the loss"
+			w.hist.tell(x, "fn's context ended with the loss")
 		}
 		w.hist.releasing(x, time.Now())
 		return nil
@@ -240,6 +262,10 @@ func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string)
 	}
 	w.expected("Mutex.Do", call, err, mutexErrs...)
 	w.hist.end(x, err != nil, "Do: "+fmt.Sprint(err))
+	if m.Holds() > 0 {
+		// Do's Unlock failed and left the hold counted: give it back.
+		w.retryRelease("Mutex.Do", err, m.Unlock, mutexErrs)
+	}
 }
 
 func (w *world) rwOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
@@ -263,7 +289,7 @@ func (w *world) rwOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 	cancel()
 	if err != nil {
 		w.expected("RWMutex."+kind, call, err, mutexErrs...)
-		w.gaveUp(ctx, kind, note, name, 1, call, err)
+		w.gaveUp(ctx, kind, name, id+" "+note+" node "+strconv.Itoa(n.i), 1, call, err)
 		return
 	}
 	var token int64
@@ -302,6 +328,12 @@ func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	call := time.Now()
 	err = mm.Lock(actx)
 	cancel()
+	// While it waits for a name, a set holds the names before it in its
+	// order: those may keep other waiters out with no hold on record.
+	members := mm.Names()
+	for _, name := range members[:len(members)-1] {
+		w.hist.partial(name, call, time.Now())
+	}
 	if err != nil {
 		w.expected("MultiMutex.Lock", call, err, mutexErrs...)
 		return
@@ -331,6 +363,7 @@ func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	for _, x := range xs {
 		w.hist.end(x, knew || err != nil, "set Unlock: "+fmt.Sprint(err))
 	}
+	w.retryRelease("MultiMutex.Unlock", err, mm.Unlock, mutexErrs)
 }
 
 func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
@@ -359,7 +392,7 @@ func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 	if err != nil {
 		w.expected("Semaphore.Acquire", call, err, semErrs...)
 		if !try {
-			w.gaveUp(ctx, "permit", note, name, weight, call, err)
+			w.gaveUp(ctx, "permit", name, "a "+note+" Acquire of node "+strconv.Itoa(n.i), weight, call, err)
 		}
 		return
 	}

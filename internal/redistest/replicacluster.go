@@ -163,28 +163,7 @@ func (c *ReplicaCluster) ownerSeenBy(n *Server, slot int) string {
 	if err != nil {
 		return err.Error()
 	}
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) < 8 || !strings.Contains(f[2], "master") {
-			continue
-		}
-		for _, r := range f[8:] {
-			if strings.HasPrefix(r, "[") {
-				continue // a slot being imported or migrated
-			}
-			lo, hi, ok := strings.Cut(r, "-")
-			if !ok {
-				hi = lo
-			}
-			l, err1 := strconv.Atoi(lo)
-			h, err2 := strconv.Atoi(hi)
-			if err1 == nil && err2 == nil && l <= slot && slot <= h {
-				addr, _, _ := strings.Cut(f[1], "@")
-				return addr
-			}
-		}
-	}
-	return ""
+	return slotOwner(out, slot)
 }
 
 // StartMigration marks slot as being migrated to master to (A or B), as

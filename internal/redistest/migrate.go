@@ -1,0 +1,160 @@
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Owner returns the master that owns slot, as node 0 of the cluster sees
+// it (or, if that one does not answer, the first node that does).
+func (c *Cluster) Owner(slot int) (*Server, error) {
+	var lastErr error
+	for _, n := range c.Nodes {
+		out, err := n.Do("CLUSTER", "NODES")
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		addr := slotOwner(out, slot)
+		for _, s := range c.Nodes {
+			if s.Addr() == addr {
+				return s, nil
+			}
+		}
+		return nil, fmt.Errorf("redistest: no node owns slot %d: %s", slot, out)
+	}
+	return nil, lastErr
+}
+
+// slotOwner returns the address of the master that owns slot in the
+// output of CLUSTER NODES ("" if none does). Slots being imported or
+// migrated ("[...]") are listed apart and do not count.
+func slotOwner(nodes string, slot int) string {
+	for line := range strings.SplitSeq(nodes, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 8 || !strings.Contains(f[2], "master") {
+			continue
+		}
+		for _, r := range f[8:] {
+			if strings.HasPrefix(r, "[") {
+				continue
+			}
+			lo, hi, ok := strings.Cut(r, "-")
+			if !ok {
+				hi = lo
+			}
+			l, err1 := strconv.Atoi(lo)
+			h, err2 := strconv.Atoi(hi)
+			if err1 == nil && err2 == nil && l <= slot && slot <= h {
+				addr, _, _ := strings.Cut(f[1], "@")
+				return addr
+			}
+		}
+	}
+	return ""
+}
+
+// MigrateSlot moves slot, keys and all, from its owner to master to, as
+// redis-cli --cluster reshard does: SETSLOT IMPORTING on to, MIGRATING on
+// the owner, then MIGRATE of its keys, batch keys at a time, and at last
+// SETSLOT NODE on to, on the owner and on every other master. Before each
+// batch it calls between (if not nil), so that the caller's clients meet
+// ASK and TRYAGAIN while the slot's keys are split between the two. Keys
+// keep their TTLs; none is left behind (the owner refuses SETSLOT NODE
+// while it holds a key of the slot, and the keys are then migrated
+// again).
+func (c *Cluster) MigrateSlot(slot int, to *Server, batch int, between func()) error {
+	from, err := c.Owner(slot)
+	if err != nil {
+		return err
+	}
+	if from == to {
+		return errors.New("redistest: migrate slot: to already owns it")
+	}
+	fromID, err := from.Do("CLUSTER", "MYID")
+	if err != nil {
+		return err
+	}
+	toID, err := to.Do("CLUSTER", "MYID")
+	if err != nil {
+		return err
+	}
+	s := strconv.Itoa(slot)
+	if _, err := to.Do("CLUSTER", "SETSLOT", s, "IMPORTING", fromID); err != nil {
+		return fmt.Errorf("redistest: setslot importing: %w", err)
+	}
+	if _, err := from.Do("CLUSTER", "SETSLOT", s, "MIGRATING", toID); err != nil {
+		return fmt.Errorf("redistest: setslot migrating: %w", err)
+	}
+	for attempt := 0; ; attempt++ {
+		if err := migrateKeys(from, to, s, batch, between); err != nil {
+			return err
+		}
+		if _, err := to.Do("CLUSTER", "SETSLOT", s, "NODE", toID); err != nil {
+			return fmt.Errorf("redistest: setslot node on %s: %w", to.Addr(), err)
+		}
+		_, err := from.Do("CLUSTER", "SETSLOT", s, "NODE", toID)
+		if err == nil {
+			break
+		}
+		if attempt == 10 || !strings.Contains(err.Error(), "keys") {
+			return fmt.Errorf("redistest: setslot node on %s: %w", from.Addr(), err)
+		}
+	}
+	for _, n := range c.Nodes {
+		if n == from || n == to {
+			continue
+		}
+		if _, err := n.Do("CLUSTER", "SETSLOT", s, "NODE", toID); err != nil {
+			return fmt.Errorf("redistest: setslot node on %s: %w", n.Addr(), err)
+		}
+	}
+	return nil
+}
+
+// migrateKeys sends the keys of slot on from to to, batch at a time, until
+// from has none left.
+func migrateKeys(from, to *Server, slot string, batch int, between func()) error {
+	host, port, _ := strings.Cut(to.Addr(), ":")
+	for {
+		out, err := from.Do("CLUSTER", "GETKEYSINSLOT", slot, strconv.Itoa(batch))
+		if err != nil {
+			return fmt.Errorf("redistest: getkeysinslot: %w", err)
+		}
+		keys := strings.Fields(out)
+		if len(keys) == 0 {
+			return nil
+		}
+		if between != nil {
+			between()
+		}
+		args := append([]string{"MIGRATE", host, port, "", "0", "5000", "KEYS"}, keys...)
+		if _, err := from.Do(args...); err != nil && !strings.Contains(err.Error(), "NOKEY") {
+			return fmt.Errorf("redistest: migrate %v: %w", keys, err)
+		}
+	}
+}
+
+// WaitOK waits until every node reports cluster_state:ok, as after a node
+// stopped for a while comes back (if it was stopped past the node
+// timeout, the others marked it failed and refuse every command until
+// they clear that).
+func (c *Cluster) WaitOK(timeout time.Duration) error {
+	var info string
+	if !WaitFor(context.Background(), timeout, func() bool {
+		for _, n := range c.Nodes {
+			var err error
+			if info, err = n.Do("CLUSTER", "INFO"); err != nil || !strings.Contains(info, "cluster_state:ok") {
+				return false
+			}
+		}
+		return true
+	}) {
+		return fmt.Errorf("redistest: cluster not ok after %v: %s", timeout, info)
+	}
+	return nil
+}
