@@ -19,7 +19,7 @@ type Variant struct {
 }
 
 // Suite runs each variant as a subtest, one sub-subtest per seed: the
-// variant's seeds of 12 s each by default; with SLUICE_CHAOS_SEED=N seed N
+// variant's seeds of 16 s each by default; with SLUICE_CHAOS_SEED=N seed N
 // only; with SLUICE_CHAOS=30m, fresh seeds of 30 s one after another for
 // about that long, shared among the variants (a -run filter that keeps one
 // variant gives it half or a third of the time); with

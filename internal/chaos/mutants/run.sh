@@ -2,7 +2,8 @@
 # Mutation test of the chaos harness: each *.patch here is a deliberate bug
 # (its first line says which). For each, the tree as committed plus the
 # patch is built in a scratch copy and the harness runs the given seeds
-# (default 1 2 3; MUTANT_SEEDS="1 2 3 4 5 6 7 8 9 10" for the 9-of-10 rule).
+# (default 1 2 3; MUTANT_SEEDS="1 2 3 4 5 6 7 8 9 10" for the 9-of-10 rule) on
+# the single-server variant (MUTANT_VARIANT=cluster for the other).
 # A mutant is caught by a seed when the run reports a violation or fails.
 #
 #   internal/chaos/mutants/run.sh              # every mutant
