@@ -10,11 +10,13 @@ package mutex_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicekit/sluice/internal/redistest"
 	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // TestDoReportsLossFoundAtRelease: inside fn an operator forces the lock
@@ -284,5 +286,43 @@ func TestMultiTryLockDoesNotWaitForLock(t *testing.T) {
 		if err := mm.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestDoDropsHoldItsUnlockFailedFor: Do took the hold, so when its final
+// Unlock fails cleanly (here a release script that answers an error, as a
+// TRYAGAIN does while a slot moves) nobody will call Unlock again: the
+// watchdog must stop renewing the hold, and the server's lease then ends
+// it. Before, the hold stayed counted and was renewed for as long as the
+// Locker lived.
+func TestDoDropsHoldItsUnlockFailedFor(t *testing.T) {
+	ctx := context.Background()
+	const lease = 300 * time.Millisecond
+	srv := redistest.NewServer(t)
+	sc, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()), scriptcache.WithFS(
+		redistest.MutatedScripts(t, "mutex_release", "local mode = ARGV[1]", "if ARGV[1] == 'u' then return redis.error_reply('TRYAGAIN test') end\nlocal mode = ARGV[1]")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := mutex.NewLocker(sc, mutex.Options{WatchdogLease: lease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	m := newMutex(t, l, "do-drop")
+	err = m.Do(ctx, func(context.Context) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "TRYAGAIN") {
+		t.Fatalf("Do = %v, want the Unlock's TRYAGAIN", err)
+	}
+	// Renewed every lease/3, a hold kept counted would never expire; a
+	// dropped one expires within its lease.
+	if !redistest.WaitFor(ctx, 10*lease, func() bool {
+		n, err := srv.Do("EXISTS", lockKey("do-drop"))
+		return err == nil && n == "0"
+	}) {
+		t.Fatalf("the lock's key still exists %v after Do's Unlock failed: the hold is still renewed", 10*lease)
+	}
+	if h := m.Holds(); h != 0 {
+		t.Fatalf("Holds() = %d after Do, want 0", h)
 	}
 }

@@ -51,6 +51,7 @@ func (m *Mutex) endScopedLocked(cause error) {
 // The Unlock runs even when ctx has ended meanwhile, bounded by the lock's
 // lease: a hold should not outlive the work it guarded.
 func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	outer := m.Holds() == 0
 	if err := m.Lock(ctx); err != nil {
 		return err
 	}
@@ -61,7 +62,15 @@ func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) erro
 	during := lossBy(lost, m.Err, m.name)
 	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), m.lease)
 	defer ucancel()
-	return doErr(err, during, m.Unlock(uctx))
+	uerr := m.Unlock(uctx)
+	if uerr != nil && outer && !errors.Is(uerr, ErrNotHeld) {
+		// The final Unlock failed (a lost connection, a TRYAGAIN while
+		// the slot moves). Nobody will call Unlock again for a hold Do
+		// took, so the watchdog must not renew it: drop it, and let the
+		// server's lease end what Redis still keeps.
+		m.dropHold(uerr)
+	}
+	return doErr(err, during, uerr)
 }
 
 // lossBy returns the loss of a hold whose Lost channel is lost, if it has
