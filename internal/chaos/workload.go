@@ -187,16 +187,18 @@ func (w *world) nested(ctx context.Context, x *hold, lost <-chan struct{}, lock,
 	err = unlock(rctx)
 	rcancel()
 	w.expected("nested Unlock", call, err, mutexErrs...)
-	w.retryRelease("nested Unlock", err, unlock, mutexErrs)
+	w.retryRelease(w.nodes[x.node], "nested Unlock", err, unlock, mutexErrs)
 }
 
 // retryRelease calls unlock again after a release failed otherwise than
 // with ErrNotHeld (the reply was lost, the slot was moving), as the README
 // tells a caller to: the hold is still counted (and, for a lock, renewed),
 // and a retry never gives back two. It gives up after a few leases.
-func (w *world) retryRelease(op string, err error, unlock func(context.Context) error, allowed []error) {
+func (w *world) retryRelease(n *node, op string, err error, unlock func(context.Context) error, allowed []error) {
 	for range 8 {
-		if err == nil || errors.Is(err, mutex.ErrNotHeld) || errors.Is(err, semaphore.ErrNotHeld) {
+		if err == nil || errors.Is(err, mutex.ErrNotHeld) || errors.Is(err, semaphore.ErrNotHeld) || n.closed.Load() {
+			// Done, or the node was closed: its client is gone, and
+			// Close's give-backs and the leases end what is left.
 			return
 		}
 		time.Sleep(w.cfg.Lease / 8)
@@ -223,13 +225,16 @@ func (w *world) release(x *hold, unlock func(context.Context) error, errSet func
 	rctx, cancel := w.releaseCtx()
 	err := unlock(rctx)
 	cancel()
-	w.expected(x.kind+" release", at, err, allowed...)
+	n := w.nodes[x.node]
+	if !n.closed.Load() {
+		w.expected(x.kind+" release", at, err, allowed...)
+	}
 	how := "Unlock: " + fmt.Sprint(err)
 	if knew {
 		how = "Err set before Unlock"
 	}
 	w.hist.end(x, knew || err != nil, how)
-	w.retryRelease(x.kind+" release", err, unlock, allowed)
+	w.retryRelease(n, x.kind+" release", err, unlock, allowed)
 }
 
 func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string) {
@@ -264,7 +269,7 @@ func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string)
 	w.hist.end(x, err != nil, "Do: "+fmt.Sprint(err))
 	if m.Holds() > 0 {
 		// Do's Unlock failed and left the hold counted: give it back.
-		w.retryRelease("Mutex.Do", err, m.Unlock, mutexErrs)
+		w.retryRelease(n, "Mutex.Do", err, m.Unlock, mutexErrs)
 	}
 }
 
@@ -363,7 +368,7 @@ func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	for _, x := range xs {
 		w.hist.end(x, knew || err != nil, "set Unlock: "+fmt.Sprint(err))
 	}
-	w.retryRelease("MultiMutex.Unlock", err, mm.Unlock, mutexErrs)
+	w.retryRelease(n, "MultiMutex.Unlock", err, mm.Unlock, mutexErrs)
 }
 
 func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
