@@ -34,7 +34,7 @@ for name in "${names[@]}"; do
   caught=0 total=0 how=""
   for s in $seeds; do
     total=$((total + 1))
-    out=$(cd "$tree/internal/chaos" && SLUICE_REQUIRE_REDIS=1 SLUICE_CHAOS_SEED=$s "$scratch/$name.test" -test.run 'TestChaos$/single$' -test.count=1 2>&1 || true)
+    out=$(cd "$tree/internal/chaos" && SLUICE_REQUIRE_REDIS=1 SLUICE_CHAOS_SEED=$s "$scratch/$name.test" -test.run "TestChaos/${MUTANT_VARIANT:-single}$" -test.count=1 2>&1 || true)
     if ! grep -q '^PASS$' <<<"$out"; then
       caught=$((caught + 1))
       [ -n "$how" ] || how=$(grep -m1 -E '^\s+at [0-9.]+s: ' <<<"$out" | sed 's/^ *//' | cut -c1-160 || true)
