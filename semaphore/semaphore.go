@@ -971,8 +971,13 @@ type attemptResult struct {
 func (s *Semaphore) attempt(ctx context.Context, id string, n int64, mode string) (attemptResult, error) {
 	for {
 		res, err := s.attemptOnce(ctx, id, n, mode)
-		if !errors.Is(err, lease.ErrLate) || ctx.Err() != nil {
+		if !errors.Is(err, lease.ErrLate) {
 			return res, err
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			// The caller's deadline passed while the late answer was on
+			// its way: Acquire gave up waiting, and says so.
+			return res, fmt.Errorf("%w: %w", err, cerr)
 		}
 	}
 }
