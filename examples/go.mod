@@ -2,20 +2,14 @@ module github.com/sluicekit/sluice/examples
 
 go 1.26.0
 
-replace (
-	github.com/sluicekit/sluice => ../
-	github.com/sluicekit/sluice/goredis => ../goredis
-	github.com/sluicekit/sluice/otel => ../otel
-)
-
 require (
 	github.com/glebarez/go-sqlite v1.23.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.79
-	github.com/sluicekit/sluice v0.0.0-00010101000000-000000000000
-	github.com/sluicekit/sluice/goredis v0.0.0-00010101000000-000000000000
-	github.com/sluicekit/sluice/otel v0.0.0-00010101000000-000000000000
+	github.com/sluicekit/sluice v0.1.0
+	github.com/sluicekit/sluice/goredis v0.1.0
+	github.com/sluicekit/sluice/otel v0.1.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
 )

@@ -7,7 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicekit/sluice/goredis"
-	"github.com/sluicekit/sluice/internal/faulttest"
+	"github.com/sluicekit/sluice/internal/testkit/faulttest"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 

@@ -5,11 +5,10 @@ go 1.26.0
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/sluicekit/sluice v0.0.0-00010101000000-000000000000
+	github.com/sluicekit/sluice v0.1.0
 )
 
 require (
-	github.com/anishathalye/porcupine v1.3.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/redis/rueidis v1.0.79 // indirect
@@ -19,5 +18,3 @@ require (
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 )
-
-replace github.com/sluicekit/sluice => ../

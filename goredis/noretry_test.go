@@ -8,8 +8,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicekit/sluice/goredis"
-	"github.com/sluicekit/sluice/internal/faultproxy"
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/faultproxy"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 )
 
 const incr = "return redis.call('INCR', KEYS[1])"

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicekit/sluice/internal/lease"
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 )
 
 // pauseKeeper stops k's scheduler goroutine until resume is called (or the

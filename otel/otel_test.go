@@ -17,7 +17,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/mutex"
 	sluiceotel "github.com/sluicekit/sluice/otel"
 	"github.com/sluicekit/sluice/ratelimit"

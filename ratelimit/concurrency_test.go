@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/semaphore"
 )
 

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicekit/sluice/internal/faultproxy"
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/faultproxy"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 )
 
 // halfClosedGet sends one GET to addr over a fresh TCP connection, shuts

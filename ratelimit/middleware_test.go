@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 )
 
 var testProxies = []netip.Prefix{

@@ -4,8 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/sluicekit/sluice/internal/clienttest"
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/clienttest"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/semaphore"
 )
 

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicekit/sluice/internal/lease"
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 

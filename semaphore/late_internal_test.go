@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicekit/sluice/internal/redistest"
-	"github.com/sluicekit/sluice/internal/slowclient"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/slowclient"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 

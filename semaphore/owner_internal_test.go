@@ -5,7 +5,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 )
 
 // TestOwnerID: a labelled permit id is a UUID, "/" and the label, which

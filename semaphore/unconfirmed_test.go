@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/scriptcache"
 	"github.com/sluicekit/sluice/semaphore"
 )

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 )
 
 // TestMain lets the test binary be a worker process: run starts

@@ -19,8 +19,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/sluicekit/sluice/internal/faultproxy"
-	"github.com/sluicekit/sluice/internal/redistest"
+	"github.com/sluicekit/sluice/internal/testkit/faultproxy"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/ratelimit"
 	"github.com/sluicekit/sluice/scriptcache"
 )

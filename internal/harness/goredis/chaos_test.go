@@ -1,0 +1,53 @@
+package goredis_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicekit/sluice/goredis"
+	"github.com/sluicekit/sluice/internal/harness/chaos"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// TestChaos runs the core's fault harness (internal/chaos) with the
+// primitives on go-redis: one seed of the short run on a single server
+// behind fault proxies. SLUICE_CHAOS_SEED, SLUICE_CHAOS and
+// SLUICE_CHAOS_FAULTS work as in the core's TestChaos, and
+// -run 'TestChaos/cluster' runs seeds on a cluster.
+func TestChaos(t *testing.T) {
+	chaos.Suite(t,
+		chaos.Variant{Name: "single", Seeds: []uint64{1}, Config: chaos.Config{Client: chaosClient}},
+		chaos.Variant{Name: "cluster", Config: chaos.Config{Client: chaosClient, Cluster: true}},
+	)
+}
+
+// chaosClient builds a node's script cache on go-redis. The harness
+// blackholes a node's proxy for up to two leases (4 s): go-redis must not
+// wait for such a server forever. The adapter returns when the caller's
+// context ends, but the call itself and its pooled connection go on until
+// ReadTimeout (WriteTimeout for a send), and a dial until DialTimeout: a
+// lease each, so that the pool recovers soon after a fault ends, and a
+// second for the dial, which Close's bound counts on. MaxRetries -1: the
+// adapter already sends scripts as commands go-redis never retries; the
+// rest (SCRIPT LOAD, PING) are not retried either, so that no call outlives
+// its timeout by retries.
+func chaosClient(ctx context.Context, addrs []string, cluster bool) (*scriptcache.Cache, func(), error) {
+	const lease = 2 * time.Second // chaos.Config's default Lease
+	var rdb redis.UniversalClient
+	if cluster {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, DialTimeout: time.Second,
+			ReadTimeout: lease, WriteTimeout: lease, MaxRetries: -1})
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: addrs[0], DialTimeout: time.Second,
+			ReadTimeout: lease, WriteTimeout: lease, MaxRetries: -1})
+	}
+	sc, err := goredis.New(ctx, rdb)
+	if err != nil {
+		rdb.Close()
+		return nil, nil, err
+	}
+	return sc, func() { rdb.Close() }, nil
+}
