@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,7 +104,7 @@ const (
 	lockNames = 3 // m0..m2, shared by Mutexes of every node and by MultiMutexes
 	rwNames   = 2 // rw0, rw1
 	semNames  = 2 // s0, s1
-	semCap    = 3
+	semCap    = 3 // the heaviest request asks for all of it (hotSemaphore)
 	limitKeys = 2
 )
 
@@ -139,6 +140,7 @@ type node struct {
 	routes      httpRoutes
 	closed      atomic.Bool
 	once        sync.Once
+	cuts        atomic.Int32 // blackholes in force on proxy (faults.go)
 }
 
 // Run runs one seed and returns its report. The caller fails the test on
@@ -159,7 +161,7 @@ func Run(t testing.TB, cfg Config) Report {
 	if cfg.Client == nil {
 		cfg.Client = rueidisClient
 	}
-	w := &world{cfg: cfg, hist: newHistory(), lim: newLimitLog(), ops: map[string]int{}}
+	w := &world{cfg: cfg, hist: newHistory(cfg.Lease), lim: newLimitLog(), ops: map[string]int{}}
 	if cfg.Cluster {
 		redistest.Skip(t)
 		cl, err := redistest.StartCluster(3)
@@ -186,8 +188,14 @@ func Run(t testing.TB, cfg Config) Report {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5eed))
 	sched := w.schedule(rng)
 	opSched := w.operatorStream(rng)
+	partSched := w.partitionStream(rng)
 
 	var wg sync.WaitGroup
+	mctx, stopMonitor := context.WithCancel(context.Background())
+	var monitor sync.WaitGroup
+	monitor.Go(func() { w.hist.monitorStalls(mctx) })
+	defer monitor.Wait()
+	defer stopMonitor()
 	for _, n := range w.nodes {
 		for j := range cfg.Workers {
 			seed := rng.Uint64()
@@ -195,17 +203,25 @@ func Run(t testing.TB, cfg Config) Report {
 		}
 		seed := rng.Uint64()
 		wg.Go(func() { w.hammer(ctx, n, rand.New(rand.NewPCG(seed, 0xbeef))) })
+		seed = rng.Uint64()
+		wg.Go(func() { w.longHolder(ctx, n, rand.New(rand.NewPCG(seed, 0x1009))) })
+		seed = rng.Uint64()
+		wg.Go(func() { w.hotSemaphore(ctx, n, rand.New(rand.NewPCG(seed, 0x5e3))) })
 	}
-	var opFaults map[string]int
+	var opFaults, partFaults map[string]int
 	var ow sync.WaitGroup
 	ow.Go(func() { opFaults = w.inject(ctx, opSched, true) })
+	ow.Go(func() { partFaults = w.inject(ctx, partSched, false) })
 	faults := w.inject(ctx, sched, false)
 	ow.Wait()
-	for k, n := range opFaults {
-		faults[k] += n
+	for _, m := range []map[string]int{opFaults, partFaults} {
+		for k, n := range m {
+			faults[k] += n
+		}
 	}
 	wg.Wait()
 	w.heal()
+	w.probeWakeUps(w.cfg.Lease / 4)
 
 	w.checkQuiet(t)
 	for _, n := range w.nodes {
@@ -219,7 +235,7 @@ func Run(t testing.TB, cfg Config) Report {
 	w.lim.checkWindows(w.hist)
 
 	r := Report{Seed: cfg.Seed, Ops: w.ops, Holds: w.hist.holdsBy(), Faults: faults,
-		Schedule: append(sched.lines(w.cl != nil), opSched.lines(w.cl != nil)...), CloseTook: w.closeTook}
+		Schedule: slices.Concat(sched.lines(w.cl != nil), opSched.lines(w.cl != nil), partSched.lines(w.cl != nil)), CloseTook: w.closeTook}
 	w.hist.mu.Lock()
 	r.Violations = append(r.Violations, w.hist.viol...)
 	w.hist.mu.Unlock()

@@ -20,7 +20,8 @@ var AllFaults = []string{
 	"latency", "blackhole", "dropreplies", "reset", // one node's network (fault proxy)
 	"scriptflush", "clientpause", "sigstop", "restart", // the server
 	"del", "wrongtype", "forceunlock", "flushall", // operator mistakes
-	"close", // Close of a node's Lockers and Managers with calls in flight
+	"close",            // Close of a node's Lockers and Managers with calls in flight
+	"partition", "lag", // a node cut off or slowed for longer than a lease (partitionStream)
 }
 
 // ClusterFaults is the menu on a cluster: no fault proxy can sit in front
@@ -68,7 +69,9 @@ func (w *world) schedule(rng *rand.Rand) schedule {
 	if kinds == nil {
 		kinds = menu
 	}
-	kinds = slices.DeleteFunc(slices.Clone(kinds), func(k string) bool { return !slices.Contains(menu, k) })
+	kinds = slices.DeleteFunc(slices.Clone(kinds), func(k string) bool {
+		return !slices.Contains(menu, k) || k == "partition" || k == "lag" // a stream of their own
+	})
 	if len(kinds) == 0 {
 		return nil
 	}
@@ -112,6 +115,47 @@ func (w *world) schedule(rng *rand.Rand) schedule {
 		at := time.Duration((0.3 + rng.Float64()*0.15) * float64(w.cfg.Duration))
 		i, _ := slices.BinarySearchFunc(s, at, func(f fault, at time.Duration) int { return cmp.Compare(f.at, at) })
 		s = slices.Insert(s, i, fault{at: at, kind: "close", node: rng.IntN(w.cfg.Nodes), length: 1})
+	}
+	return s
+}
+
+// partitionStream draws faults longer than a lease: every two to four
+// leases of the storm, one node's fault proxy either drops everything for
+// 1.2 to 1.8 leases (a partition) or delays every reply by 1.05 to 1.4
+// leases for one to two leases (lag, so that grants and renewals come
+// back after their lease). Either way the node's leases run out on the
+// server while it still holds, and the other nodes take what it held. The
+// main schedule's faults are mostly shorter than a lease; these are the
+// ones after which a holder's loss signal, its watchdog, a nested Lock, a
+// late grant and a competitor's grant meet. Only on a single server (a
+// cluster has no fault proxies).
+func (w *world) partitionStream(rng *rand.Rand) schedule {
+	if w.cl != nil {
+		return nil
+	}
+	var kinds []string
+	for _, k := range []string{"partition", "lag"} {
+		if w.cfg.Faults == nil || slices.Contains(w.cfg.Faults, k) {
+			kinds = append(kinds, k)
+		}
+	}
+	if len(kinds) == 0 {
+		return nil
+	}
+	lease := w.cfg.Lease
+	span := func(lo, hi float64) time.Duration {
+		return time.Duration((lo + rng.Float64()*(hi-lo)) * float64(lease))
+	}
+	storm := time.Duration(stormEnd * float64(w.cfg.Duration))
+	var s schedule
+	for at := lease / 2; at < storm; at += span(2, 4) {
+		f := fault{at: at, kind: kinds[rng.IntN(len(kinds))], node: rng.IntN(w.cfg.Nodes)}
+		if f.kind == "partition" {
+			f.length = span(1.2, 1.8)
+		} else {
+			f.base, f.length = span(1.05, 1.4), span(1, 2)
+		}
+		s = append(s, f)
 	}
 	return s
 }
@@ -165,7 +209,7 @@ func (s schedule) lines(cluster bool) []string {
 			l += fmt.Sprintf(" node %d while the server is stopped", f.node)
 		case f.res != "":
 			l += " " + f.res
-		case f.kind == "latency":
+		case f.kind == "latency" || f.kind == "lag":
 			l += fmt.Sprintf(" node %d base %v for %v", f.node, f.base.Round(time.Millisecond), f.length.Round(time.Millisecond))
 		case f.kind == "sigstop" || f.kind == "clientpause":
 			l += fmt.Sprintf(" for %v", f.length.Round(time.Millisecond))
@@ -231,14 +275,20 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	}
 	var err error
 	switch f.kind {
-	case "latency":
+	case "latency", "lag":
 		nd.proxy.SetLatency(f.base, f.base/4)
 		hold()
 		nd.proxy.SetLatency(0, 0)
-	case "blackhole":
-		nd.proxy.Blackhole(true)
+	case "blackhole", "partition":
+		// The two streams may cut one node at once: the node stays cut
+		// until both have ended.
+		if nd.cuts.Add(1) == 1 {
+			nd.proxy.Blackhole(true)
+		}
 		hold()
-		nd.proxy.Blackhole(false)
+		if nd.cuts.Add(-1) == 0 {
+			nd.proxy.Blackhole(false)
+		}
 	case "dropreplies":
 		nd.proxy.DropReplies(true)
 		hold()

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -26,14 +27,29 @@ type hold struct {
 	call, start, end time.Time // acquisition called, returned; release called
 	ended            bool
 
-	lost func() bool // reports whether the holder's loss signal is closed
+	lostCh <-chan struct{} // the holder's loss signal (Lost), or nil
+	stop   chan struct{}   // ends the watch on lostCh (begin, releasing)
 
-	told    bool   // the holder was told of a loss (signal, Err, release error)
-	toldHow string // how, for the report
+	told    bool      // the holder was told of a loss (signal, Err, release error)
+	toldHow string    // how, for the report
+	toldAt  time.Time // when it was told first
 	// owed: an operator removed this hold behind its back; the holder must
-	// be told by the time its hold ends.
+	// be told by the time its hold ends, and within history.prompt of the
+	// removal (owedAt) unless it ended sooner.
 	owed    bool
 	owedWhy string
+	owedAt  time.Time
+}
+
+// lost reports whether x's loss signal has closed.
+func (x *hold) lost() bool { return x.lostCh != nil && closed(x.lostCh) }
+
+// tellLocked records that x's holder was told of a loss at at, if it had
+// not been told before. Called with h.mu held.
+func (x *hold) tellLocked(how string, at time.Time) {
+	if !x.told {
+		x.told, x.toldHow, x.toldAt = true, how, at
+	}
 }
 
 // event is one line of a holder's story, kept for failure reports.
@@ -59,8 +75,14 @@ type history struct {
 	faults    []faultSpan      // network and server faults
 	viol      []string
 	incidents []incident
-	waits     []wait
-	partials  []*hold // MultiMutex Locks that may have held a name (liveness)
+	pending   []pendingConflict
+	stalls    []stall
+	// prompt bounds how long after an operator removed a hold its holder
+	// may go on untold (the watchdog renews every third of a lease and
+	// declares a loss at the lease's end at the latest).
+	prompt   time.Duration
+	waits    []wait
+	partials []*hold // MultiMutex Locks that may have held a name (liveness)
 }
 
 // An opEvent is an operator action: it may take effect on the server at
@@ -84,8 +106,8 @@ type faultSpan struct {
 	res string
 }
 
-func newHistory() *history {
-	return &history{epoch: time.Now(), active: map[string][]*hold{}, capacity: map[string]int64{}}
+func newHistory(lease time.Duration) *history {
+	return &history{epoch: time.Now(), active: map[string][]*hold{}, capacity: map[string]int64{}, prompt: lease + lease/4}
 }
 
 func (h *history) since(t time.Time) string {
@@ -132,9 +154,10 @@ func (h *history) operator(res, what string) (done func()) {
 		defer h.mu.Unlock()
 		h.ops[i].end = time.Now()
 		for _, x := range before {
-			if !x.ended {
+			if !x.ended && !x.owed {
 				x.owed = true
 				x.owedWhy = what + " at " + h.since(now)
+				x.owedAt = h.ops[i].end
 			}
 		}
 	}
@@ -213,8 +236,24 @@ func (h *history) begin(x *hold) {
 	defer h.mu.Unlock()
 	h.nextID++
 	x.id = h.nextID
-	if x.lost != nil && x.lost() {
-		x.told, x.toldHow = true, "loss signal closed at start"
+	if x.lost() {
+		x.tellLocked("loss signal closed at start", x.start)
+	} else if x.lostCh != nil {
+		// Watch the signal, so that the time it closed is known even if
+		// nothing reads it until the release.
+		x.stop = make(chan struct{})
+		go func() {
+			select {
+			case <-x.lostCh:
+				at := time.Now()
+				h.mu.Lock()
+				if !x.ended { // not closed by the release itself
+					x.tellLocked("loss signal closed", at)
+				}
+				h.mu.Unlock()
+			case <-x.stop:
+			}
+		}()
 	}
 	h.events = append(h.events, event{at: x.start, hold: x.id, what: fmt.Sprintf("%s %s start: %s, node %d owner %s token %d weight %d (called %s)",
 		x.kind, x.res, x.note, x.node, x.owner, x.token, x.weight, h.since(x.call))})
@@ -228,14 +267,27 @@ func (h *history) begin(x *hold) {
 		if o.owner == x.owner {
 			continue
 		}
-		if !o.told && o.lost != nil && o.lost() {
-			o.told, o.toldHow = true, "loss signal closed by "+h.since(x.start)
+		if !o.told && o.lost() {
+			o.tellLocked("loss signal closed by "+h.since(x.start), x.start)
 		}
 		if o.told || (x.kind == "read" && o.kind == "read") {
 			continue
 		}
 		group = append(group, o)
 	}
+	if h.conflictLocked(x, group, false) {
+		// Not told by now: settle looks again, allowing for the
+		// process's stalls (see stalls).
+		h.pending = append(h.pending, pendingConflict{x: x, group: group})
+	}
+}
+
+// conflictLocked weighs group (x first, then the untold holds that
+// conflict with x): it returns true if the excess is more than holds an
+// operator may have removed can explain (reported as a violation if
+// final), and otherwise records an incident for settle if there is an
+// excess at all. Called with h.mu held.
+func (h *history) conflictLocked(x *hold, group []*hold, final bool) bool {
 	// How much of the group must be gone: permits over the capacity, or
 	// all but one exclusive holder.
 	var excess int64
@@ -249,7 +301,7 @@ func (h *history) begin(x *hold) {
 		excess = int64(len(group) - 1)
 	}
 	if excess <= 0 {
-		return
+		return false
 	}
 	var maybe []*hold
 	var room int64
@@ -260,17 +312,87 @@ func (h *history) begin(x *hold) {
 		}
 	}
 	if room < excess {
+		if !final {
+			return true
+		}
 		if x.kind == "permit" {
-			h.violationLocked("semaphore %s over capacity %d: hold #%d (weight %d) started while holders not told of a loss held %d",
-				x.res, h.capacity[x.res], x.id, x.weight, excess+h.capacity[x.res]-x.weight)
+			h.violationLocked("semaphore %s over capacity %d: hold #%d (weight %d) started at %s while holders not told of a loss held %d",
+				x.res, h.capacity[x.res], x.id, x.weight, h.since(x.start), excess+h.capacity[x.res]-x.weight)
 		} else {
-			h.violationLocked("exclusion: %s hold #%d of %q started while %d conflicting holds not told of a loss held it",
-				x.kind, x.id, x.res, len(group)-1)
+			h.violationLocked("exclusion: %s hold #%d of %q started at %s while %d conflicting holds not told of a loss held it",
+				x.kind, x.id, x.res, h.since(x.start), len(group)-1)
 		}
 		h.noteInvolvedLocked(group...)
-		return
+		return true
 	}
 	h.incidents = append(h.incidents, incident{x: x, maybe: maybe, excess: excess})
+	return false
+}
+
+// A pendingConflict is a hold that started while conflicting holds had
+// not been told of a loss. It is a violation unless they were told at
+// about the same time: a holder's loss signal comes from a timer of its
+// process, margin before the lease ends on the server, and a process that
+// stalled (a loaded machine's scheduler) may run that timer late.
+type pendingConflict struct {
+	x     *hold
+	group []*hold
+}
+
+// settleConflictsLocked decides the pending conflicts: a holder counts as
+// told if its loss signal closed no later than the conflicting hold's
+// start plus the longest stall of the process from a lease before that
+// start to when the signal was seen (the stall delays both the timer and
+// the harness's watch of the signal). Called with h.mu held.
+func (h *history) settleConflictsLocked() {
+	for _, p := range h.pending {
+		group := []*hold{p.x}
+		for _, o := range p.group[1:] {
+			if o.told && !o.toldAt.After(p.x.start.Add(h.stallsLocked(p.x.start.Add(-h.prompt), o.toldAt)+stallSlack)) {
+				continue
+			}
+			group = append(group, o)
+		}
+		h.conflictLocked(p.x, group, true)
+	}
+	h.pending = nil
+}
+
+// stallSlack is the scheduling delay allowed beyond the stalls seen.
+const stallSlack = 20 * time.Millisecond
+
+// A stall is a time the harness's process did not run a goroutine that
+// should have run: the monitor's sleep of stallTick ended d late, at at.
+type stall struct {
+	at time.Time
+	d  time.Duration
+}
+
+const stallTick = 5 * time.Millisecond
+
+// monitorStalls records the process's stalls until ctx ends.
+func (h *history) monitorStalls(ctx context.Context) {
+	for ctx.Err() == nil {
+		start := time.Now()
+		time.Sleep(stallTick)
+		if d := time.Since(start) - stallTick; d > stallSlack/2 {
+			h.mu.Lock()
+			h.stalls = append(h.stalls, stall{time.Now(), d})
+			h.mu.Unlock()
+		}
+	}
+}
+
+// stallsLocked returns the longest stall that overlapped [from, to].
+// Called with h.mu held.
+func (h *history) stallsLocked(from, to time.Time) time.Duration {
+	var longest time.Duration
+	for _, s := range h.stalls {
+		if !s.at.Before(from) && !s.at.Add(-s.d).After(to) {
+			longest = max(longest, s.d)
+		}
+	}
+	return longest
 }
 
 // An incident is a conflict that an operator's action may explain: at
@@ -281,10 +403,12 @@ type incident struct {
 	excess int64
 }
 
-// settle checks the incidents once every hold has ended.
+// settle checks the pending conflicts and the incidents once every hold
+// has ended.
 func (h *history) settle() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.settleConflictsLocked()
 	for _, in := range h.incidents {
 		var told int64
 		for _, o := range in.maybe {
@@ -310,6 +434,9 @@ func (h *history) releasing(x *hold, at time.Time) {
 		return
 	}
 	x.end, x.ended = at, true
+	if x.stop != nil {
+		close(x.stop)
+	}
 	live := h.active[x.res]
 	if i := slices.Index(live, x); i >= 0 {
 		h.active[x.res] = slices.Delete(live, i, i+1)
@@ -321,9 +448,7 @@ func (h *history) releasing(x *hold, at time.Time) {
 func (h *history) tell(x *hold, how string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !x.told {
-		x.told, x.toldHow = true, how
-	}
+	x.tellLocked(how, time.Now())
 }
 
 // end records what the release of x reported: told says whether it (or
@@ -332,8 +457,8 @@ func (h *history) tell(x *hold, how string) {
 func (h *history) end(x *hold, told bool, how string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !x.told && told {
-		x.told, x.toldHow = true, how
+	if told {
+		x.tellLocked(how, x.end) // the release was called at x.end
 	}
 	h.events = append(h.events, event{at: time.Now(), hold: x.id, what: fmt.Sprintf("%s %s end: told=%v %s", x.kind, x.res, x.told, how)})
 	if x.told && !x.owed && x.toldHow != "" && !h.setLossExplainedLocked(x, time.Now()) {
@@ -342,6 +467,11 @@ func (h *history) end(x *hold, told bool, how string) {
 		// key, say), and it makes holders give up work for nothing.
 		h.violationLocked("loss with no fault to explain it: %s hold #%d of %q (node %d) was told (%s)",
 			x.kind, x.id, x.res, x.node, x.toldHow)
+		h.noteInvolvedLocked(x)
+	}
+	if x.owed && x.told && x.toldAt.Sub(x.owedAt) > h.prompt {
+		h.violationLocked("lost hold reported late: %s hold #%d of %q (node %d) was removed (%s) and its holder was told only %v later (%s), after more than %v",
+			x.kind, x.id, x.res, x.node, x.owedWhy, x.toldAt.Sub(x.owedAt).Round(time.Millisecond), x.toldHow, h.prompt)
 		h.noteInvolvedLocked(x)
 	}
 	if x.owed && !x.told {

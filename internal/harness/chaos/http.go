@@ -67,6 +67,7 @@ func (w *world) httpOp(ctx context.Context, n *node, rng *rand.Rand) {
 		call := time.Now()
 		n.routes.rate.ServeHTTP(rec, req)
 		ret := time.Now()
+		w.answered("rate", rec.Code, call)
 		// Served requests count against the limiter's bound, but not
 		// those that a fault may have let through (the fallback).
 		if rec.Code == http.StatusOK && !w.hist.faultNear(call, ret, w.cfg.Lease) {
@@ -76,5 +77,16 @@ func (w *world) httpOp(ctx context.Context, n *node, rng *rand.Rand) {
 	}
 	i := rng.IntN(len(concLimits))
 	w.count("http.concurrency")
+	call := time.Now()
 	n.routes.conc[i].ServeHTTP(rec, req)
+	w.answered("concurrency", rec.Code, call)
+}
+
+// answered checks a middleware's status code: served (200) or refused
+// over the limit (429); any other answer (a 500 for an error, a 503 of
+// the fallback) only with a fault in force around the call.
+func (w *world) answered(route string, code int, call time.Time) {
+	if code != http.StatusOK && code != http.StatusTooManyRequests && !w.hist.faultNear(call, time.Now(), w.cfg.Lease) {
+		w.hist.violation("%s middleware answered %d with no fault in force", route, code)
+	}
 }

@@ -1,8 +1,14 @@
 package chaos
 
 import (
+	"context"
+	"fmt"
 	"slices"
+	"sync"
 	"time"
+
+	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/semaphore"
 )
 
 // A wait is a blocking acquisition that gave up when its context ended.
@@ -34,8 +40,9 @@ func (h *history) gaveUp(wt wait) {
 // stayed free for longer than bound while they waited, with no fault in
 // force around the wait: a release that woke nobody, a lost hand-off. A
 // lock is free for a waiter while no hold of it (no write hold, for a
-// reader) is in progress and no MultiMutex Lock may hold it (partial); a semaphore while at least 2 permits (the
-// heaviest request) are free. Hand-offs take time, so only a free spell
+// reader) is in progress and no MultiMutex Lock may hold it (partial); a
+// semaphore while no permit is held (a fair waiter may wait behind a head
+// of any weight up to the capacity). Hand-offs take time, so only a free spell
 // longer than bound counts.
 func (h *history) checkLiveness(bound time.Duration) {
 	h.mu.Lock()
@@ -53,7 +60,7 @@ func (h *history) checkLiveness(bound time.Duration) {
 		if h.faultNear(wt.call, wt.ret, 0) {
 			continue
 		}
-		if gap, at := freeSpell(wt, slices.Concat(byRes[wt.res], partials[wt.res]), h.capacity[wt.res]); gap > bound {
+		if gap, at := freeSpell(wt, slices.Concat(byRes[wt.res], partials[wt.res])); gap > bound {
 			h.mu.Lock()
 			h.violationLocked("liveness: %s waiter %s on %q (called %s) gave up after %v although it was free for %v from %s, with no fault in force; Redis then:%s",
 				wt.kind, wt.who, wt.res, h.since(wt.call), wt.ret.Sub(wt.call).Round(time.Millisecond), gap.Round(time.Millisecond), h.since(at), wt.state)
@@ -71,7 +78,7 @@ func (h *history) checkLiveness(bound time.Duration) {
 
 // freeSpell returns the longest spell within the wait in which the
 // resource was free for the waiter, and when it began.
-func freeSpell(wt wait, holds []*hold, capacity int64) (time.Duration, time.Time) {
+func freeSpell(wt wait, holds []*hold) (time.Duration, time.Time) {
 	type edge struct {
 		at time.Time
 		d  int64
@@ -98,12 +105,9 @@ func freeSpell(wt wait, holds []*hold, capacity int64) (time.Duration, time.Time
 		}
 		return int(b.d - a.d) // starts before ends at one instant
 	})
-	busy := func(used int64) bool {
-		if wt.kind == "permit" {
-			return used > capacity-2
-		}
-		return used > 0
-	}
+	// Free only when nothing is held, for a permit too: a fair waiter
+	// may wait behind a heavier head, whatever its own weight.
+	busy := func(used int64) bool { return used > 0 }
 	var used int64
 	var longest time.Duration
 	var longestAt time.Time
@@ -140,4 +144,115 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// acquireFunc takes a probe's resource and returns its release.
+type acquireFunc func(ctx context.Context) (release func(context.Context) error, err error)
+
+// probeWakeUps checks that a release wakes a waiter, once the workload is
+// over and the network healed. For each kind of lock and semaphore, on a
+// name the workload does not use, the admin node holds it, an open node
+// waits for it, and the holder releases it after a quarter lease; the
+// waiter must have it within bound of the release's return. What the
+// library does when a wake-up is lost (a waiter retries when the lease it
+// saw would end; a fair queue's refresh) comes later than that, so a
+// release that wakes nobody is found although the waiter gets there in
+// the end. The holder's quarter lease is no synchronization: a waiter
+// that has not started waiting by the release finds the resource free.
+func (w *world) probeWakeUps(bound time.Duration) {
+	waiter := w.admin
+	for _, n := range w.nodes {
+		if !n.closed.Load() {
+			waiter = n
+			break
+		}
+	}
+	lock := func(l *mutex.Locker, name string) acquireFunc {
+		return func(ctx context.Context) (func(context.Context) error, error) {
+			m, err := l.NewMutex(name)
+			if err != nil {
+				return nil, err
+			}
+			return m.Unlock, m.Lock(ctx)
+		}
+	}
+	write := func(l *mutex.Locker, name string) acquireFunc {
+		return func(ctx context.Context) (func(context.Context) error, error) {
+			rw, err := l.NewRWMutex(name)
+			if err != nil {
+				return nil, err
+			}
+			return rw.Unlock, rw.Lock(ctx)
+		}
+	}
+	permit := func(m *semaphore.Manager, name string) acquireFunc {
+		return func(ctx context.Context) (func(context.Context) error, error) {
+			s, err := m.NewSemaphore(name, 1)
+			if err != nil {
+				return nil, err
+			}
+			p, err := s.Acquire(ctx, 1)
+			if err != nil {
+				return nil, err
+			}
+			return p.Release, nil
+		}
+	}
+	a := w.admin
+	probes := []struct {
+		what           string
+		holder, waiter acquireFunc
+	}{
+		{"mutex", lock(a.locks, "probe.m"), lock(waiter.locks, "probe.m")},
+		{"fair mutex", lock(a.fair, "probe.f"), lock(waiter.fair, "probe.f")},
+		{"RWMutex writer", write(a.locks, "probe.rw"), write(waiter.locks, "probe.rw")},
+		{"semaphore", permit(a.sems, "probe.s"), permit(waiter.sems, "probe.s")},
+		{"fair semaphore", permit(a.fairSems, "probe.fs"), permit(waiter.fairSems, "probe.fs")},
+	}
+	var wg sync.WaitGroup
+	for _, p := range probes {
+		wg.Go(func() {
+			if err := w.probeWakeUp(p.holder, p.waiter, bound); err != nil {
+				w.hist.violation("wake-up probe, %s: %v", p.what, err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (w *world) probeWakeUp(holder, waiter acquireFunc, bound time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*w.cfg.Lease)
+	defer cancel()
+	release, err := holder(ctx)
+	if err != nil {
+		return fmt.Errorf("the holder could not acquire: %w", err)
+	}
+	type got struct {
+		at      time.Time
+		release func(context.Context) error
+		err     error
+	}
+	done := make(chan got, 1)
+	go func() {
+		r, err := waiter(ctx)
+		done <- got{time.Now(), r, err}
+	}()
+	sleep(ctx, w.cfg.Lease/4)
+	err = release(ctx)
+	released := time.Now()
+	g := <-done
+	if g.err == nil {
+		rctx, rcancel := w.releaseCtx()
+		defer rcancel()
+		defer g.release(rctx)
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("the holder's release: %w", err)
+	case g.err != nil:
+		return fmt.Errorf("the waiter did not get it (%w) in %v after the release", g.err, time.Since(released).Round(time.Millisecond))
+	case g.at.Sub(released) > bound:
+		return fmt.Errorf("the waiter got it %v after the release, more than %v: the release woke nobody", g.at.Sub(released).Round(time.Millisecond), bound)
+	}
+	return nil
 }

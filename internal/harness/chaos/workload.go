@@ -22,15 +22,15 @@ func (w *world) worker(ctx context.Context, n *node, j int, rng *rand.Rand) {
 		id := owner + "." + strconv.Itoa(seq)
 		switch k := rng.IntN(100); {
 		case k < 25:
-			w.mutexOp(ctx, n, rng, id)
+			w.mutexOp(ctx, n, rng, id, false)
 		case k < 35:
-			w.mutexDo(ctx, n, rng, id)
+			w.mutexDo(ctx, n, rng, id, false)
 		case k < 50:
-			w.rwOp(ctx, n, rng, id)
+			w.rwOp(ctx, n, rng, id, false)
 		case k < 60:
-			w.multiOp(ctx, n, rng, id)
+			w.multiOp(ctx, n, rng, id, false)
 		case k < 75:
-			w.semOp(ctx, n, rng, id)
+			w.semOp(ctx, n, rng, id, false)
 		case k < 85:
 			w.httpOp(ctx, n, rng)
 		default:
@@ -50,10 +50,14 @@ func (w *world) opTimeout(rng *rand.Rand) time.Duration {
 }
 
 // holdFor is how long a holder keeps what it got: mostly short, now and
-// then longer than a lease, so that the watchdog renews it.
-func (w *world) holdFor(ctx context.Context, rng *rand.Rand) {
+// then longer than a lease, so that the watchdog renews it; a long holder
+// (longHolder) always keeps it 1.2 to 2.5 leases.
+func (w *world) holdFor(ctx context.Context, rng *rand.Rand, long bool) {
 	d := time.Duration(rng.Float64() * float64(w.cfg.Lease) / 8)
-	if rng.IntN(8) == 0 {
+	switch {
+	case long:
+		d = time.Duration((1.2 + 1.3*rng.Float64()) * float64(w.cfg.Lease))
+	case rng.IntN(8) == 0:
 		d = time.Duration((1 + rng.Float64()/2) * float64(w.cfg.Lease))
 	}
 	select {
@@ -109,7 +113,7 @@ func (w *world) releaseCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), w.cfg.Lease)
 }
 
-func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string, long bool) {
 	name := "m" + strconv.Itoa(rng.IntN(lockNames))
 	lk, note := pickLock(n, rng)
 	m, err := lk.NewMutex(name, mutex.WithOwner(id))
@@ -135,9 +139,9 @@ func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 		return
 	}
 	x := &hold{kind: "mutex", res: name, owner: id, node: n.i, weight: 1, token: m.Token(), note: note, call: call, start: time.Now(),
-		lost: func() bool { return closed(m.Lost()) }}
+		lostCh: m.Lost()}
 	w.hist.begin(x)
-	w.holdFor(ctx, rng)
+	w.holdFor(ctx, rng, long)
 	// Nest now and then, and always once the hold is known lost: that
 	// Lock must not join it.
 	if lost := m.Lost(); closed(lost) || rng.IntN(3) == 0 {
@@ -237,7 +241,7 @@ func (w *world) release(x *hold, unlock func(context.Context) error, errSet func
 	w.retryRelease(n, x.kind+" release", err, unlock, allowed)
 }
 
-func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string) {
+func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string, long bool) {
 	name := "m" + strconv.Itoa(rng.IntN(lockNames))
 	lk, note := pickLock(n, rng)
 	m, err := lk.NewMutex(name, mutex.WithOwner(id))
@@ -252,9 +256,9 @@ func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string)
 	call := time.Now()
 	err = m.Do(actx, func(fctx context.Context) error {
 		x = &hold{kind: "mutex", res: name, owner: id, node: n.i, weight: 1, token: m.Token(), note: note, call: call, start: time.Now(),
-			lost: func() bool { return closed(m.Lost()) }}
+			lostCh: m.Lost()}
 		w.hist.begin(x)
-		w.holdFor(ctx, rng)
+		w.holdFor(ctx, rng, long)
 		if closed(fctx.Done()) && errors.Is(context.Cause(fctx), mutex.ErrLost) {
 			w.hist.tell(x, "fn's context ended with the loss")
 		}
@@ -273,7 +277,7 @@ func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string)
 	}
 }
 
-func (w *world) rwOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+func (w *world) rwOp(ctx context.Context, n *node, rng *rand.Rand, id string, long bool) {
 	name := "rw" + strconv.Itoa(rng.IntN(rwNames))
 	lk, note := pickLock(n, rng)
 	rw, err := lk.NewRWMutex(name, mutex.WithOwner(id))
@@ -302,9 +306,9 @@ func (w *world) rwOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 		token = rw.Token()
 	}
 	x := &hold{kind: kind, res: name, owner: id, node: n.i, weight: 1, token: token, note: note, call: call, start: time.Now(),
-		lost: func() bool { return closed(rw.Lost()) }}
+		lostCh: rw.Lost()}
 	w.hist.begin(x)
-	w.holdFor(ctx, rng)
+	w.holdFor(ctx, rng, long)
 	lock, unlock := rw.RLock, rw.RUnlock
 	if write {
 		lock, unlock = rw.Lock, rw.Unlock
@@ -315,7 +319,7 @@ func (w *world) rwOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 	w.release(x, unlock, func() bool { return rw.Err() != nil }, mutexErrs)
 }
 
-func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string, long bool) {
 	k := 2 + rng.IntN(2)
 	names := rng.Perm(lockNames)[:k]
 	var ns []string
@@ -348,11 +352,11 @@ func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	var xs []*hold
 	for i, name := range mm.Names() {
 		x := &hold{kind: "set", res: name, set: ns, owner: id, node: n.i, weight: 1, token: tokens[i], note: note, call: call, start: start,
-			lost: func() bool { return closed(mm.Lost()) }}
+			lostCh: mm.Lost()}
 		w.hist.begin(x)
 		xs = append(xs, x)
 	}
-	w.holdFor(ctx, rng)
+	w.holdFor(ctx, rng, long)
 	if lost := mm.Lost(); closed(lost) || rng.IntN(3) == 0 {
 		w.nested(ctx, xs[0], lost, mm.Lock, mm.Unlock)
 	}
@@ -371,8 +375,51 @@ func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string)
 	w.retryRelease(n, "MultiMutex.Unlock", err, mm.Unlock, mutexErrs)
 }
 
-func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
-	name := "s" + strconv.Itoa(rng.IntN(semNames))
+// longHolder keeps node n holding something for longer than a lease,
+// one thing after another: the holds that a partition (partitionStream) or
+// the operator's mistakes cut short, so that a loss meets what comes after
+// it: the holder's watchdog, its nested Lock and its release, and a
+// competitor granted what the holder lost.
+func (w *world) longHolder(ctx context.Context, n *node, rng *rand.Rand) {
+	seq := 0
+	for ctx.Err() == nil && !n.closed.Load() {
+		seq++
+		id := fmt.Sprintf("n%dlong.%d", n.i, seq)
+		switch rng.IntN(5) {
+		case 0:
+			w.mutexOp(ctx, n, rng, id, true)
+		case 1:
+			w.mutexDo(ctx, n, rng, id, true)
+		case 2:
+			w.rwOp(ctx, n, rng, id, true)
+		case 3:
+			w.multiOp(ctx, n, rng, id, true)
+		default:
+			w.semOp(ctx, n, rng, id, true)
+		}
+	}
+}
+
+// hotSemaphore keeps s0 near its capacity from node n: permits of weight
+// 1 to semCap (all of it) held for a sixteenth to half a lease, one after
+// another, so that acquisitions meet a full semaphore.
+func (w *world) hotSemaphore(ctx context.Context, n *node, rng *rand.Rand) {
+	seq := 0
+	for ctx.Err() == nil && !n.closed.Load() {
+		seq++
+		w.semHold(ctx, n, rng, fmt.Sprintf("n%dhot.%d", n.i, seq), "s0", 1+rng.Int64N(semCap), func() {
+			sleep(ctx, time.Duration((0.0625+0.4375*rng.Float64())*float64(w.cfg.Lease)))
+		})
+	}
+}
+
+func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string, long bool) {
+	w.semHold(ctx, n, rng, id, "s"+strconv.Itoa(rng.IntN(semNames)), int64(1+rng.IntN(2)), func() { w.holdFor(ctx, rng, long) })
+}
+
+// semHold acquires weight permits of semaphore name, holds them (keep)
+// and releases them.
+func (w *world) semHold(ctx context.Context, n *node, rng *rand.Rand, id, name string, weight int64, keep func()) {
 	mgr, note := n.sems, "plain"
 	if rng.IntN(2) == 0 {
 		mgr, note = n.fairSems, "fair"
@@ -382,7 +429,6 @@ func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 		w.hist.violation("NewSemaphore: %v", err)
 		return
 	}
-	weight := int64(1 + rng.IntN(2))
 	try := rng.IntN(4) == 0
 	w.count(map[bool]string{true: "sem.tryacquire", false: "sem.acquire"}[try])
 	actx, cancel := context.WithTimeout(ctx, w.opTimeout(rng))
@@ -402,9 +448,9 @@ func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 		return
 	}
 	x := &hold{kind: "permit", res: name, owner: p.ID(), node: n.i, weight: weight, note: note, call: call, start: time.Now(),
-		lost: func() bool { return closed(p.Lost()) }}
+		lostCh: p.Lost()}
 	w.hist.begin(x)
-	w.holdFor(ctx, rng)
+	keep()
 	w.release(x, p.Release, func() bool { return p.Err() != nil }, semErrs)
 }
 
