@@ -110,13 +110,16 @@ const (
 
 // world is what one run works on.
 type world struct {
-	cfg   Config
-	srv   *redistest.Server  // the single server, nil on a cluster
-	cl    *redistest.Cluster // the cluster, nil on a single server
-	hist  *history
-	lim   *limitLog
-	nodes []*node
-	admin *node // no proxy: the operator's ForceUnlock
+	cfg  Config
+	srv  *redistest.Server  // the single server, nil on a cluster
+	cl   *redistest.Cluster // the cluster, nil on a single server
+	hist *history
+	lim  *limitLog
+	// policies is the Policies set the workload passes to AllowPolicies
+	// and WaitPolicies; each of its policies keeps its own log in lim.
+	policies *ratelimit.Policies
+	nodes    []*node
+	admin    *node // no proxy: the operator's ForceUnlock
 
 	inflight inflight
 
@@ -176,6 +179,7 @@ func Run(t testing.TB, cfg Config) Report {
 	for i := range semNames {
 		w.hist.capacity["s"+strconv.Itoa(i)] = semCap
 	}
+	w.policies = w.newPolicies(t)
 	for i := range cfg.Nodes {
 		w.nodes = append(w.nodes, w.newNode(t, i, true))
 	}
@@ -231,6 +235,7 @@ func Run(t testing.TB, cfg Config) Report {
 	w.hist.settle()
 	w.hist.checkTokens()
 	w.hist.checkLiveness(w.cfg.Lease / 4)
+	w.probePolicies()
 	w.lim.check(w.hist)
 	w.lim.checkWindows(w.hist)
 

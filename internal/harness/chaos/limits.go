@@ -1,10 +1,13 @@
 package chaos
 
 import (
+	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/sluicekit/sluice/ratelimit"
@@ -16,6 +19,9 @@ type decision struct {
 	call, ret  time.Time
 	cost       int
 	resetAfter time.Duration // fixed window: until the window's end
+	// noWindow leaves the decision out of checkWindows: a Wait's call is
+	// not when its last try was sent, so its window is not known.
+	noWindow bool
 }
 
 // limitLog keeps the allowed requests of every limiter key.
@@ -103,6 +109,7 @@ func (l *limitLog) checkWindows(h *history) {
 		p := spec.limit.Period
 		sum := map[int64]int{}
 		when := map[int64]time.Time{}
+		ds = slices.DeleteFunc(slices.Clone(ds), func(d decision) bool { return d.noWindow })
 		switch {
 		case strings.HasSuffix(name, "/http"):
 			continue // served requests: their window is not known
@@ -186,4 +193,130 @@ func algoName(a ratelimit.Algorithm) string {
 		return "gcra"
 	}
 	return fmt.Sprint(int(a))
+}
+
+// Policy names of the workload's Policies set (newPolicies).
+const (
+	policyGCRA  = "pgcra"
+	policyFixed = "pfixed"
+)
+
+// newPolicies builds the Policies set of the workload: a GCRA and a fixed
+// window policy, the second tighter, so that either may deny; each keeps
+// a log of its own in lim, checked against its algorithm's bound.
+func (w *world) newPolicies(t testing.TB) *ratelimit.Policies {
+	period := w.cfg.Lease / 2
+	specs := map[string]limiterSpec{
+		policyGCRA:  {ratelimit.GCRA, ratelimit.Limit{Rate: 10, Period: period, Burst: 4}},
+		policyFixed: {ratelimit.FixedWindow, ratelimit.Limit{Rate: 6, Period: period}},
+	}
+	var ps []ratelimit.Policy
+	for _, name := range []string{policyGCRA, policyFixed} {
+		ps = append(ps, ratelimit.Policy{Name: name, Algorithm: specs[name].algo, Limit: specs[name].limit})
+		w.lim.limits[name] = specs[name]
+	}
+	p, err := ratelimit.NewPolicies(ps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// policiesOp asks for a request of cost 1 or 2 under the workload's
+// Policies, with AllowPolicies or (a third of the time) WaitPolicies; an
+// allowed request counts in every policy's log.
+func (w *world) policiesOp(ctx context.Context, l *ratelimit.Limiter, key string, rng *rand.Rand) {
+	cost := 1 + rng.IntN(2)
+	wait := rng.IntN(3) == 0
+	actx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+	defer cancel()
+	call := time.Now()
+	var d ratelimit.Decision
+	var err error
+	if wait {
+		w.count("limit.waitpolicies")
+		d, err = l.WaitPolicies(actx, key, cost, w.policies)
+	} else {
+		w.count("limit.allowpolicies")
+		d, err = l.AllowPolicies(actx, key, cost, w.policies)
+	}
+	ret := time.Now()
+	if err != nil {
+		w.expected("Limiter.AllowPolicies", call, err, ratelimit.ErrNotAllowed)
+		return
+	}
+	if !d.Allowed {
+		return
+	}
+	for i, name := range []string{policyGCRA, policyFixed} {
+		w.lim.add(name+"/"+key, decision{call: call, ret: ret, cost: cost, resetAfter: d.Results[i].ResetAfter, noWindow: wait})
+	}
+}
+
+// waitOp waits for a request of cost 1 or 2 on limiter l.
+func (w *world) waitOp(ctx context.Context, l *ratelimit.Limiter, key string, rng *rand.Rand) {
+	cost := 1 + rng.IntN(2)
+	w.count("limit.wait")
+	actx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+	defer cancel()
+	call := time.Now()
+	res, err := l.Wait(actx, key, cost)
+	ret := time.Now()
+	if err != nil {
+		w.expected("Limiter.Wait", call, err, ratelimit.ErrNotAllowed)
+		return
+	}
+	if res.Allowed {
+		w.lim.add(algoName(l.Algorithm())+"/"+key, decision{call: call, ret: ret, cost: cost, noWindow: true})
+	}
+}
+
+// probePolicies checks, with the workload over, that a request a Policies
+// set denies is counted in none of its policies: for a loose policy of
+// each algorithm ahead of a tight fixed window, two requests are allowed,
+// the third is denied by the tight one, and the loose one must not have
+// less room after the denial than after the second request.
+func (w *world) probePolicies() {
+	l, err := ratelimit.New(w.admin.sc, ratelimit.Options{Limit: ratelimit.PerMinute(1), Prefix: "sluice:rl:probe:", DisableDenyCache: true})
+	if err != nil {
+		w.hist.violation("policies probe: %v", err)
+		return
+	}
+	long := 10 * w.cfg.Lease
+	tight := ratelimit.Policy{Name: "tight", Algorithm: ratelimit.FixedWindow, Limit: ratelimit.Limit{Rate: 2, Period: long}}
+	for _, algo := range []ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindow, ratelimit.GCRA} {
+		loose := ratelimit.Policy{Name: "loose", Algorithm: algo, Limit: ratelimit.Limit{Rate: 5, Period: long, Burst: 5}}
+		if err := w.probePolicy(l, "probe."+algoName(algo), loose, tight); err != nil {
+			w.hist.violation("policies probe, loose %s ahead of a tight fixed window: %v", algoName(algo), err)
+		}
+	}
+}
+
+func (w *world) probePolicy(l *ratelimit.Limiter, key string, loose, tight ratelimit.Policy) error {
+	ps, err := ratelimit.NewPolicies(loose, tight)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*w.cfg.Lease)
+	defer cancel()
+	var room int
+	for i := range 3 {
+		d, err := l.AllowPolicies(ctx, key, 1, ps)
+		switch {
+		case err != nil:
+			return err
+		case d.Allowed != (i < 2):
+			return fmt.Errorf("request %d: allowed %v", i+1, d.Allowed)
+		case i == 1:
+			room = d.Results[0].Remaining
+		}
+	}
+	d, err := l.AllowPolicies(ctx, key, 0, ps)
+	if err != nil {
+		return err
+	}
+	if got := d.Results[0].Remaining; got < room {
+		return fmt.Errorf("the loose policy had %d left after the second request and %d after the denied third: the denial was counted", room, got)
+	}
+	return l.Reset(ctx, key, ps)
 }

@@ -407,19 +407,24 @@ func (w *world) hotSemaphore(ctx context.Context, n *node, rng *rand.Rand) {
 	seq := 0
 	for ctx.Err() == nil && !n.closed.Load() {
 		seq++
-		w.semHold(ctx, n, rng, fmt.Sprintf("n%dhot.%d", n.i, seq), "s0", 1+rng.Int64N(semCap), func() {
+		held := w.semHold(ctx, n, rng, fmt.Sprintf("n%dhot.%d", n.i, seq), "s0", 1+rng.Int64N(semCap), func() {
 			sleep(ctx, time.Duration((0.0625+0.4375*rng.Float64())*float64(w.cfg.Lease)))
 		})
+		if !held {
+			// A TryAcquire of a full semaphore, or an error of a fault:
+			// not again at once.
+			sleep(ctx, w.cfg.Lease/16)
+		}
 	}
 }
 
 func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string, long bool) {
-	w.semHold(ctx, n, rng, id, "s"+strconv.Itoa(rng.IntN(semNames)), int64(1+rng.IntN(2)), func() { w.holdFor(ctx, rng, long) })
+	_ = w.semHold(ctx, n, rng, id, "s"+strconv.Itoa(rng.IntN(semNames)), int64(1+rng.IntN(2)), func() { w.holdFor(ctx, rng, long) })
 }
 
 // semHold acquires weight permits of semaphore name, holds them (keep)
-// and releases them.
-func (w *world) semHold(ctx context.Context, n *node, rng *rand.Rand, id, name string, weight int64, keep func()) {
+// and releases them. It reports whether it got them.
+func (w *world) semHold(ctx context.Context, n *node, rng *rand.Rand, id, name string, weight int64, keep func()) bool {
 	mgr, note := n.sems, "plain"
 	if rng.IntN(2) == 0 {
 		mgr, note = n.fairSems, "fair"
@@ -427,7 +432,7 @@ func (w *world) semHold(ctx context.Context, n *node, rng *rand.Rand, id, name s
 	s, err := mgr.NewSemaphore(name, semCap)
 	if err != nil {
 		w.hist.violation("NewSemaphore: %v", err)
-		return
+		return false
 	}
 	try := rng.IntN(4) == 0
 	w.count(map[bool]string{true: "sem.tryacquire", false: "sem.acquire"}[try])
@@ -445,19 +450,29 @@ func (w *world) semHold(ctx context.Context, n *node, rng *rand.Rand, id, name s
 		if !try {
 			w.gaveUp(ctx, "permit", name, "a "+note+" Acquire of node "+strconv.Itoa(n.i), weight, call, err)
 		}
-		return
+		return false
 	}
 	x := &hold{kind: "permit", res: name, owner: p.ID(), node: n.i, weight: weight, note: note, call: call, start: time.Now(),
 		lostCh: p.Lost()}
 	w.hist.begin(x)
 	keep()
 	w.release(x, p.Release, func() bool { return p.Err() != nil }, semErrs)
+	return true
 }
 
 func (w *world) limitOp(ctx context.Context, n *node, rng *rand.Rand) {
 	i := rng.IntN(len(n.limiters))
 	l := n.limiters[i]
 	key := "k" + strconv.Itoa(rng.IntN(limitKeys))
+	switch rng.IntN(4) {
+	case 0:
+		// Always through one Limiter: its Prefix names the set's state.
+		w.policiesOp(ctx, n.limiters[0], key, rng)
+		return
+	case 1:
+		w.waitOp(ctx, l, key, rng)
+		return
+	}
 	cost := 1 + rng.IntN(3)
 	w.count("limit.allow")
 	actx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
@@ -482,8 +497,14 @@ func (w *world) hammer(ctx context.Context, n *node, rng *rand.Rand) {
 	for ctx.Err() == nil && !n.closed.Load() {
 		l := n.limiters[rng.IntN(len(n.limiters))]
 		name := algoName(l.Algorithm()) + "/hot"
+		policies := rng.IntN(4) == 0
 		until := time.Now().Add(time.Duration((0.15 + rng.Float64()*0.6) * float64(w.cfg.Lease)))
 		for time.Now().Before(until) && ctx.Err() == nil && !n.closed.Load() {
+			if policies {
+				w.policiesOp(ctx, n.limiters[0], "hot", rng)
+				sleep(ctx, 5*time.Millisecond)
+				continue
+			}
 			cost := 1 + rng.IntN(2)
 			w.count("limit.hammer")
 			actx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
