@@ -13,13 +13,14 @@ import (
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
+	"github.com/sluicekit/sluice/semaphore"
 )
 
 // Every fault kind the harness can inject.
 var AllFaults = []string{
 	"latency", "blackhole", "dropreplies", "reset", // one node's network (fault proxy)
 	"scriptflush", "clientpause", "sigstop", "restart", // the server
-	"del", "wrongtype", "forceunlock", "flushall", // operator mistakes
+	"del", "wrongtype", "forceunlock", "flushall", "capacity", // operator mistakes, and SetCapacity
 	"close",            // Close of a node's Lockers and Managers with calls in flight
 	"partition", "lag", // a node cut off or slowed for longer than a lease (partitionStream)
 }
@@ -32,7 +33,7 @@ var AllFaults = []string{
 // node is left out: it loses data and the cluster's configuration.
 var ClusterFaults = []string{
 	"scriptflush", "clientpause", "sigstop",
-	"del", "wrongtype", "forceunlock", "flushall",
+	"del", "wrongtype", "forceunlock", "flushall", "capacity",
 	"close", "migrate",
 }
 
@@ -47,6 +48,7 @@ type fault struct {
 	res    string
 	length time.Duration
 	base   time.Duration // latency
+	cap    int64         // capacity: the new capacity of semaphore res
 }
 
 type schedule []fault
@@ -70,7 +72,8 @@ func (w *world) schedule(rng *rand.Rand) schedule {
 		kinds = menu
 	}
 	kinds = slices.DeleteFunc(slices.Clone(kinds), func(k string) bool {
-		return !slices.Contains(menu, k) || k == "partition" || k == "lag" // a stream of their own
+		// Streams of their own: partitionStream, operatorStream.
+		return !slices.Contains(menu, k) || k == "partition" || k == "lag" || k == "capacity"
 	})
 	if len(kinds) == 0 {
 		return nil
@@ -119,16 +122,17 @@ func (w *world) schedule(rng *rand.Rand) schedule {
 	return s
 }
 
-// partitionStream draws faults longer than a lease: every two to four
-// leases of the storm, one node's fault proxy either drops everything for
-// 1.2 to 1.8 leases (a partition) or delays every reply by 1.05 to 1.4
-// leases for one to two leases (lag, so that grants and renewals come
-// back after their lease). Either way the node's leases run out on the
-// server while it still holds, and the other nodes take what it held. The
-// main schedule's faults are mostly shorter than a lease; these are the
-// ones after which a holder's loss signal, its watchdog, a nested Lock, a
-// late grant and a competitor's grant meet. Only on a single server (a
-// cluster has no fault proxies).
+// partitionStream draws faults longer than a lease: every one and a half
+// to three leases of the storm, one node's fault proxy either drops
+// everything for 1.2 to 1.8 leases (a partition, two times in three; the
+// node cut off is one in the middle of a long hold, if one is: see apply)
+// or delays every reply by 1.05 to 1.4 leases for one to two leases (lag,
+// so that grants and renewals come back after their lease). Either way the
+// node's leases run out on the server while it still holds, and the other
+// nodes take what it held. The main schedule's faults are mostly shorter
+// than a lease; these are the ones after which a holder's loss signal, its
+// watchdog, a nested Lock, a late grant and a competitor's grant meet.
+// Only on a single server (a cluster has no fault proxies).
 func (w *world) partitionStream(rng *rand.Rand) schedule {
 	if w.cl != nil {
 		return nil
@@ -148,8 +152,11 @@ func (w *world) partitionStream(rng *rand.Rand) schedule {
 	}
 	storm := time.Duration(stormEnd * float64(w.cfg.Duration))
 	var s schedule
-	for at := lease / 2; at < storm; at += span(2, 4) {
+	for at := lease / 2; at < storm; at += span(1.5, 3) {
 		f := fault{at: at, kind: kinds[rng.IntN(len(kinds))], node: rng.IntN(w.cfg.Nodes)}
+		if len(kinds) == 2 && rng.IntN(3) > 0 {
+			f.kind = "partition" // two in three
+		}
 		if f.kind == "partition" {
 			f.length = span(1.2, 1.8)
 		} else {
@@ -160,10 +167,12 @@ func (w *world) partitionStream(rng *rand.Rand) schedule {
 	return s
 }
 
-// operatorStream draws the careless operator's actions (see schedule).
+// operatorStream draws the careless operator's actions (see schedule),
+// and now and then a SetCapacity of s1 (2 to 4; the workload's weights
+// are at most 2 there) that shrinks or grows it under load.
 func (w *world) operatorStream(rng *rand.Rand) schedule {
 	var kinds []string
-	for _, k := range []string{"del", "wrongtype", "forceunlock"} {
+	for _, k := range []string{"del", "wrongtype", "forceunlock", "capacity"} {
 		if w.cfg.Faults == nil || slices.Contains(w.cfg.Faults, k) {
 			kinds = append(kinds, k)
 		}
@@ -174,7 +183,11 @@ func (w *world) operatorStream(rng *rand.Rand) schedule {
 	storm := time.Duration(stormEnd * float64(w.cfg.Duration))
 	var s schedule
 	for at := w.cfg.Lease / 4; at < storm; at += time.Duration((0.125 + rng.Float64()*0.375) * float64(w.cfg.Lease)) {
-		s = append(s, fault{at: at, kind: kinds[rng.IntN(len(kinds))], res: resources[rng.IntN(len(resources))]})
+		f := fault{at: at, kind: kinds[rng.IntN(len(kinds))], res: resources[rng.IntN(len(resources))]}
+		if f.kind == "capacity" {
+			f.res, f.cap = "s1", 2+rng.Int64N(3)
+		}
+		s = append(s, f)
 	}
 	return s
 }
@@ -207,6 +220,8 @@ func (s schedule) lines(cluster bool) []string {
 			l += fmt.Sprintf(" node %d while master %d is stopped", f.node, f.server)
 		case f.kind == "close" && f.length > 0:
 			l += fmt.Sprintf(" node %d while the server is stopped", f.node)
+		case f.kind == "capacity":
+			l += fmt.Sprintf(" %s to %d", f.res, f.cap)
 		case f.res != "":
 			l += " " + f.res
 		case f.kind == "latency" || f.kind == "lag":
@@ -280,6 +295,18 @@ func (w *world) apply(ctx context.Context, f fault) error {
 		hold()
 		nd.proxy.SetLatency(0, 0)
 	case "blackhole", "partition":
+		if f.kind == "partition" {
+			// Cut off a node in the middle of a long hold, so that what
+			// it holds expires while it holds it, the first such node
+			// from f.node on; f.node if none holds.
+			for k := range w.cfg.Nodes {
+				if c := w.nodes[(f.node+k)%w.cfg.Nodes]; c.longHolds.Load() > 0 && !c.closed.Load() {
+					nd = c
+					w.cfg.Logf("partition: node %d, in a long hold", c.i)
+					break
+				}
+			}
+		}
 		// The two streams may cut one node at once: the node stays cut
 		// until both have ended.
 		if nd.cuts.Add(1) == 1 {
@@ -337,6 +364,15 @@ func (w *world) apply(ctx context.Context, f fault) error {
 		if err == nil {
 			done() // an action that failed removed nothing
 		}
+	case "capacity":
+		var sem *semaphore.Semaphore
+		if sem, err = w.admin.sems.NewSemaphore(f.res, semCap); err != nil {
+			break
+		}
+		at := time.Now()
+		err = sem.SetCapacity(ctx, f.cap)
+		w.hist.setCapacity(f.res, at, time.Now(), f.cap)
+		w.capacitySet.Store(true)
 	case "forceunlock":
 		done := w.hist.operator(f.res, "ForceUnlock")
 		err = w.forceUnlock(ctx, f.res)

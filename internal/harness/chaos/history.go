@@ -65,18 +65,20 @@ type event struct {
 type history struct {
 	epoch time.Time
 
-	mu        sync.Mutex
-	nextID    int
-	active    map[string][]*hold // by resource
-	done      []*hold
-	events    []event
-	capacity  map[string]int64 // semaphore capacities
-	ops       []opEvent        // operator actions, by resource ("" for all)
-	faults    []faultSpan      // network and server faults
-	viol      []string
-	incidents []incident
-	pending   []pendingConflict
-	stalls    []stall
+	mu         sync.Mutex
+	nextID     int
+	active     map[string][]*hold // by resource
+	done       []*hold
+	events     []event
+	capacity   map[string]int64       // semaphore capacities at the start
+	capChanges map[string][]capChange // SetCapacity calls, in order
+	ops        []opEvent              // operator actions, by resource ("" for all)
+	faults     []faultSpan            // network and server faults
+	viol       []string
+	incidents  []incident
+	pending    []pendingConflict
+	stalls     []stall
+	excused    []string // conflicts settle excused, for the log
 	// prompt bounds how long after an operator removed a hold its holder
 	// may go on untold (the watchdog renews every third of a lease and
 	// declares a loss at the lease's end at the latest).
@@ -107,7 +109,8 @@ type faultSpan struct {
 }
 
 func newHistory(lease time.Duration) *history {
-	return &history{epoch: time.Now(), active: map[string][]*hold{}, capacity: map[string]int64{}, prompt: lease + lease/4}
+	return &history{epoch: time.Now(), active: map[string][]*hold{}, capacity: map[string]int64{},
+		capChanges: map[string][]capChange{}, prompt: lease + lease/4}
 }
 
 func (h *history) since(t time.Time) string {
@@ -142,6 +145,19 @@ func (h *history) operator(res, what string) (done func()) {
 	now := time.Now()
 	i := len(h.ops)
 	h.ops = append(h.ops, opEvent{at: now, res: res, what: what})
+	// Removing a semaphore's keys removes a capacity SetCapacity set: the
+	// callers' capacity applies again.
+	type reset struct {
+		res string
+		i   int
+	}
+	var resets []reset
+	for r, c := range h.capacity {
+		if res == "" || r == res {
+			resets = append(resets, reset{r, len(h.capChanges[r])})
+			h.capChanges[r] = append(h.capChanges[r], capChange{at: now, done: now, cap: c})
+		}
+	}
 	var before []*hold
 	for r, hs := range h.active {
 		if res == "" || r == res {
@@ -153,6 +169,9 @@ func (h *history) operator(res, what string) (done func()) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		h.ops[i].end = time.Now()
+		for _, r := range resets {
+			h.capChanges[r.res][r.i].done = h.ops[i].end
+		}
 		for _, x := range before {
 			if !x.ended && !x.owed {
 				x.owed = true
@@ -192,6 +211,18 @@ func (h *history) setLossExplainedLocked(x *hold, to time.Time) bool {
 func (h *history) lossExplainedLocked(res string, from, to time.Time) bool {
 	for _, f := range h.faults {
 		if (f.res == "" || f.res == res) && !f.from.After(to) && !f.to.Before(from) {
+			return true
+		}
+	}
+	return false
+}
+
+// renewalsHitLocked reports whether a fault that can fail renewals (of the
+// network or the server, not an operator's action on one resource) was in
+// force at some time in [from, to]. Called with h.mu held.
+func (h *history) renewalsHitLocked(from, to time.Time) bool {
+	for _, f := range h.faults {
+		if f.res == "" && !f.from.After(to) && !f.to.Before(from) {
 			return true
 		}
 	}
@@ -296,7 +327,7 @@ func (h *history) conflictLocked(x *hold, group []*hold, final bool) bool {
 		for _, o := range group {
 			w += o.weight
 		}
-		excess = w - h.capacity[x.res]
+		excess = w - h.capacityLocked(x.res, x.call, x.start)
 	} else {
 		excess = int64(len(group) - 1)
 	}
@@ -316,8 +347,9 @@ func (h *history) conflictLocked(x *hold, group []*hold, final bool) bool {
 			return true
 		}
 		if x.kind == "permit" {
+			c := h.capacityLocked(x.res, x.call, x.start)
 			h.violationLocked("semaphore %s over capacity %d: hold #%d (weight %d) started at %s while holders not told of a loss held %d",
-				x.res, h.capacity[x.res], x.id, x.weight, h.since(x.start), excess+h.capacity[x.res]-x.weight)
+				x.res, c, x.id, x.weight, h.since(x.start), excess+c-x.weight)
 		} else {
 			h.violationLocked("exclusion: %s hold #%d of %q started at %s while %d conflicting holds not told of a loss held it",
 				x.kind, x.id, x.res, h.since(x.start), len(group)-1)
@@ -348,8 +380,13 @@ func (h *history) settleConflictsLocked() {
 	for _, p := range h.pending {
 		group := []*hold{p.x}
 		for _, o := range p.group[1:] {
-			if o.told && !o.toldAt.After(p.x.start.Add(h.stallsLocked(p.x.start.Add(-h.prompt), o.toldAt)+stallSlack)) {
-				continue
+			if o.told {
+				st := h.stallsLocked(p.x.start.Add(-h.prompt), o.toldAt)
+				if !o.toldAt.After(p.x.start.Add(st + stallSlack)) {
+					h.excused = append(h.excused, fmt.Sprintf("hold #%d of %q told %v after hold #%d started, within the process's longest stall (%v) and %v",
+						o.id, o.res, o.toldAt.Sub(p.x.start).Round(time.Millisecond), p.x.id, st.Round(time.Millisecond), stallSlack))
+					continue
+				}
 			}
 			group = append(group, o)
 		}
@@ -469,10 +506,19 @@ func (h *history) end(x *hold, told bool, how string) {
 			x.kind, x.id, x.res, x.node, x.toldHow)
 		h.noteInvolvedLocked(x)
 	}
-	if x.owed && x.told && x.toldAt.Sub(x.owedAt) > h.prompt {
-		h.violationLocked("lost hold reported late: %s hold #%d of %q (node %d) was removed (%s) and its holder was told only %v later (%s), after more than %v",
-			x.kind, x.id, x.res, x.node, x.owedWhy, x.toldAt.Sub(x.owedAt).Round(time.Millisecond), x.toldHow, h.prompt)
-		h.noteInvolvedLocked(x)
+	if x.owed && x.told {
+		// The watchdog renews every third of a lease, and finds the hold
+		// gone at the first renewal after the removal; if renewals fail
+		// (a fault of the network or the server), the lease ends it.
+		bound := h.prompt / 2
+		if h.renewalsHitLocked(x.owedAt, x.owedAt.Add(h.prompt)) {
+			bound = h.prompt
+		}
+		if x.toldAt.Sub(x.owedAt) > bound {
+			h.violationLocked("lost hold reported late: %s hold #%d of %q (node %d) was removed (%s) and its holder was told only %v later (%s), after more than %v",
+				x.kind, x.id, x.res, x.node, x.owedWhy, x.toldAt.Sub(x.owedAt).Round(time.Millisecond), x.toldHow, bound)
+			h.noteInvolvedLocked(x)
+		}
 	}
 	if x.owed && !x.told {
 		h.violationLocked("lost hold never reported: %s hold #%d of %q (node %d) was removed (%s) and its holder was not told (%s)",
@@ -560,4 +606,39 @@ func (h *history) holdsBy() map[string]int {
 		n[x.kind]++
 	}
 	return n
+}
+
+// A capChange is a SetCapacity call: it took effect at some time between
+// at and done.
+type capChange struct {
+	at, done time.Time
+	cap      int64
+}
+
+// setCapacity records a SetCapacity of res to c, called at at and
+// returned (or failed) at done. A failed call may have taken effect too.
+func (h *history) setCapacity(res string, at, done time.Time, c int64) {
+	h.mu.Lock()
+	h.capChanges[res] = append(h.capChanges[res], capChange{at, done, c})
+	h.mu.Unlock()
+}
+
+// capacityLocked returns the largest capacity of res that may have been in
+// force at some time in [from, to]: the one set last before from, and any
+// set by a call that overlapped the span. A grant between from and to
+// could have been made under any of them. Called with h.mu held.
+func (h *history) capacityLocked(res string, from, to time.Time) int64 {
+	c := h.capacity[res]
+	for _, ch := range h.capChanges[res] {
+		if ch.done.Before(from) {
+			c = ch.cap
+		}
+	}
+	best := c
+	for _, ch := range h.capChanges[res] {
+		if !ch.at.After(to) && !ch.done.Before(from) {
+			best = max(best, ch.cap)
+		}
+	}
+	return best
 }

@@ -51,12 +51,18 @@ func (w *world) opTimeout(rng *rand.Rand) time.Duration {
 
 // holdFor is how long a holder keeps what it got: mostly short, now and
 // then longer than a lease, so that the watchdog renews it; a long holder
-// (longHolder) always keeps it 1.2 to 2.5 leases.
-func (w *world) holdFor(ctx context.Context, rng *rand.Rand, long bool) {
+// (longHolder) always keeps it 2 to 4 leases, so that a partition of a
+// lease and more in the middle of it outlasts the lease on the server.
+func (w *world) holdFor(ctx context.Context, n *node, rng *rand.Rand, long bool) {
+	if long {
+		// For partitionStream, which cuts off a node that holds.
+		n.longHolds.Add(1)
+		defer n.longHolds.Add(-1)
+	}
 	d := time.Duration(rng.Float64() * float64(w.cfg.Lease) / 8)
 	switch {
 	case long:
-		d = time.Duration((1.2 + 1.3*rng.Float64()) * float64(w.cfg.Lease))
+		d = time.Duration((2 + 2*rng.Float64()) * float64(w.cfg.Lease))
 	case rng.IntN(8) == 0:
 		d = time.Duration((1 + rng.Float64()/2) * float64(w.cfg.Lease))
 	}
@@ -141,7 +147,7 @@ func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string,
 	x := &hold{kind: "mutex", res: name, owner: id, node: n.i, weight: 1, token: m.Token(), note: note, call: call, start: time.Now(),
 		lostCh: m.Lost()}
 	w.hist.begin(x)
-	w.holdFor(ctx, rng, long)
+	w.holdFor(ctx, n, rng, long)
 	// Nest now and then, and always once the hold is known lost: that
 	// Lock must not join it.
 	if lost := m.Lost(); closed(lost) || rng.IntN(3) == 0 {
@@ -258,7 +264,7 @@ func (w *world) mutexDo(ctx context.Context, n *node, rng *rand.Rand, id string,
 		x = &hold{kind: "mutex", res: name, owner: id, node: n.i, weight: 1, token: m.Token(), note: note, call: call, start: time.Now(),
 			lostCh: m.Lost()}
 		w.hist.begin(x)
-		w.holdFor(ctx, rng, long)
+		w.holdFor(ctx, n, rng, long)
 		if closed(fctx.Done()) && errors.Is(context.Cause(fctx), mutex.ErrLost) {
 			w.hist.tell(x, "fn's context ended with the loss")
 		}
@@ -308,7 +314,7 @@ func (w *world) rwOp(ctx context.Context, n *node, rng *rand.Rand, id string, lo
 	x := &hold{kind: kind, res: name, owner: id, node: n.i, weight: 1, token: token, note: note, call: call, start: time.Now(),
 		lostCh: rw.Lost()}
 	w.hist.begin(x)
-	w.holdFor(ctx, rng, long)
+	w.holdFor(ctx, n, rng, long)
 	lock, unlock := rw.RLock, rw.RUnlock
 	if write {
 		lock, unlock = rw.Lock, rw.Unlock
@@ -356,7 +362,7 @@ func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string,
 		w.hist.begin(x)
 		xs = append(xs, x)
 	}
-	w.holdFor(ctx, rng, long)
+	w.holdFor(ctx, n, rng, long)
 	if lost := mm.Lost(); closed(lost) || rng.IntN(3) == 0 {
 		w.nested(ctx, xs[0], lost, mm.Lock, mm.Unlock)
 	}
@@ -375,7 +381,7 @@ func (w *world) multiOp(ctx context.Context, n *node, rng *rand.Rand, id string,
 	w.retryRelease(n, "MultiMutex.Unlock", err, mm.Unlock, mutexErrs)
 }
 
-// longHolder keeps node n holding something for longer than a lease,
+// longHolder keeps node n holding something for 2 to 4 leases,
 // one thing after another: the holds that a partition (partitionStream) or
 // the operator's mistakes cut short, so that a loss meets what comes after
 // it: the holder's watchdog, its nested Lock and its release, and a
@@ -385,17 +391,19 @@ func (w *world) longHolder(ctx context.Context, n *node, rng *rand.Rand) {
 	for ctx.Err() == nil && !n.closed.Load() {
 		seq++
 		id := fmt.Sprintf("n%dlong.%d", n.i, seq)
-		switch rng.IntN(5) {
-		case 0:
+		// Mostly locks, which every worker contends for; permits of the
+		// semaphore kept full (hotSemaphore), where one lost matters.
+		switch k := rng.IntN(10); {
+		case k < 3:
 			w.mutexOp(ctx, n, rng, id, true)
-		case 1:
+		case k < 5:
 			w.mutexDo(ctx, n, rng, id, true)
-		case 2:
+		case k < 7:
 			w.rwOp(ctx, n, rng, id, true)
-		case 3:
+		case k < 9:
 			w.multiOp(ctx, n, rng, id, true)
 		default:
-			w.semOp(ctx, n, rng, id, true)
+			w.semHold(ctx, n, rng, id, "s0", 1+rng.Int64N(2), func() { w.holdFor(ctx, n, rng, true) })
 		}
 	}
 }
@@ -419,7 +427,7 @@ func (w *world) hotSemaphore(ctx context.Context, n *node, rng *rand.Rand) {
 }
 
 func (w *world) semOp(ctx context.Context, n *node, rng *rand.Rand, id string, long bool) {
-	_ = w.semHold(ctx, n, rng, id, "s"+strconv.Itoa(rng.IntN(semNames)), int64(1+rng.IntN(2)), func() { w.holdFor(ctx, rng, long) })
+	_ = w.semHold(ctx, n, rng, id, "s"+strconv.Itoa(rng.IntN(semNames)), int64(1+rng.IntN(2)), func() { w.holdFor(ctx, n, rng, long) })
 }
 
 // semHold acquires weight permits of semaphore name, holds them (keep)
