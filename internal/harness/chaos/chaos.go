@@ -187,6 +187,7 @@ func Run(t testing.TB, cfg Config) Report {
 		w.nodes = append(w.nodes, w.newNode(t, i, true))
 	}
 	w.admin = w.newNode(t, -1, false)
+	w.hist.nodeClosed = func(i int) bool { return i >= 0 && w.nodes[i].closed.Load() }
 	defer w.admin.close()
 
 	w.hist.epoch = time.Now() // the schedule's times count from here

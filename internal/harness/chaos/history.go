@@ -27,6 +27,7 @@ type hold struct {
 	call, start, end time.Time // acquisition called, returned; release called
 	ended            bool
 
+	try    bool            // acquired by TryLock or TryAcquire: one attempt
 	lostCh <-chan struct{} // the holder's loss signal (Lost), or nil
 	stop   chan struct{}   // ends the watch on lostCh (begin, releasing)
 
@@ -79,10 +80,14 @@ type history struct {
 	pending    []pendingConflict
 	stalls     []stall
 	excused    []string // conflicts settle excused, for the log
+	doa        []*hold  // holds whose loss signal had closed when they started
+	tries      []*hold  // holds of TryLock and TryAcquire
+	nodeClosed func(i int) bool
 	// prompt bounds how long after an operator removed a hold its holder
 	// may go on untold (the watchdog renews every third of a lease and
 	// declares a loss at the lease's end at the latest).
 	prompt   time.Duration
+	lease    time.Duration
 	waits    []wait
 	partials []*hold // MultiMutex Locks that may have held a name (liveness)
 }
@@ -110,7 +115,7 @@ type faultSpan struct {
 
 func newHistory(lease time.Duration) *history {
 	return &history{epoch: time.Now(), active: map[string][]*hold{}, capacity: map[string]int64{},
-		capChanges: map[string][]capChange{}, prompt: lease + lease/4}
+		capChanges: map[string][]capChange{}, prompt: lease + lease/4, lease: lease}
 }
 
 func (h *history) since(t time.Time) string {
@@ -267,8 +272,14 @@ func (h *history) begin(x *hold) {
 	defer h.mu.Unlock()
 	h.nextID++
 	x.id = h.nextID
+	if x.try {
+		h.tries = append(h.tries, x)
+	}
 	if x.lost() {
 		x.tellLocked("loss signal closed at start", x.start)
+		if h.nodeClosed == nil || !h.nodeClosed(x.node) {
+			h.doa = append(h.doa, x)
+		}
 	} else if x.lostCh != nil {
 		// Watch the signal, so that the time it closed is known even if
 		// nothing reads it until the release.
@@ -361,6 +372,61 @@ func (h *history) conflictLocked(x *hold, group []*hold, final bool) bool {
 	return false
 }
 
+// settleDOALocked decides the holds that were lost when their acquisition
+// returned. A Lock, RLock or Acquire returns a hold only if its grant came
+// back within the lease, counted from the send, less the margin; a grant
+// that came later is given back (Try forms fail with ErrLate, the others
+// try again). So a hold already lost at its start is a late grant taken
+// as a hold, unless its node was closed (begin leaves those out) or the
+// process stalled around the return (the keeper's timer may then have run
+// between the acquisition's check and the harness's look). Called with
+// h.mu held.
+func (h *history) settleDOALocked() {
+	for _, x := range h.doa {
+		if st := h.stallsLocked(x.call, x.start); st > stallSlack {
+			h.excused = append(h.excused, fmt.Sprintf("hold #%d of %q lost at its start, in a stall of %v", x.id, x.res, st.Round(time.Millisecond)))
+			continue
+		}
+		h.violationLocked("late grant taken as a hold: %s hold #%d of %q (node %d) was already lost when its acquisition returned (called %s, returned %s)",
+			x.kind, x.id, x.res, x.node, h.since(x.call), h.since(x.start))
+		h.noteInvolvedLocked(x)
+	}
+	// A Try form makes one attempt, sent when it is called: a grant
+	// answered after the lease less the margin, counted from the call,
+	// must come back as ErrLate. Unless the process stalled for the time
+	// over, or the attempt was sent again after a NOSCRIPT (a server-wide
+	// fault: SCRIPT FLUSH, a restart, FLUSHALL).
+	limit := h.lease - h.lease/10
+	for _, x := range h.tries {
+		over := x.start.Sub(x.call) - limit
+		if over <= 0 || h.serverWideLocked(x.call, x.start) {
+			continue
+		}
+		if st := h.stallsLocked(x.call, x.start); st+stallSlack >= over {
+			h.excused = append(h.excused, fmt.Sprintf("hold #%d of %q granted %v after its Try was called, in a stall of %v", x.id, x.res, x.start.Sub(x.call).Round(time.Millisecond), st.Round(time.Millisecond)))
+			continue
+		}
+		h.violationLocked("late grant taken as a hold: %s hold #%d of %q (node %d) was granted to a Try form %v after its call, past the lease less the margin (%v)",
+			x.kind, x.id, x.res, x.node, x.start.Sub(x.call).Round(time.Millisecond), limit)
+		h.noteInvolvedLocked(x)
+	}
+}
+
+// serverWideLocked reports whether a fault that makes scripts be sent
+// again (SCRIPT FLUSH, a restart, FLUSHALL) was in force at some time in
+// [from, to]. Called with h.mu held.
+func (h *history) serverWideLocked(from, to time.Time) bool {
+	for _, f := range h.faults {
+		switch f.what {
+		case "scriptflush", "restart", "flushall":
+			if !f.from.After(to) && !f.to.Before(from) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // A pendingConflict is a hold that started while conflicting holds had
 // not been told of a loss. It is a violation unless they were told at
 // about the same time: a holder's loss signal comes from a timer of its
@@ -446,6 +512,7 @@ func (h *history) settle() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.settleConflictsLocked()
+	h.settleDOALocked()
 	for _, in := range h.incidents {
 		var told int64
 		for _, o := range in.maybe {

@@ -145,7 +145,7 @@ func (w *world) mutexOp(ctx context.Context, n *node, rng *rand.Rand, id string,
 		return
 	}
 	x := &hold{kind: "mutex", res: name, owner: id, node: n.i, weight: 1, token: m.Token(), note: note, call: call, start: time.Now(),
-		lostCh: m.Lost()}
+		lostCh: m.Lost(), try: try}
 	w.hist.begin(x)
 	w.holdFor(ctx, n, rng, long)
 	// Nest now and then, and always once the hold is known lost: that
@@ -461,7 +461,7 @@ func (w *world) semHold(ctx context.Context, n *node, rng *rand.Rand, id, name s
 		return false
 	}
 	x := &hold{kind: "permit", res: name, owner: p.ID(), node: n.i, weight: weight, note: note, call: call, start: time.Now(),
-		lostCh: p.Lost()}
+		lostCh: p.Lost(), try: try}
 	w.hist.begin(x)
 	keep()
 	w.release(x, p.Release, func() bool { return p.Err() != nil }, semErrs)
