@@ -68,13 +68,28 @@ func Key(prefix, name, suffix string) string {
 	b.Grow(len(prefix) + len(name) + len(suffix) + 3)
 	b.WriteString(prefix)
 	b.WriteByte('{')
-	if name != "" && (name[0] == '}' || name[0] == '~') {
+	if escaped(name) {
 		b.WriteByte('~')
 	}
 	b.WriteString(name)
 	b.WriteByte('}')
 	b.WriteString(suffix)
 	return b.String()
+}
+
+// AppendKey appends Key(prefix, name, suffix) to dst, so that a caller
+// building several strings from a key needs no allocation for the key.
+func AppendKey(dst []byte, prefix, name, suffix string) []byte {
+	dst = append(append(dst, prefix...), '{')
+	if escaped(name) {
+		dst = append(dst, '~')
+	}
+	return append(append(append(dst, name...), '}'), suffix...)
+}
+
+// escaped reports whether Key writes a '~' before name.
+func escaped(name string) bool {
+	return name != "" && (name[0] == '}' || name[0] == '~')
 }
 
 // Slot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of the
