@@ -460,7 +460,7 @@ func (k *Keeper) startRenewal(l *Lease) {
 	if l.renew == nil {
 		return // a fixed lease: only its deadline is watched
 	}
-	ctx, cancel := context.WithDeadline(k.ctx, l.deadline.at())
+	ctx, cancel := k.callUntil(l.deadline)
 	l.inflight = cancel
 	k.wg.Add(1)
 	go func() {
@@ -490,6 +490,22 @@ func (k *Keeper) startRenewal(l *Lease) {
 		k.mu.Unlock()
 		k.poke()
 	}()
+}
+
+// callUntil returns the context of a renewal request that may run until
+// t: it ends then, or when the keeper closes. It has no deadline on
+// purpose: a call with one may run in its caller's goroutine and notice a
+// cancellation only when its reply comes or its deadline passes (rueidis's
+// lone call, see scriptcache.New; go-redis with ContextTimeoutEnabled),
+// so Close, which waits for the renewals, would wait for a server that
+// stopped answering.
+func (k *Keeper) callUntil(t mono) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(k.ctx)
+	timer := time.AfterFunc(time.Duration(t-monoNow()), cancel)
+	return ctx, func() {
+		timer.Stop()
+		cancel()
+	}
 }
 
 // collect handles g's leases that are due at now: it declares lost those
@@ -568,7 +584,7 @@ func (k *Keeper) renewBatches(g *Group, b *batch) {
 		if len(items) > 0 {
 			// Past the last deadline in b every lease in it is lost
 			// whatever the answer.
-			ctx, cancel := context.WithDeadline(k.ctx, b.last.at())
+			ctx, cancel := k.callUntil(b.last)
 			b.cancel = cancel
 			k.mu.Unlock()
 			k.renewBatch(ctx, g, b, items, errs)
