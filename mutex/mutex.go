@@ -559,15 +559,7 @@ var epoch = time.Now()
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // Name returns the lock's name.
-func (m *Mutex) Name() string {
-	// The name is in the hash's key, "PREFIX{NAME}", where a name that
-	// starts with '}' or '~' has a '~' put before it.
-	name := m.ids[len(m.l.opts.Prefix)+1 : m.keyLen-1]
-	if name[0] == '~' {
-		name = name[1:]
-	}
-	return name
-}
+func (m *Mutex) Name() string { return keyspace.NameOf(m.key(keyLock), m.l.opts.Prefix) }
 
 // Owner returns this Mutex's owner id.
 func (m *Mutex) Owner() string { return m.owner }
@@ -612,7 +604,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 	var id string
 	var w *notify.Waiter
 	live := false // registered on a confirmed subscription before the first attempt
-	if m.l.hub.Subscribed(m.key(1)) {
+	if m.l.hub.Subscribed(m.key(keyWake)) {
 		// Others in this process wait on the lock, or did a moment ago:
 		// register before the first attempt, so that no release after it
 		// can be missed and no second attempt is needed once subscribed
@@ -621,7 +613,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 		// many that get the lock at once.
 		id = m.newAttemptID()
 		var err error
-		if w, err = m.l.hub.SubscribeID(m.key(1), 1, id); err != nil {
+		if w, err = m.l.hub.SubscribeID(m.key(keyWake), 1, id); err != nil {
 			return false, false, ErrClosed
 		}
 		live = w.Confirmed()
@@ -635,7 +627,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 	}
 	queued := res.queued
 	if w == nil {
-		if w, err = m.l.hub.SubscribeID(m.key(1), 1, id); err != nil {
+		if w, err = m.l.hub.SubscribeID(m.key(keyWake), 1, id); err != nil {
 			m.leaveQueue(queued, id)
 			return false, false, ErrClosed
 		}
@@ -770,7 +762,7 @@ func (l *Locker) refreshEntries(ctx context.Context, items []any, errs []error) 
 	args := make([]string, 0, 3*len(items))
 	for _, it := range items {
 		e := it.(*queueEntry)
-		keys = append(keys, e.m.key(0), e.m.key(3), e.m.key(4))
+		keys = append(keys, e.m.key(keyLock), e.m.key(keyQueue), e.m.key(keyEntries))
 		args = append(args, e.id, e.m.owner, e.m.set.leaseMs)
 	}
 	vals, err := l.queueRefresh.Exec(ctx, keys, args).ToArray()
@@ -1457,7 +1449,7 @@ type Info struct {
 // Info reads the lock's state from Redis: whoever holds it, not only this
 // Mutex.
 func (m *Mutex) Info(ctx context.Context) (Info, error) {
-	vals, err := m.l.info.Exec(ctx, []string{m.key(0), m.key(3)}, nil).ToArray()
+	vals, err := m.l.info.Exec(ctx, []string{m.key(keyLock), m.key(keyQueue)}, nil).ToArray()
 	if err == nil && vals.Len() != 5 {
 		err = fmt.Errorf("unexpected reply of %d values", vals.Len())
 	}

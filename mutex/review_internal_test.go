@@ -67,7 +67,7 @@ func TestFairGrantGivenBackNotReused(t *testing.T) {
 
 	// Goroutine 1: m.Lock, as Mutex.lock runs it. First attempt queues.
 	id := m.newAttemptID()
-	w, err := l.hub.SubscribeID(m.key(1), 1, id)
+	w, err := l.hub.SubscribeID(m.key(keyWake), 1, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestFairGrantGivenBackNotReused(t *testing.T) {
 	}
 	// The give-back (sent in the background) reaches Redis.
 	if !redistest.WaitFor(ctx, 10*time.Second, func() bool {
-		out, _ := srv.Do("HEXISTS", m.key(2), oldID)
+		out, _ := srv.Do("HEXISTS", m.key(keyTomb), oldID)
 		return out == "1"
 	}) {
 		t.Fatal("the give-back's tombstone never appeared")

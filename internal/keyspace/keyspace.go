@@ -87,6 +87,17 @@ func AppendKey(dst []byte, prefix, name, suffix string) []byte {
 	return append(append(append(dst, name...), '}'), suffix...)
 }
 
+// NameOf returns the name of key, made by Key(prefix, name, ""): a
+// substring of key, so that a holder of many keys need not keep the names
+// too.
+func NameOf(key, prefix string) string {
+	name := key[len(prefix)+1 : len(key)-1]
+	if name != "" && name[0] == '~' {
+		name = name[1:] // the escape: no name that starts with '~' is written as it is
+	}
+	return name
+}
+
 // escaped reports whether Key writes a '~' before name.
 func escaped(name string) bool {
 	return name != "" && (name[0] == '}' || name[0] == '~')
