@@ -295,6 +295,9 @@ func (c *Client) Eval(ctx context.Context, sha, body string, keys, args []string
 	if c.deadlines {
 		if d, ok := ctx.Deadline(); ok {
 			// go-redis ends the call at the deadline, in this goroutine.
+			if err := ctx.Err(); err != nil {
+				return scriptcache.ErrorReply(err) // as await: nothing sent
+			}
 			_ = c.cmd.Process(ctx, cmd)
 			if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) && !isServerError(err) && !time.Now().Before(d) {
 				// Its connection's deadline passed, which may be a
