@@ -22,7 +22,9 @@
 // allocations, nothing sent to Redis; all of a Locker's Mutexes share its
 // subscriptions), so a request handler can make one per request: a Lock
 // and Unlock pair on a fresh Mutex costs six allocations, on a reused one
-// four. A held lock with its Mutex takes under 500 bytes of heap.
+// four (on rueidis, calls one at a time; its pipelining adds about two
+// under load). A held lock with its Mutex takes about 460 bytes of heap (with a
+// name of a dozen bytes; TestHeldLeases measures it).
 //
 // # Leases
 //
