@@ -17,18 +17,35 @@ import (
 // idle connection (its health check before reuse only peeks at the
 // socket), and it sends a call on a connection of its pool that no other
 // call is using.
-func newFaultCache(t testing.TB, addr string, _ faulttest.ClientOptions) *scriptcache.Cache {
-	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	t.Cleanup(func() { rdb.Close() })
-	sc, err := goredis.New(context.Background(), rdb)
-	if err != nil {
-		t.Fatal(err)
+func newFaultCache(t testing.TB, addr string, o faulttest.ClientOptions) *scriptcache.Cache {
+	return newFaultCacheWith(false)(t, addr, o)
+}
+
+// newFaultCacheWith is newFaultCache with ContextTimeoutEnabled as given.
+func newFaultCacheWith(ctxTimeout bool) func(t testing.TB, addr string, _ faulttest.ClientOptions) *scriptcache.Cache {
+	return func(t testing.TB, addr string, _ faulttest.ClientOptions) *scriptcache.Cache {
+		t.Helper()
+		rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: ctxTimeout})
+		t.Cleanup(func() { rdb.Close() })
+		sc, err := goredis.New(context.Background(), rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sc
 	}
-	return sc
 }
 
 // TestFaults runs the fault scenarios (latency, blackhole, lost replies,
 // pub/sub reset, SCRIPT FLUSH storm, kill -9 restart) with the primitives
 // on go-redis: the suite the core runs on rueidis.
 func TestFaults(t *testing.T) { faulttest.Run(t, newFaultCache) }
+
+// TestFaultsContextTimeout runs them with ContextTimeoutEnabled: calls
+// with deadlines run in their callers' goroutines, and Close must still
+// not wait for a server that stopped answering.
+func TestFaultsContextTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the default options are enough in short mode")
+	}
+	faulttest.Run(t, newFaultCacheWith(true))
+}

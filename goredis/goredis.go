@@ -23,17 +23,34 @@
 // adapter marks its EVAL and EVALSHA calls as not retryable. MOVED and ASK
 // redirections, which mean the script did not run, are still followed.
 //
-// go-redis sees a context's deadline only with Options.ContextTimeoutEnabled,
-// and never its cancellation: a read waits for the reply or for ReadTimeout.
-// The primitives, though, must return when their context ends (Lock gives up
-// when asked to). So when ctx can end, Eval runs the call in a goroutine and
-// returns ctx.Err() as soon as ctx ends; the call itself goes on until the
-// reply comes or go-redis's own ReadTimeout (3 s by default) ends it, and
-// the primitive treats the outcome as unknown, as it does with rueidis.
-// That goroutine is the adapter's: Close of a Locker or Manager does not
-// wait for it (go-redis offers no way to end the call sooner), so it may
-// outlive Close by up to ReadTimeout. A goroutine-leak check in tests must
-// allow for it, or use the rueidis client.
+// go-redis sees a context's deadline only with Options.ContextTimeoutEnabled
+// (ClusterOptions for a cluster), and never its cancellation: a read waits
+// for the reply, for ReadTimeout (3 s by default) or, with that option, for
+// the deadline. The primitives, though, must return when their context
+// ends (Lock gives up when asked to). So:
+//
+//   - With ContextTimeoutEnabled, a call whose context has a deadline runs
+//     in the caller's goroutine, and go-redis ends it at the deadline (the
+//     connection is then closed: its reply may still come). This is the
+//     cheap way: set the option where sluice runs. Such a call notices a
+//     cancellation before its deadline only when its reply comes, as
+//     rueidis's lone calls do (see scriptcache.New); the calls that a
+//     Locker's or Manager's Close waits for (watchdog renewals, give-backs)
+//     carry no deadline, so they never take this way.
+//   - Otherwise, when ctx can end, Eval runs the call in a goroutine and
+//     returns ctx.Err() as soon as ctx ends; the call itself goes on until
+//     the reply comes or ReadTimeout ends it. That goroutine is the
+//     adapter's: Close of a Locker or Manager does not wait for it (go-redis
+//     offers no way to end the call sooner), so it may outlive Close by up
+//     to ReadTimeout. A goroutine-leak check in tests must allow for it, or
+//     use the rueidis client, or ContextTimeoutEnabled and deadlines.
+//
+// Either way the primitive treats a call cut short as of unknown outcome,
+// as it does with rueidis, and no script call is sent twice.
+//
+// Keys and arguments go into go-redis commands as *string (no allocation
+// per argument), so a hook that prints a command (cmd.String, tracing)
+// shows them as addresses.
 package goredis
 
 import (
@@ -73,6 +90,9 @@ type Client struct {
 	cmd     interface {
 		Process(ctx context.Context, cmd redis.Cmder) error
 	} // whichever is set
+	// deadlines: the client's ContextTimeoutEnabled, with which go-redis
+	// puts a call's context deadline on its connection's reads and writes.
+	deadlines bool
 }
 
 var _ scriptcache.Client = (*Client)(nil)
@@ -87,12 +107,12 @@ func Wrap(c redis.UniversalClient) (*Client, error) {
 		if x == nil {
 			return nil, ErrNilClient
 		}
-		return &Client{single: x, cmd: x}, nil
+		return &Client{single: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled}, nil
 	case *redis.ClusterClient:
 		if x == nil {
 			return nil, ErrNilClient
 		}
-		return &Client{cluster: x, cmd: x}, nil
+		return &Client{cluster: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled}, nil
 	case *redis.Ring:
 		return nil, ErrRing
 	default:
@@ -219,19 +239,25 @@ type noRetry struct{ *redis.Cmd }
 func (noRetry) NoRetry() bool { return true }
 
 // evalCmd builds EVALSHA sha (body empty) or EVAL body with keys and args.
+// Keys and arguments go in as pointers to the elements of keys and args,
+// which go-redis writes (and routes by) as the strings they point to: a
+// string in an interface would cost an allocation each. So keys and args
+// must not change while the command may still be sent; Eval's are its
+// own (see scriptcache.Client). A hook that prints the command's
+// arguments (cmd.String) shows those as addresses.
 func evalCmd(ctx context.Context, sha, body string, keys, args []string) noRetry {
 	a := make([]any, 0, 3+len(keys)+len(args))
 	if body == "" {
-		a = append(a, "evalsha", sha)
+		a = append(a, "evalsha", shaArg(sha))
 	} else {
 		a = append(a, "eval", body)
 	}
 	a = append(a, len(keys))
-	for _, k := range keys {
-		a = append(a, k)
+	for i := range keys {
+		a = append(a, &keys[i])
 	}
-	for _, v := range args {
-		a = append(a, v)
+	for i := range args {
+		a = append(a, &args[i])
 	}
 	cmd := redis.NewCmd(ctx, a...)
 	if len(keys) > 0 {
@@ -240,22 +266,104 @@ func evalCmd(ctx context.Context, sha, body string, keys, args []string) noRetry
 	return noRetry{cmd}
 }
 
+// shas holds each script digest evalCmd has sent as a *string, which goes
+// into a command without an allocation (see evalCmd). A process sends a
+// few dozen digests at most.
+var shas sync.Map // string -> *string
+
+// shaArg returns sha as a command argument.
+func shaArg(sha string) any {
+	if p, ok := shas.Load(sha); ok {
+		return p
+	}
+	return storeSha(sha)
+}
+
+// storeSha is shaArg's first time for sha, apart so that sha escapes to
+// the heap only then.
+func storeSha(sha string) any {
+	p, _ := shas.LoadOrStore(sha, &sha)
+	return p
+}
+
 // Eval sends EVALSHA or EVAL. When ctx can end, the call runs in a
 // goroutine of its own and Eval returns ctx.Err() once ctx ends, leaving
-// the call to finish (see the package doc).
+// the call to finish, unless go-redis bounds it by ctx's deadline itself
+// (see the package doc).
 func (c *Client) Eval(ctx context.Context, sha, body string, keys, args []string) scriptcache.Reply {
 	cmd := evalCmd(ctx, sha, body, keys, args)
-	if err := await(ctx, func() { _ = c.cmd.Process(ctx, cmd) }); err != nil {
+	if c.deadlines {
+		if d, ok := ctx.Deadline(); ok {
+			// go-redis ends the call at the deadline, in this goroutine.
+			if err := ctx.Err(); err != nil {
+				return scriptcache.ErrorReply(err) // as await: nothing sent
+			}
+			_ = c.cmd.Process(ctx, cmd)
+			if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) && !isServerError(err) && !time.Now().Before(d) {
+				// Its connection's deadline passed, which may be a
+				// moment before ctx's own timer fires: report it as
+				// the deadline, as if ctx had ended during the call.
+				return scriptcache.ErrorReply(context.DeadlineExceeded)
+			}
+			return reply(cmd.Cmd)
+		}
+	}
+	if err := c.await(ctx, cmd); err != nil {
 		return scriptcache.ErrorReply(err)
 	}
 	return reply(cmd.Cmd)
 }
 
-// await runs f and returns when it does, or, with ctx.Err(), when ctx ends
-// first: then f runs on in a goroutine of its own until go-redis's own
-// timeouts end it (see the package doc). A ctx that cannot end costs no
-// goroutine.
-func await(ctx context.Context, f func()) error {
+// call is a command of await that runs in a goroutine; done is buffered,
+// so the goroutine never waits for the caller, and reused (calls) when
+// the caller saw it through.
+type call struct {
+	ctx context.Context
+	cmd redis.Cmder
+	p   interface {
+		Process(context.Context, redis.Cmder) error
+	}
+	done chan struct{}
+}
+
+var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+func (cl *call) run() {
+	_ = cl.p.Process(cl.ctx, cl.cmd)
+	cl.done <- struct{}{}
+}
+
+// await runs cmd and returns when it has run, or, with ctx.Err(), when
+// ctx ends first: then cmd runs on in a goroutine of its own until
+// go-redis's own timeouts end it (see the package doc). A ctx that cannot
+// end costs no goroutine.
+func (c *Client) await(ctx context.Context, cmd redis.Cmder) error {
+	if ctx.Done() == nil {
+		_ = c.cmd.Process(ctx, cmd)
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	cl := calls.Get().(*call)
+	cl.ctx, cl.cmd, cl.p = ctx, cmd, c.cmd
+	go cl.run()
+	select {
+	case <-cl.done:
+	case <-ctx.Done():
+		select {
+		case <-cl.done: // it came at the same moment
+		default:
+			return ctx.Err() // cl is the goroutine's now, never reused
+		}
+	}
+	*cl = call{done: cl.done}
+	calls.Put(cl)
+	return nil
+}
+
+// awaitFunc runs f as await runs a command.
+func awaitFunc(ctx context.Context, f func()) error {
 	if ctx.Done() == nil {
 		f()
 		return nil
@@ -315,12 +423,12 @@ func isServerError(err error) bool {
 func value(v any) any {
 	switch x := v.(type) {
 	case nil, int64, string:
-		return x
+		return v // as it is: x in a new interface would allocate again
 	case []any:
 		for i, e := range x {
 			x[i] = value(e)
 		}
-		return x
+		return v
 	case bool:
 		if x {
 			return int64(1)
@@ -476,7 +584,7 @@ func (c *Client) masterAt(ctx context.Context, addr string) *redis.Client {
 // ends: a reload after NOSCRIPT is part of the caller's call.
 func (c *Client) LoadScripts(ctx context.Context, bodies ...string) error {
 	errc := make(chan error, 1)
-	if err := await(ctx, func() { errc <- c.loadScripts(ctx, bodies...) }); err != nil {
+	if err := awaitFunc(ctx, func() { errc <- c.loadScripts(ctx, bodies...) }); err != nil {
 		return err
 	}
 	return <-errc

@@ -16,14 +16,17 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 
 // newClient returns a go-redis client of addrs, closed when t ends: a
 // *redis.Client for one address, a *redis.ClusterClient for several.
-func newClient(protocol int) clienttest.NewClient {
+func newClient(protocol int) clienttest.NewClient { return newClientWith(protocol, false) }
+
+// newClientWith is newClient with ContextTimeoutEnabled as given.
+func newClientWith(protocol int, ctxTimeout bool) clienttest.NewClient {
 	return func(t testing.TB, addrs []string) scriptcache.Client {
 		t.Helper()
 		var rdb redis.UniversalClient
 		if len(addrs) == 1 {
-			rdb = redis.NewClient(&redis.Options{Addr: addrs[0], Protocol: protocol})
+			rdb = redis.NewClient(&redis.Options{Addr: addrs[0], Protocol: protocol, ContextTimeoutEnabled: ctxTimeout})
 		} else {
-			rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Protocol: protocol})
+			rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Protocol: protocol, ContextTimeoutEnabled: ctxTimeout})
 		}
 		t.Cleanup(func() { rdb.Close() })
 		c, err := goredis.Wrap(rdb)
@@ -37,6 +40,12 @@ func newClient(protocol int) clienttest.NewClient {
 // TestClient runs the client suite on go-redis with RESP3, go-redis's
 // default, where Lua booleans and doubles come back as RESP3 types.
 func TestClient(t *testing.T) { clienttest.Run(t, newClient(3)) }
+
+// TestClientContextTimeout runs it with ContextTimeoutEnabled, where a
+// call with a deadline runs in its caller's goroutine and go-redis ends it
+// at the deadline (testEvalCancel: it returns the deadline's error, not
+// go-redis's timeout).
+func TestClientContextTimeout(t *testing.T) { clienttest.Run(t, newClientWith(3, true)) }
 
 // TestClientRESP2 runs it with RESP2.
 func TestClientRESP2(t *testing.T) {

@@ -20,13 +20,20 @@ const incr = "return redis.call('INCR', KEYS[1])"
 // it again on a new connection.
 func lostReply(t *testing.T, call func(rdb *redis.Client, key string) error) string {
 	t.Helper()
+	return lostReplyWith(t, false, call)
+}
+
+// lostReplyWith is lostReply on a client with ContextTimeoutEnabled as
+// given.
+func lostReplyWith(t *testing.T, ctxTimeout bool, call func(rdb *redis.Client, key string) error) string {
+	t.Helper()
 	srv := redistest.NewServer(t)
 	proxy, err := faultproxy.New(srv.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { proxy.Close() })
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), PoolSize: 1})
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), PoolSize: 1, ContextTimeoutEnabled: ctxTimeout})
 	t.Cleanup(func() { rdb.Close() })
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
@@ -80,4 +87,28 @@ func TestScriptNotRetried(t *testing.T) {
 		return rdb.Eval(context.Background(), incr, []string{key}).Err()
 	})
 	t.Logf("plain go-redis Eval after a lost reply: counter %s (above 1: go-redis sent it again)", control)
+}
+
+// TestScriptNotRetriedContextTimeout: with ContextTimeoutEnabled a call
+// with a deadline runs in its caller's goroutine; a lost reply must not
+// make go-redis send it again there either. (That such a call returns the
+// deadline's error when the server stops answering is clienttest's
+// testEvalCancel, run by TestClientContextTimeout.)
+func TestScriptNotRetriedContextTimeout(t *testing.T) {
+	got := lostReplyWith(t, true, func(rdb *redis.Client, key string) error {
+		c, err := goredis.Wrap(rdb)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		r := c.Eval(ctx, "", incr, []string{key}, nil)
+		if r.Error() != nil && r.ServerError() {
+			t.Errorf("lost reply reported as a server error: %v", r.Error())
+		}
+		return r.Error()
+	})
+	if got != "1" {
+		t.Errorf("counter after a lost reply = %s; the script ran more than once", got)
+	}
 }

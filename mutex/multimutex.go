@@ -54,7 +54,7 @@ func (l *Locker) NewMultiMutex(names []string, opts ...MutexOption) (*MultiMutex
 		if err != nil {
 			return nil, err
 		}
-		mu.prim = scriptcache.PrimitiveMultiMutex // its events name each member
+		mu.own().prim = scriptcache.PrimitiveMultiMutex // its events name each member
 		mm.ms = append(mm.ms, mu)
 	}
 	return mm, nil
@@ -223,7 +223,7 @@ func (mm *MultiMutex) acquire(ctx context.Context, lock func(*Mutex, context.Con
 		lost[i] = m.Lost()
 		select {
 		case <-lost[i]:
-			err := lossBy(lost[i], m.Err, m.name)
+			err := lossBy(lost[i], m.Err, m.Name())
 			mm.unwind(ctx, mm.ms)
 			return fmt.Errorf("%w: %w", ErrNotObtained, inner(err))
 		default:
@@ -477,7 +477,7 @@ func (mm *MultiMutex) lossLocked() error {
 	if mm.err == nil {
 		for i, c := range mm.lost {
 			if isClosed(c) {
-				mm.err = lossBy(c, mm.ms[i].Err, mm.ms[i].name)
+				mm.err = lossBy(c, mm.ms[i].Err, mm.ms[i].Name())
 				break
 			}
 		}

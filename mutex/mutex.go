@@ -14,11 +14,17 @@
 //
 // # Owners and reentrancy
 //
-// Every Mutex value has its own owner id (a random UUID, or WithOwner). Lock
-// on a value that already holds the lock nests, and each Unlock undoes one
-// Lock; the lock is free after the last. Owner identity is the value, not the
-// goroutine: goroutines that must exclude each other need a Mutex each
-// (NewMutex is cheap; all of a Locker's Mutexes share its subscriptions).
+// Every Mutex value has its own owner id (the Locker's random id and a
+// number, or WithOwner). Lock on a value that already holds the lock
+// nests, and each Unlock undoes one Lock; the lock is free after the last.
+// Owner identity is the value, not the goroutine: goroutines that must
+// exclude each other need a Mutex each. NewMutex is cheap (two
+// allocations, nothing sent to Redis; all of a Locker's Mutexes share its
+// subscriptions), so a request handler can make one per request: a Lock
+// and Unlock pair on a fresh Mutex costs six allocations, on a reused one
+// four (on rueidis, calls one at a time; its pipelining adds about two
+// under load). A held lock with its Mutex takes about 460 bytes of heap (with a
+// name of a dozen bytes; TestHeldLeases measures it).
 //
 // # Leases
 //
@@ -128,6 +134,8 @@ package mutex
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
@@ -136,8 +144,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/lease"
@@ -245,6 +251,14 @@ type Locker struct {
 	queueRefresh         *scriptcache.Script
 	sc                   *scriptcache.Cache
 
+	// defaults are the settings of a Mutex made without options.
+	defaults settings
+	// id starts the generated owner ids and attempt ids of this Locker's
+	// Mutexes: random, so that they differ from every other Locker's;
+	// seq numbers the Mutexes.
+	id  string
+	seq atomic.Uint64
+
 	hub    *notify.Hub
 	keeper *lease.Keeper
 	closed atomic.Bool
@@ -277,7 +291,9 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Locker{opts: opts, pubMode: "p", sc: sc, bg: scriptcache.NewGroup(ErrClosed)}
+	l := &Locker{opts: opts, pubMode: "p", sc: sc, bg: scriptcache.NewGroup(ErrClosed), id: newLockerID()}
+	l.defaults.setLease(opts, opts.Lease)
+	l.defaults.fair, l.defaults.prim = opts.Fair, scriptcache.PrimitiveMutex
 	if sc.ShardedPubSub() {
 		l.pubMode = "s"
 	}
@@ -296,6 +312,16 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	l.rwGroups = l.keeper.NewSlots(sc.Cluster(), l.renewRW)
 	l.queued = l.keeper.NewSlots(sc.Cluster(), l.refreshEntries)
 	return l, nil
+}
+
+// newLockerID returns 120 random bits in 20 bytes of base64url, then a
+// dot; what follows is a number in base 36. Owner ids made from it need
+// not be UUIDs: they only must not repeat, and fewer bytes per id is less
+// memory per held lock, here and in Redis.
+func newLockerID() string {
+	var b [15]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return base64.RawURLEncoding.EncodeToString(b[:]) + "."
 }
 
 // Close stops the watchdog and the subscriptions and waits for their
@@ -323,7 +349,7 @@ func (l *Locker) Close() {
 // giveBack reports false; see leaveQueue for the one exception.
 func (l *Locker) giveBack(m *Mutex, attempt string) bool {
 	return l.bg.Go(func() {
-		ctx, cancel := l.bg.Bounded(m.lease) // Close ends it too
+		ctx, cancel := l.bg.Bounded(m.set.lease) // Close ends it too
 		defer cancel()
 		l.sendGiveBack(ctx, m, attempt)
 	})
@@ -331,15 +357,16 @@ func (l *Locker) giveBack(m *Mutex, attempt string) bool {
 
 // sendGiveBack runs mutex_release's give-back of attempt.
 func (l *Locker) sendGiveBack(ctx context.Context, m *Mutex, attempt string) {
-	l.release.Exec(ctx, m.releaseKeys, []string{"a", l.pubMode, m.keepMs, m.owner, attempt, m.leaseMs})
+	keys := m.releaseKeys()
+	l.release.Exec(ctx, keys[:], []string{"a", l.pubMode, m.set.keepMs, m.owner, attempt, m.set.leaseMs})
 }
 
 // MutexOption configures one Mutex.
 type MutexOption func(*Mutex) error
 
-// WithOwner sets the owner id instead of a random UUID, for example to take
-// over a lock after a process restart. Two live Mutexes must never share an
-// owner id: they would hold the lock together.
+// WithOwner sets the owner id instead of a generated one, for example to
+// take over a lock after a process restart. Two live Mutexes must never
+// share an owner id: they would hold the lock together.
 func WithOwner(id string) MutexOption {
 	return func(m *Mutex) error {
 		if id == "" || len(id) > keyspace.MaxNameLen {
@@ -357,7 +384,7 @@ func WithLease(d time.Duration) MutexOption {
 		if err := lease.CheckFixed(d); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 		}
-		m.setLease(d)
+		m.own().setLease(m.l.opts, d)
 		return nil
 	}
 }
@@ -366,115 +393,175 @@ func WithLease(d time.Duration) MutexOption {
 // for it on every release (false), whatever Options.Fair says.
 func WithFair(fair bool) MutexOption {
 	return func(m *Mutex) error {
-		m.fair = fair
+		if m.set.fair != fair {
+			m.own().fair = fair
+		}
 		return nil
 	}
 }
 
 // NewMutex returns a Mutex for the lock called name, with its own owner id.
-// It does not talk to Redis.
+// It does not talk to Redis, and without options it makes two allocations.
 func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
 	if err := keyspace.CheckName(name); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidName, err)
 	}
-	m := &Mutex{
-		l:    l,
-		name: name,
-		keys: []string{keyspace.Key(l.opts.Prefix, name, ""), keyspace.Key(l.opts.Prefix, name, ":w"), keyspace.Key(l.opts.Prefix, name, ":x"),
-			keyspace.Key(l.opts.Prefix, name, ":q"), keyspace.Key(l.opts.Prefix, name, ":e")},
-		fair: l.opts.Fair,
-		prim: scriptcache.PrimitiveMutex,
-	}
-	m.lockKeys = []string{m.keys[0], m.keys[2], m.keys[3], m.keys[4]}
-	m.releaseKeys = []string{m.keys[0], m.keys[1], m.keys[3], m.keys[4], m.keys[2]}
-	m.setLease(l.opts.Lease)
+	m := &Mutex{l: l, set: &l.defaults}
 	for _, opt := range opts {
 		if err := opt(m); err != nil {
 			return nil, err
 		}
 	}
-	if m.owner == "" {
-		m.owner = uuid.NewString()
-	}
-	m.nonce = strings.ReplaceAll(uuid.NewString(), "-", "")[:16] + "."
-	if m.watchdog {
-		m.group = l.groups.Group(m.keys[0])
-	}
-	if m.fair {
-		m.qgroup = l.queued.Group(m.keys[0])
+	m.makeIDs(name)
+	if m.set.watchdog {
+		m.group = l.groups.Group(m.key(keyLock))
 	}
 	return m, nil
 }
 
+// makeIDs builds, in one allocation, the lock's keys, and the prefix of
+// this value's attempt ids (see nextAttemptID), which is also its owner id
+// unless WithOwner set one: the Locker's random id and a number of this
+// Mutex. Attempt ids must differ from those of every other Mutex value,
+// even one with the same owner id in another process (WithOwner after a
+// restart), so they never start with a given owner id.
+func (m *Mutex) makeIDs(name string) {
+	var buf [128]byte // on the stack for names up to about 100 bytes
+	base := keyspace.AppendKey(buf[:0], m.l.opts.Prefix, name, "")
+	var num [16]byte
+	seq := strconv.AppendUint(num[:0], m.l.seq.Add(1), 36)
+	var b strings.Builder
+	b.Grow(4*(len(base)+2) + len(m.l.id) + len(seq))
+	for _, suffix := range [...]string{":w", ":x", ":q", ":e"} {
+		b.Write(base)
+		b.WriteString(suffix)
+	}
+	b.WriteString(m.l.id)
+	b.Write(seq)
+	m.ids, m.keyLen = b.String(), int32(len(base))
+	if m.owner == "" {
+		m.owner = m.nonce()
+	}
+}
+
+// The lock's keys, by their index for Mutex.key.
+const (
+	keyLock    = iota // the lock hash
+	keyWake           // wake-up channel
+	keyTomb           // tombstones of abandoned attempts
+	keyQueue          // fair queue
+	keyEntries        // the queue's entries
+)
+
+// key returns one of the lock's keys (keyLock, ...). They are substrings
+// of m.ids, which holds "K:w", "K:x", "K:q", "K:e" (K the lock hash) and
+// then the nonce.
+func (m *Mutex) key(i int) string {
+	n := int(m.keyLen)
+	if i == keyLock {
+		return m.ids[:n]
+	}
+	return m.ids[(i-1)*(n+2) : i*(n+2)]
+}
+
+// lockKeys returns the KEYS of mutex_lock; an array, so that a call made
+// with them allocates nothing.
+func (m *Mutex) lockKeys() [4]string {
+	return [4]string{m.key(keyLock), m.key(keyTomb), m.key(keyQueue), m.key(keyEntries)}
+}
+
+// releaseKeys returns the KEYS of mutex_release.
+func (m *Mutex) releaseKeys() [5]string {
+	return [5]string{m.key(keyLock), m.key(keyWake), m.key(keyQueue), m.key(keyEntries), m.key(keyTomb)}
+}
+
+// nonce returns the prefix of this value's attempt ids.
+func (m *Mutex) nonce() string { return m.ids[4*(int(m.keyLen)+2):] }
+
 // Mutex is one owner of one named lock. Its methods are safe for concurrent
 // use, but remember that every Lock on the same Mutex nests.
+//
+// A process may keep a million of them, so a Mutex is kept small: what
+// Mutexes of one Locker share is in settings, and its keys and ids are
+// one string.
 type Mutex struct {
-	l        *Locker
-	name     string
-	keys     []string // lock hash, wake-up channel, tombstones of abandoned attempts, queue, queue entries
-	lockKeys []string // KEYS of mutex_lock
-	fair     bool
-	recheck  time.Duration // how often a fair waiter's queue entry is refreshed
-	prim     string        // Event.Primitive: mutex, or multimutex for a MultiMutex's
-
-	releaseKeys []string // KEYS of mutex_release
-	owner       string
-	lease       time.Duration
-	watchdog    bool
-	leaseMs     string // lease in ms, as sent
-	keepMs      string // how long a released hash is kept, in ms
-
-	group  *lease.Group // renews the watchdog's lease with others; nil for a fixed lease
-	qgroup *lease.Group // refreshes a waiting fair Lock's queue entry with others; nil if not fair
+	l     *Locker
+	set   *settings    // the Locker's defaults unless options changed them
+	ids   string       // keys and nonce: see key
+	owner string       // owner id: the nonce, or WithOwner's
+	group *lease.Group // renews the watchdog's lease with others; nil for a fixed lease
 
 	op       sync.Mutex // one script call at a time, so hold counts stay in step
-	argv     [6]string  // script arguments; guarded by op, reused to save allocations
 	attempts uint64     // outermost attempts so far, names each; guarded by op
-	nonce    string     // "random." prefix of this value's attempt ids
-	idBuf    []byte     // builds attempt ids; guarded by op
 
 	mu       sync.Mutex // guards the fields below; never held across a call
 	holds    int64
 	token    int64
-	tokenArg string    // token as sent to the scripts
-	gen      uint64    // counts outermost acquisitions; tells stale loss reports apart
-	since    time.Time // when the request of the current hold was sent
+	tokenArg string        // token as sent to the scripts
+	gen      uint64        // counts outermost acquisitions; tells stale loss reports apart
+	since    time.Duration // when the request of the current hold was sent, on the epoch's clock
 	lse      *lease.Lease
 	lost     chan struct{} // made on demand by Lost; closedChan once lost
 	err      error
+	// pending is a loss reported while the final Unlock is in flight
+	// (releasing): a release that succeeds proves the hold lasted until
+	// it (the renewal that found the key gone may simply have run just
+	// after it), so the loss waits for its reply.
+	pending error
+	// scoped cancels the contexts Context made for the current hold; nil
+	// until Context is first called.
+	scoped *lease.Scopes
 
-	// releasing is the gen whose final Unlock is in flight: a loss reported
-	// meanwhile waits in pending, because a release that succeeds proves
-	// the hold lasted until it (the renewal that found the key gone may
-	// simply have run just after it).
-	releasing uint64
-	pending   error
-	// orphan is the token (as sent) of a hold declared lost that the
-	// server may still keep under this owner; the next Unlock gives it
-	// back so that it does not linger for the rest of its lease.
-	orphan string
+	keyLen    int32 // length of the lock hash's key; not guarded (set once)
+	releasing bool  // the current hold's final Unlock is in flight
+	// orphaned: a hold declared lost (token tokenArg) that the server may
+	// still keep under this owner; the next Unlock gives it back so that
+	// it does not linger for the rest of its lease.
+	orphaned bool
 	// unacked: a hold the caller got was lost and no Unlock has been
 	// called since. A Lock meanwhile would nest in a hold that is gone, so
 	// it returns the loss (see lossUnacked); the first Unlock clears it.
 	unacked bool
-	// scoped cancels the contexts Context made for the current hold.
-	scoped lease.Scopes
 }
 
-func (m *Mutex) setLease(d time.Duration) {
-	c := m.l.opts.leaseConfig()
-	c.Fixed = d
-	m.lease, m.watchdog = c.Effective()
-	m.leaseMs = strconv.FormatInt(m.lease.Milliseconds(), 10)
-	m.keepMs = strconv.FormatInt(min(time.Second, m.lease).Milliseconds(), 10)
-	m.recheck = min(m.lease/3, time.Second)
+// settings are what Mutexes share unless their options differ.
+type settings struct {
+	lease    time.Duration
+	watchdog bool
+	fair     bool          // waits in the queue
+	leaseMs  string        // lease in ms, as sent
+	keepMs   string        // how long a released hash is kept, in ms
+	recheck  time.Duration // how often a fair waiter's queue entry is refreshed
+	prim     string        // Event.Primitive: mutex, or multimutex for a MultiMutex's
 }
+
+// own returns m's settings, copied first if they are the Locker's.
+func (m *Mutex) own() *settings {
+	if m.set == &m.l.defaults {
+		c := *m.set
+		m.set = &c
+	}
+	return m.set
+}
+
+// setLease gives s the lease d, fixed, or the watchdog's for zero.
+func (s *settings) setLease(opts Options, d time.Duration) {
+	c := opts.leaseConfig()
+	c.Fixed = d
+	s.lease, s.watchdog = c.Effective()
+	s.leaseMs = strconv.FormatInt(s.lease.Milliseconds(), 10)
+	s.keepMs = strconv.FormatInt(min(time.Second, s.lease).Milliseconds(), 10)
+	s.recheck = min(s.lease/3, time.Second)
+}
+
+// epoch is the origin of Mutex.since, read with a monotonic clock.
+var epoch = time.Now()
 
 // closedChan is returned by Lost when nothing is held.
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // Name returns the lock's name.
-func (m *Mutex) Name() string { return m.name }
+func (m *Mutex) Name() string { return keyspace.NameOf(m.key(keyLock), m.l.opts.Prefix) }
 
 // Owner returns this Mutex's owner id.
 func (m *Mutex) Owner() string { return m.owner }
@@ -503,10 +590,10 @@ func (m *Mutex) Lock(ctx context.Context) error {
 func (m *Mutex) observeAcquire(o scriptcache.Observer, start time.Time, outer, handoff bool, err error, busy string) {
 	switch {
 	case err != nil:
-		o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquireFailed, Primitive: m.prim, Name: m.name, Wait: time.Since(start), Weight: 1,
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquireFailed, Primitive: m.set.prim, Name: m.Name(), Wait: time.Since(start), Weight: 1,
 			Reason: obs.FailReason(err, ErrClosed, ErrNotReplicated, busy), Err: err})
 	case outer:
-		o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquired, Primitive: m.prim, Name: m.name, Wait: time.Since(start), Weight: 1, Handoff: handoff})
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquired, Primitive: m.set.prim, Name: m.Name(), Wait: time.Since(start), Weight: 1, Handoff: handoff})
 	}
 }
 
@@ -519,7 +606,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 	var id string
 	var w *notify.Waiter
 	live := false // registered on a confirmed subscription before the first attempt
-	if m.l.hub.Subscribed(m.keys[1]) {
+	if m.l.hub.Subscribed(m.key(keyWake)) {
 		// Others in this process wait on the lock, or did a moment ago:
 		// register before the first attempt, so that no release after it
 		// can be missed and no second attempt is needed once subscribed
@@ -528,7 +615,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 		// many that get the lock at once.
 		id = m.newAttemptID()
 		var err error
-		if w, err = m.l.hub.SubscribeID(m.keys[1], 1, id); err != nil {
+		if w, err = m.l.hub.SubscribeID(m.key(keyWake), 1, id); err != nil {
 			return false, false, ErrClosed
 		}
 		live = w.Confirmed()
@@ -538,11 +625,11 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 		if w != nil {
 			w.Close() // passes on a wake-up it got meanwhile
 		}
-		return res.ok && !res.nested, false, ctxErr(ctx, m.name, err)
+		return res.ok && !res.nested, false, ctxErr(ctx, m.Name(), err)
 	}
 	queued := res.queued
 	if w == nil {
-		if w, err = m.l.hub.SubscribeID(m.keys[1], 1, id); err != nil {
+		if w, err = m.l.hub.SubscribeID(m.key(keyWake), 1, id); err != nil {
 			m.leaveQueue(queued, id)
 			return false, false, ErrClosed
 		}
@@ -563,7 +650,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 		// Subscribed after the first attempt: a release in between was
 		// missed, so once the subscription is confirmed, try again.
 		if err := w.Ready(ctx, m.waitFor(res.wait)); err != nil {
-			return false, false, waitErr(ctx, m.name, err)
+			return false, false, waitErr(ctx, m.Name(), err)
 		}
 	}
 	// An attempt answered after the lease counted from the queue entry's
@@ -588,9 +675,9 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 				return !res.nested, res.handed, nil
 			}
 			if err != nil {
-				return false, false, ctxErr(ctx, m.name, err)
+				return false, false, ctxErr(ctx, m.Name(), err)
 			}
-			stale = stale || !lease.Live(written, m.lease, time.Now())
+			stale = stale || !lease.Live(written, m.set.lease, time.Now())
 			queued = queued || res.queued
 			entry = m.trackEntry(entry, res, id, w)
 		}
@@ -598,7 +685,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 			continue
 		}
 		if err := w.Wait(ctx, m.waitFor(res.wait)); err != nil {
-			return false, false, waitErr(ctx, m.name, err)
+			return false, false, waitErr(ctx, m.Name(), err)
 		}
 		if grant, got := w.TakeGrant(); got && !stale && m.l.opts.ReplicaAcks == 0 {
 			// The release handed the lock to this waiter directly. (With
@@ -633,12 +720,12 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 // resubscription. Its timer of ten leases is only a backstop.
 func (m *Mutex) waitFor(wait time.Duration) time.Duration {
 	switch {
-	case !m.fair:
+	case !m.set.fair:
 		return wait
 	case wait <= 0:
-		return m.recheck
+		return m.set.recheck
 	default:
-		return 10 * m.lease
+		return 10 * m.set.lease
 	}
 }
 
@@ -667,7 +754,7 @@ func (m *Mutex) trackEntry(e *lease.Entry, res attemptResult, id string, w *noti
 		return e
 	}
 	e.Stop()
-	return m.l.keeper.AddEntry(res.sent, 3*m.recheck, m.qgroup, &queueEntry{m: m, id: id}, w.Wake)
+	return m.l.keeper.AddEntry(res.sent, 3*m.set.recheck, m.l.queued.Group(m.key(keyLock)), &queueEntry{m: m, id: id}, w.Wake)
 }
 
 // refreshEntries is the keeper's refresh of the queue entries of items
@@ -677,8 +764,8 @@ func (l *Locker) refreshEntries(ctx context.Context, items []any, errs []error) 
 	args := make([]string, 0, 3*len(items))
 	for _, it := range items {
 		e := it.(*queueEntry)
-		keys = append(keys, e.m.keys[0], e.m.keys[3], e.m.keys[4])
-		args = append(args, e.id, e.m.owner, e.m.leaseMs)
+		keys = append(keys, e.m.key(keyLock), e.m.key(keyQueue), e.m.key(keyEntries))
+		args = append(args, e.id, e.m.owner, e.m.set.leaseMs)
 	}
 	vals, err := l.queueRefresh.Exec(ctx, keys, args).ToArray()
 	if err != nil {
@@ -724,7 +811,7 @@ func (m *Mutex) leaveQueue(queued bool, id string) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	// No deadline: see scriptcache.Group.Bounded.
-	t := time.AfterFunc(min(m.lease, leaveAfterClose), cancel)
+	t := time.AfterFunc(min(m.set.lease, leaveAfterClose), cancel)
 	defer t.Stop()
 	defer cancel()
 	m.l.sendGiveBack(ctx, m, id)
@@ -840,9 +927,9 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 		res, err = m.attempt(ctx, &id, true)
 	}
 	if res.ok || err != nil {
-		return res.ok && !res.nested, ctxErr(ctx, m.name, err)
+		return res.ok && !res.nested, ctxErr(ctx, m.Name(), err)
 	}
-	return false, fmt.Errorf("%w: %q %w", ErrNotObtained, m.name, errHeld)
+	return false, fmt.Errorf("%w: %q %w", ErrNotObtained, m.Name(), errHeld)
 }
 
 // lossUnacked returns the loss (wrapping ErrLost) of a hold the caller
@@ -900,34 +987,36 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try bool) (attemptR
 	m.mu.Unlock()
 
 	res.sent = time.Now()
-	m.argv = [6]string{m.owner, m.leaseMs, strconv.FormatInt(holds, 10), "", "", ""}
+	// On the stack: a rueidis call does not keep them (see
+	// scriptcache.Cache.eval), and other clients get copies.
+	argv := [6]string{m.owner, m.set.leaseMs, strconv.FormatInt(holds, 10), "", "", ""}
 	if holds == 0 {
 		if *id == "" {
 			*id = m.nextAttemptID()
 		}
-		m.argv[3] = *id
-		if m.fair {
-			m.argv[5] = "f"
+		argv[3] = *id
+		if m.set.fair {
+			argv[5] = "f"
 			if try {
-				m.argv[5] = "t"
+				argv[5] = "t"
 			}
 		}
 	} else {
-		m.argv[4] = tokenArg
+		argv[4] = tokenArg
 	}
+	keys := m.lockKeys()
 	var r scriptcache.Array
 	var err error
 	acks := int64(-1) // not asked
 	if m.l.opts.ReplicaAcks > 0 && holds == 0 {
 		var rr scriptcache.Reply
-		attempt := m.argv[3]
-		// A copy: the call may outlive this Lock (its caller left), and
-		// a NOSCRIPT retry would otherwise resend whatever the next call
-		// of this Mutex wrote into m.argv.
-		rr, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.l.bg, m.lockKeys, slices.Clone(m.argv[:]), int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
+		attempt := argv[3]
+		// Copies on the heap: the call may outlive this Lock (its caller
+		// left), and its NOSCRIPT retry resends them.
+		rr, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.l.bg, slices.Clone(keys[:]), slices.Clone(argv[:]), int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
 			func(late scriptcache.Reply, _ int64, _ error) {
 				// Whatever the replicas said, nobody waits for this grant.
-				if grantedOrUnknown(late) || m.fair {
+				if grantedOrUnknown(late) || m.set.fair {
 					m.l.giveBack(m, attempt)
 				}
 			})
@@ -935,7 +1024,7 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try bool) (attemptR
 			r, err = rr.ToArray()
 		}
 	} else {
-		rep := m.l.lock.Exec(ctx, m.lockKeys, m.argv[:])
+		rep := m.l.lock.Exec(ctx, keys[:], argv[:])
 		if r, err = rep.ToArray(); err != nil && holds == 0 && !rep.ServerError() {
 			// ctx ended before the reply, or the connection failed: the
 			// attempt may run, or have run, and nobody would know of its
@@ -943,18 +1032,18 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try bool) (attemptR
 			// tombstone makes it work in whichever order the two reach
 			// Redis. A fair Lock's attempt may have queued: it leaves the
 			// queue even after Close (see leaveQueue).
-			if m.fair && !try {
-				m.leaveQueue(true, m.argv[3])
+			if m.set.fair && !try {
+				m.leaveQueue(true, argv[3])
 			} else {
-				m.l.giveBack(m, m.argv[3])
+				m.l.giveBack(m, argv[3])
 			}
 		}
 	}
 	if err != nil {
-		return res, fmt.Errorf("mutex: lock %q: %w", m.name, inner(err))
+		return res, fmt.Errorf("mutex: lock %q: %w", m.Name(), inner(err))
 	}
 	if r.Len() != 3 {
-		return res, fmt.Errorf("mutex: lock %q: unexpected reply of %d values", m.name, r.Len())
+		return res, fmt.Errorf("mutex: lock %q: unexpected reply of %d values", m.Name(), r.Len())
 	}
 	got, _ := r.At(0).AsInt64()
 	n, _ := r.At(1).AsInt64()
@@ -975,11 +1064,11 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try bool) (attemptR
 			res.again = true
 			return res, nil
 		case n < 0:
-			res.wait = m.lease // no TTL: someone set the key by hand
+			res.wait = m.set.lease // no TTL: someone set the key by hand
 		default:
 			res.wait = max(time.Duration(n)*time.Millisecond, time.Millisecond)
 		}
-		res.queued = m.fair && !try
+		res.queued = m.set.fair && !try
 		return res, nil
 	}
 	token, _ := r.At(2).AsInt64()
@@ -987,7 +1076,7 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try bool) (attemptR
 		// Too few replicas have it: a failover now could hand it to
 		// someone else, so give it back.
 		m.releaseGrant(ctx, token)
-		return res, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, m.name, acks, m.l.opts.ReplicaAcks)
+		return res, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, m.Name(), acks, m.l.opts.ReplicaAcks)
 	}
 	if holds > 0 {
 		return res, m.nest(heldGen, n, &res)
@@ -1035,8 +1124,8 @@ func (m *Mutex) newAttemptID() string {
 // per Mutex value. Called with m.op held.
 func (m *Mutex) nextAttemptID() string {
 	m.attempts++
-	m.idBuf = strconv.AppendUint(append(m.idBuf[:0], m.nonce...), m.attempts, 10)
-	return string(m.idBuf)
+	var buf [64]byte // on the stack: the id's one allocation is the string
+	return string(strconv.AppendUint(append(append(buf[:0], m.nonce()...), '.'), m.attempts, 10))
 }
 
 // startHold records an outermost hold with the given token and starts
@@ -1045,24 +1134,19 @@ func (m *Mutex) nextAttemptID() string {
 // and startHold returns an error wrapping ErrNotObtained and lease.ErrLate.
 // Called with m.op held.
 func (m *Mutex) startHold(ctx context.Context, sent time.Time, token, n int64) error {
-	if !lease.Live(sent, m.lease, time.Now()) {
+	if !lease.Live(sent, m.set.lease, time.Now()) {
 		m.releaseGrant(ctx, token)
-		return notObtained(m.name, lease.ErrLate)
+		return notObtained(m.Name(), lease.ErrLate)
 	}
 	m.mu.Lock()
 	m.gen++
 	gen := m.gen
-	m.holds, m.token, m.err, m.lost, m.orphan, m.unacked = n, token, nil, nil, "", false
-	m.since = sent
+	m.holds, m.token, m.err, m.lost, m.orphaned, m.unacked = n, token, nil, nil, false, false
+	m.since = sent.Sub(epoch)
 	m.tokenArg = strconv.FormatInt(token, 10)
 	m.mu.Unlock()
-	onLost := func(err error) { m.lose(gen, err) }
-	var lse *lease.Lease
-	if m.group != nil {
-		lse = m.l.keeper.AddBatched(sent, m.lease, m.group, m, onLost)
-	} else {
-		lse = m.l.keeper.Add(sent, m.lease, nil, onLost)
-	}
+	// A nil group: a fixed lease, watched but not renewed.
+	lse := m.l.keeper.AddHeld(sent, m.set.lease, m.group, (*heldMutex)(m), gen)
 	m.mu.Lock()
 	if m.gen == gen && m.holds > 0 {
 		m.lse = lse
@@ -1102,7 +1186,7 @@ func (m *Mutex) foundNotHeld(gen uint64) error {
 	if m.err != nil {
 		return m.err
 	}
-	return fmt.Errorf("%w: %q: %w", ErrLost, m.name, errFoundNotHeld)
+	return fmt.Errorf("%w: %q: %w", ErrLost, m.Name(), errFoundNotHeld)
 }
 
 // releaseGrant gives back, at once, a grant with the given token that this
@@ -1115,8 +1199,9 @@ func (m *Mutex) releaseGrant(ctx context.Context, token int64) {
 // unlockCall runs mutex_release's Unlock mode for the acquisition named by
 // token, with the given hold count (as sent). Called with m.op held.
 func (m *Mutex) unlockCall(ctx context.Context, holds, token string) scriptcache.Reply {
-	m.argv = [6]string{"u", m.l.pubMode, m.keepMs, m.owner, holds, token}
-	return m.l.release.Exec(ctx, m.releaseKeys, m.argv[:])
+	argv := [6]string{"u", m.l.pubMode, m.set.keepMs, m.owner, holds, token}
+	keys := m.releaseKeys()
+	return m.l.release.Exec(ctx, keys[:], argv[:])
 }
 
 // grantedOrUnknown reports whether the reply to a lock attempt shows that
@@ -1133,15 +1218,24 @@ func grantedOrUnknown(r scriptcache.Reply) bool {
 	return got >= 1
 }
 
+// heldMutex is a Mutex as the keeper sees it: the holder of its leases,
+// told of a loss with the gen of the hold that had it, and the item that
+// renewLeases renews. A type of its own keeps LeaseLost out of Mutex's
+// methods.
+type heldMutex Mutex
+
+// LeaseLost records the loss of acquisition gen.
+func (h *heldMutex) LeaseLost(gen uint64, err error) { (*Mutex)(h).lose(gen, err) }
+
 // renewLeases is the watchdog's renewal of the current holds of items
-// (*Mutex, all with the watchdog lease, in one group) in one call.
+// (*heldMutex, all with the watchdog lease, in one group) in one call.
 func (l *Locker) renewLeases(ctx context.Context, items []any, errs []error) error {
 	keys := make([]string, len(items))
 	args := make([]string, 1+2*len(items))
-	args[0] = items[0].(*Mutex).leaseMs // the Locker's WatchdogLease, as every watchdog hold has
+	args[0] = (*Mutex)(items[0].(*heldMutex)).set.leaseMs // the Locker's WatchdogLease, as every watchdog hold has
 	for i, it := range items {
-		m := it.(*Mutex)
-		keys[i] = m.keys[0]
+		m := (*Mutex)(it.(*heldMutex))
+		keys[i] = m.key(keyLock)
 		m.mu.Lock()
 		args[1+2*i], args[2+2*i] = m.owner, m.tokenArg
 		m.mu.Unlock()
@@ -1180,7 +1274,7 @@ func (m *Mutex) lose(gen uint64, cause error) {
 	if m.gen != gen || m.holds == 0 {
 		return // already released, or a later acquisition
 	}
-	if m.releasing == gen {
+	if m.releasing {
 		if m.pending == nil {
 			m.pending = cause // decided when the final Unlock's reply comes
 		}
@@ -1192,10 +1286,10 @@ func (m *Mutex) lose(gen uint64, cause error) {
 // loseLocked declares the current hold lost. Called with m.mu held.
 func (m *Mutex) loseLocked(cause error) {
 	m.holds, m.lse, m.unacked = 0, nil, true
-	m.orphan = m.tokenArg
-	m.err = fmt.Errorf("%w: %q: %w", ErrLost, m.name, inner(cause))
+	m.orphaned = true // tokenArg's hold
+	m.err = fmt.Errorf("%w: %q: %w", ErrLost, m.Name(), inner(cause))
 	if o := m.l.obs; o != nil { // before the holder is told
-		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: m.prim, Name: m.name, Hold: time.Since(m.since), Weight: 1,
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: m.set.prim, Name: m.Name(), Hold: time.Since(epoch) - m.since, Weight: 1,
 			Reason: obs.LossReason(cause), Err: m.err})
 	}
 	m.closeLost()
@@ -1244,32 +1338,32 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	m.op.Lock()
 	defer m.op.Unlock()
 	m.mu.Lock()
-	holds, tokenArg, lostErr, heldGen, orphan := m.holds, m.tokenArg, m.err, m.gen, m.orphan
+	holds, tokenArg, lostErr, heldGen, orphaned := m.holds, m.tokenArg, m.err, m.gen, m.orphaned
 	if holds == 0 {
-		m.orphan, m.unacked = "", false
+		m.orphaned, m.unacked = false, false
 	} else if holds == 1 {
-		m.releasing = heldGen
+		m.releasing = true // gen stays heldGen: starting a hold takes m.op
 	}
 	m.mu.Unlock()
 	if holds == 0 {
-		if orphan != "" {
-			m.unlockCall(ctx, "1", orphan)
+		if orphaned {
+			m.unlockCall(ctx, "1", tokenArg)
 		}
 		if lostErr != nil {
 			return fmt.Errorf("%w: %w", ErrNotHeld, inner(lostErr))
 		}
-		return fmt.Errorf("%w: %q", ErrNotHeld, m.name)
+		return fmt.Errorf("%w: %q", ErrNotHeld, m.Name())
 	}
 	left, err := m.unlockCall(ctx, strconv.FormatInt(holds, 10), tokenArg).AsInt64()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	pending := m.pending
-	m.releasing, m.pending = 0, nil
+	m.releasing, m.pending = false, nil
 	if err != nil {
 		if pending != nil && m.gen == heldGen && m.holds > 0 {
 			m.loseLocked(pending)
 		}
-		return fmt.Errorf("mutex: unlock %q: %w", m.name, inner(err))
+		return fmt.Errorf("mutex: unlock %q: %w", m.Name(), inner(err))
 	}
 	if m.gen != heldGen || m.holds == 0 {
 		// The hold was declared lost while this call was in flight (a
@@ -1284,7 +1378,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 			m.lse.Stop()
 		}
 		m.loseLocked(errors.New("found not held at unlock"))
-		m.orphan, m.unacked = "", false
+		m.orphaned, m.unacked = false, false
 		return fmt.Errorf("%w: %w", ErrNotHeld, inner(m.err))
 	}
 	m.holds = left
@@ -1294,11 +1388,11 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 			m.lse = nil
 		}
 		m.token, m.lost = 0, nil
-		if len(m.scoped) > 0 {
-			m.endScopedLocked(fmt.Errorf("%w: %q: released", ErrNotHeld, m.name))
+		if m.scoped != nil {
+			m.endScopedLocked(fmt.Errorf("%w: %q: released", ErrNotHeld, m.Name()))
 		}
 		if o := m.l.obs; o != nil {
-			o.Observe(scriptcache.Event{Kind: scriptcache.EventReleased, Primitive: m.prim, Name: m.name, Hold: time.Since(m.since), Weight: 1})
+			o.Observe(scriptcache.Event{Kind: scriptcache.EventReleased, Primitive: m.set.prim, Name: m.Name(), Hold: time.Since(epoch) - m.since, Weight: 1})
 		}
 	}
 	return nil
@@ -1357,12 +1451,12 @@ type Info struct {
 // Info reads the lock's state from Redis: whoever holds it, not only this
 // Mutex.
 func (m *Mutex) Info(ctx context.Context) (Info, error) {
-	vals, err := m.l.info.Exec(ctx, []string{m.keys[0], m.keys[3]}, nil).ToArray()
+	vals, err := m.l.info.Exec(ctx, []string{m.key(keyLock), m.key(keyQueue)}, nil).ToArray()
 	if err == nil && vals.Len() != 5 {
 		err = fmt.Errorf("unexpected reply of %d values", vals.Len())
 	}
 	if err != nil {
-		return Info{}, fmt.Errorf("mutex: info %q: %w", m.name, inner(err))
+		return Info{}, fmt.Errorf("mutex: info %q: %w", m.Name(), inner(err))
 	}
 	var in Info
 	in.Owner, _ = vals.At(0).ToString()
@@ -1381,9 +1475,10 @@ func (m *Mutex) Info(ctx context.Context) (Info, error) {
 // reports whether the lock was held. The holder learns of it at its next
 // renewal (or Unlock) and is told through Lost.
 func (m *Mutex) ForceUnlock(ctx context.Context) (bool, error) {
-	n, err := m.l.release.Exec(ctx, m.releaseKeys, []string{"f", m.l.pubMode, m.keepMs, "", "", ""}).AsInt64()
+	keys := m.releaseKeys()
+	n, err := m.l.release.Exec(ctx, keys[:], []string{"f", m.l.pubMode, m.set.keepMs, "", "", ""}).AsInt64()
 	if err != nil {
-		return false, fmt.Errorf("mutex: force unlock %q: %w", m.name, inner(err))
+		return false, fmt.Errorf("mutex: force unlock %q: %w", m.Name(), inner(err))
 	}
 	return n == 1, nil
 }

@@ -126,3 +126,44 @@ func benchHandOff(b *testing.B, ms [2]*mutex.Mutex) {
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 	}
 }
+
+// BenchmarkLockUnlockPerRequest is BenchmarkLockUnlock the way a request
+// handler locks: a fresh Mutex for every pair (NewMutex, Lock, Unlock),
+// with a deadline context made once per goroutine as there. One op is one
+// pair, NewMutex included.
+//
+//	go test -run=NONE -bench=PerRequest -benchmem ./mutex
+func BenchmarkLockUnlockPerRequest(b *testing.B) {
+	for _, goroutines := range []int{1, 64} {
+		b.Run(fmt.Sprintf("goroutines=%d", goroutines), func(b *testing.B) {
+			l := newLocker(b, redistest.Client(b, redistest.Single(b).Addr()), mutex.Options{})
+			var next atomic.Int64
+			procs := runtime.GOMAXPROCS(0)
+			b.SetParallelism(max(1, goroutines/procs))
+			if goroutines < procs {
+				runtime.GOMAXPROCS(goroutines)
+				defer runtime.GOMAXPROCS(procs)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				name := "bench:" + strconv.FormatInt(next.Add(1), 10)
+				ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+				defer cancel()
+				for pb.Next() {
+					m, err := l.NewMutex(name)
+					if err == nil {
+						err = m.Lock(ctx)
+					}
+					if err == nil {
+						err = m.Unlock(ctx)
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}

@@ -67,7 +67,7 @@ func TestFairGrantGivenBackNotReused(t *testing.T) {
 
 	// Goroutine 1: m.Lock, as Mutex.lock runs it. First attempt queues.
 	id := m.newAttemptID()
-	w, err := l.hub.SubscribeID(m.keys[1], 1, id)
+	w, err := l.hub.SubscribeID(m.key(keyWake), 1, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestFairGrantGivenBackNotReused(t *testing.T) {
 	}
 	// The give-back (sent in the background) reaches Redis.
 	if !redistest.WaitFor(ctx, 10*time.Second, func() bool {
-		out, _ := srv.Do("HEXISTS", m.keys[2], oldID)
+		out, _ := srv.Do("HEXISTS", m.key(keyTomb), oldID)
 		return out == "1"
 	}) {
 		t.Fatal("the give-back's tombstone never appeared")
@@ -168,7 +168,10 @@ func TestContextsDoNotPileUpDuringHold(t *testing.T) {
 		}
 	}
 	m.mu.Lock()
-	n := len(m.scoped)
+	n := 0
+	if m.scoped != nil {
+		n = len(*m.scoped)
+	}
 	m.mu.Unlock()
 	if n > 16 {
 		t.Errorf("after 1000 Context calls and 50 nested Do, each cancelled, the hold keeps %d cancel functions (and their contexts)", n)

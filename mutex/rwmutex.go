@@ -66,8 +66,7 @@ func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) 
 	}
 	// The options are written for a Mutex; apply them to a scratch one and
 	// take what they set.
-	scratch := &Mutex{l: l}
-	scratch.setLease(l.opts.Lease)
+	scratch := &Mutex{l: l, set: &l.defaults}
 	for _, opt := range opts {
 		if err := opt(scratch); err != nil {
 			return nil, err
@@ -86,11 +85,11 @@ func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) 
 		s:           s,
 		name:        name,
 		owner:       scratch.owner,
-		lease:       scratch.lease,
-		watchdog:    scratch.watchdog,
-		leaseMs:     scratch.leaseMs,
-		keepMs:      scratch.keepMs,
-		mark:        min(scratch.lease, maxWriterMark),
+		lease:       scratch.set.lease,
+		watchdog:    scratch.set.watchdog,
+		leaseMs:     scratch.set.leaseMs,
+		keepMs:      scratch.set.keepMs,
+		mark:        min(scratch.set.lease, maxWriterMark),
 		lockKeys:    []string{h, z, tomb, marks},
 		unlockKeys:  []string{h, rch, wch},
 		runlockKeys: []string{z, wch},

@@ -25,10 +25,13 @@ func (m *Mutex) Context(parent context.Context) (context.Context, context.Cancel
 	if m.holds == 0 {
 		cause := m.err
 		if cause == nil {
-			cause = fmt.Errorf("%w: %q", ErrNotHeld, m.name)
+			cause = fmt.Errorf("%w: %q", ErrNotHeld, m.Name())
 		}
 		cancel(cause)
 	} else {
+		if m.scoped == nil {
+			m.scoped = new(lease.Scopes)
+		}
 		m.scoped.Add(ctx, cancel)
 	}
 	return ctx, func() { cancel(context.Canceled) }
@@ -37,7 +40,9 @@ func (m *Mutex) Context(parent context.Context) (context.Context, context.Cancel
 // endScopedLocked cancels the contexts of the hold that just ended. Called
 // with m.mu held.
 func (m *Mutex) endScopedLocked(cause error) {
-	m.scoped.End(cause)
+	if m.scoped != nil {
+		m.scoped.End(cause)
+	}
 }
 
 // Do locks m, runs fn with a context that ends if the hold is lost, and
@@ -59,8 +64,8 @@ func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) erro
 	hctx, cancel := m.Context(ctx)
 	err := fn(hctx)
 	cancel()
-	during := lossBy(lost, m.Err, m.name)
-	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), m.lease)
+	during := lossBy(lost, m.Err, m.Name())
+	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), m.set.lease)
 	defer ucancel()
 	uerr := m.Unlock(uctx)
 	if uerr != nil && outer && !errors.Is(uerr, ErrNotHeld) {
@@ -111,8 +116,8 @@ var ErrNotFixed = errors.New("mutex: lease is renewed by the watchdog, not fixed
 // has the hold, ErrNotFixed for a watchdog lease, and ErrInvalidOptions for
 // a d outside the lease bounds.
 func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) {
-	if m.watchdog {
-		return time.Time{}, fmt.Errorf("%w: %q", ErrNotFixed, m.name)
+	if m.set.watchdog {
+		return time.Time{}, fmt.Errorf("%w: %q", ErrNotFixed, m.Name())
 	}
 	if err := lease.CheckFixed(d); err != nil || d == 0 {
 		return time.Time{}, fmt.Errorf("%w: extend by %v: lease outside [%v, %v]", ErrInvalidOptions, d, lease.MinLease, lease.MaxLease)
@@ -126,12 +131,12 @@ func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) 
 		if lostErr != nil {
 			return time.Time{}, fmt.Errorf("%w: %w", ErrNotHeld, inner(lostErr))
 		}
-		return time.Time{}, fmt.Errorf("%w: %q", ErrNotHeld, m.name)
+		return time.Time{}, fmt.Errorf("%w: %q", ErrNotHeld, m.Name())
 	}
 	sent := time.Now()
-	ok, err := m.l.renew.Exec(ctx, m.keys[:1], []string{m.owner, tokenArg, strconv.FormatInt(d.Milliseconds(), 10)}).AsInt64()
+	ok, err := m.l.renew.Exec(ctx, []string{m.key(keyLock)}, []string{m.owner, tokenArg, strconv.FormatInt(d.Milliseconds(), 10)}).AsInt64()
 	if err != nil {
-		return time.Time{}, fmt.Errorf("mutex: extend %q: %w", m.name, inner(err))
+		return time.Time{}, fmt.Errorf("mutex: extend %q: %w", m.Name(), inner(err))
 	}
 	if ok == 0 {
 		return time.Time{}, m.foundNotHeld(gen)
@@ -159,7 +164,7 @@ func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) 
 		defer m.mu.Unlock()
 		return time.Time{}, m.err
 	}
-	lse := m.l.keeper.Add(sent, d, nil, func(err error) { m.lose(gen, err) })
+	lse := m.l.keeper.AddHeld(sent, d, nil, (*heldMutex)(m), gen)
 	if old != nil {
 		old.Stop()
 	}

@@ -89,7 +89,7 @@ func (mm *MultiMutex) Do(ctx context.Context, fn func(ctx context.Context) error
 	err := fn(hctx)
 	cancel()
 	during := mm.Err() // the set's hold's loss, if any by now
-	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), mm.ms[0].lease)
+	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), mm.ms[0].set.lease)
 	defer ucancel()
 	return doErr(err, during, mm.unlock(uctx)...)
 }

@@ -24,23 +24,23 @@ func TestFairReapAgainAtOnce(t *testing.T) {
 	for _, try := range []bool{false, true} {
 		name := "reap-again:" + strconv.FormatBool(try)
 		m := reviewMutex(t, l, name)
-		m.recheck = time.Hour
+		m.own().recheck = time.Hour
 		// No hash (it would flag an empty queue: see mutex_lock's k), and
 		// 40 dead entries: more than two calls' worth, so that the first
 		// attempt and the one after the subscription leave some.
-		if _, err := srv.Do("DEL", m.keys[0]); err != nil {
+		if _, err := srv.Do("DEL", m.key(keyLock)); err != nil {
 			t.Fatal(err)
 		}
 		for i := range 40 {
 			id := "dead" + strconv.Itoa(i) + ".1"
-			if _, err := srv.Do("ZADD", m.keys[3], strconv.Itoa(i+1), id); err != nil {
+			if _, err := srv.Do("ZADD", m.key(keyQueue), strconv.Itoa(i+1), id); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := srv.Do("HSET", m.keys[4], id, "1 dead"); err != nil {
+			if _, err := srv.Do("HSET", m.key(keyEntries), id, "1 dead"); err != nil {
 				t.Fatal(err)
 			}
 		}
-		for _, k := range m.keys[3:5] {
+		for _, k := range []string{m.key(keyQueue), m.key(keyEntries)} {
 			if _, err := srv.Do("PEXPIRE", k, "60000"); err != nil {
 				t.Fatal(err)
 			}
@@ -56,7 +56,7 @@ func TestFairReapAgainAtOnce(t *testing.T) {
 		if err != nil {
 			t.Fatalf("try=%v: the lock is free with only dead waiters queued, got %v", try, err)
 		}
-		if n, _ := srv.Do("ZCARD", m.keys[3]); n != "0" {
+		if n, _ := srv.Do("ZCARD", m.key(keyQueue)); n != "0" {
 			t.Errorf("try=%v: %s entries left in the queue, want none", try, n)
 		}
 		if err := m.Unlock(ctx); err != nil {

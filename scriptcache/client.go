@@ -33,7 +33,9 @@ type Client interface {
 	// Eval sends EVALSHA sha when body is empty and EVAL body otherwise,
 	// with keys and args, to the node that owns the keys' slot (any node
 	// when there are no keys). It returns when ctx ends, even if the call
-	// may still run.
+	// may still run. keys and args are the Client's: a Cache passes
+	// copies it never touches again, so the call may keep them, and
+	// point into them, for as long as it runs.
 	Eval(ctx context.Context, sha, body string, keys, args []string) Reply
 
 	// EvalWait sends the same call followed by WAIT replicas timeout on one

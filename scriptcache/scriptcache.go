@@ -33,7 +33,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"path"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -348,13 +347,17 @@ func (s *Script) reload(ctx context.Context, seen uint64) error {
 // eval sends one script call. rueidis, the client of New, is called
 // directly: through the interface, keys and args would escape to the heap
 // on every call, costing callers that build them on the stack (a
-// Limiter's key) an allocation. Other clients get copies, for the same
-// reason.
+// Limiter's key, a Mutex's keys and arguments) an allocation. Other
+// clients get copies, for the same reason: both in one allocation, and
+// theirs to keep (see Client.Eval).
 func (c *Cache) eval(ctx context.Context, sha, body string, keys, args []string) Reply {
 	if rc, ok := c.client.(rueidisClient); ok {
 		return rc.evalChecked(ctx, sha, body, keys, args)
 	}
-	return c.client.Eval(ctx, sha, body, slices.Clone(keys), slices.Clone(args))
+	buf := make([]string, len(keys)+len(args))
+	copy(buf, keys)
+	copy(buf[len(keys):], args)
+	return c.client.Eval(ctx, sha, body, buf[:len(keys):len(keys)], buf[len(keys):])
 }
 
 // ExecWait runs the script and then WAIT replicas timeout on the same

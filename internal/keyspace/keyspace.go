@@ -68,13 +68,39 @@ func Key(prefix, name, suffix string) string {
 	b.Grow(len(prefix) + len(name) + len(suffix) + 3)
 	b.WriteString(prefix)
 	b.WriteByte('{')
-	if name != "" && (name[0] == '}' || name[0] == '~') {
+	if escaped(name) {
 		b.WriteByte('~')
 	}
 	b.WriteString(name)
 	b.WriteByte('}')
 	b.WriteString(suffix)
 	return b.String()
+}
+
+// AppendKey appends Key(prefix, name, suffix) to dst, so that a caller
+// building several strings from a key needs no allocation for the key.
+func AppendKey(dst []byte, prefix, name, suffix string) []byte {
+	dst = append(append(dst, prefix...), '{')
+	if escaped(name) {
+		dst = append(dst, '~')
+	}
+	return append(append(append(dst, name...), '}'), suffix...)
+}
+
+// NameOf returns the name of key, made by Key(prefix, name, ""): a
+// substring of key, so that a holder of many keys need not keep the names
+// too.
+func NameOf(key, prefix string) string {
+	name := key[len(prefix)+1 : len(key)-1]
+	if name != "" && name[0] == '~' {
+		name = name[1:] // the escape: no name that starts with '~' is written as it is
+	}
+	return name
+}
+
+// escaped reports whether Key writes a '~' before name.
+func escaped(name string) bool {
+	return name != "" && (name[0] == '}' || name[0] == '~')
 }
 
 // Slot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of the

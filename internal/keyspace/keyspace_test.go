@@ -96,6 +96,12 @@ func FuzzKey(f *testing.F) {
 				t.Fatalf("name %q: suffix %q in slot %d, base in %d", a, suffix, got, base)
 			}
 		}
+		if got := NameOf(Key("p:", a, ""), "p:"); got != a {
+			t.Fatalf("NameOf(Key(%q)) = %q", a, got)
+		}
+		if got := string(AppendKey([]byte("x"), "p:", a, ":q")); got != "x"+Key("p:", a, ":q") {
+			t.Fatalf("AppendKey(%q) = %q, want x + Key", a, got)
+		}
 		if a != b && Key("p:", a, "") == Key("p:", b, "") {
 			t.Fatalf("names %q and %q give the same key", a, b)
 		}

@@ -102,11 +102,12 @@ type Keeper struct {
 	groups groupQueue // groups with leases, by their first due time; guarded by mu
 	closed bool
 	parked []*Lease // scratch for the scheduler; guarded by mu
-	// until is when the scheduler will next look at the queues by itself;
-	// zero until it first has. A lease due no earlier needs no wake-up:
-	// a stream of short-lived leases (a lock taken and released at once)
-	// then costs the scheduler goroutine nothing. Guarded by mu.
-	until time.Time
+	// until is when the scheduler will next look at the queues by itself,
+	// once looked (it has looked once). A lease due no earlier needs no
+	// wake-up: a stream of short-lived leases (a lock taken and released
+	// at once) then costs the scheduler goroutine nothing. Guarded by mu.
+	until  mono
+	looked bool
 }
 
 // Group is a set of leases one request can renew together, such as the
@@ -116,7 +117,7 @@ type Group struct {
 
 	// guarded by k.mu
 	queue   queue    // the group's leases by due time
-	index   int      // in k.groups; -1 when not queued
+	index   int32    // in k.groups; -1 when not queued
 	calls   int      // requests in flight, at most groupCalls
 	waiting []*batch // batches formed while calls was at its bound
 }
@@ -130,7 +131,7 @@ func (k *Keeper) NewGroup(renew RenewBatch) *Group {
 type batch struct {
 	leases []*Lease
 	live   int                // leases in it not stopped; guarded by k.mu
-	last   time.Time          // the latest deadline in it when sent
+	last   mono               // the latest deadline in it when sent
 	cancel context.CancelFunc // ends the request; set while in flight, guarded by k.mu
 }
 
@@ -143,24 +144,55 @@ func NewKeeper() *Keeper {
 	return k
 }
 
-// Lease is one tracked lease.
+// Lease is one tracked lease. A process may hold a million of them, so
+// its times are kept as offsets on the monotonic clock (see mono) rather
+// than as time.Time values, which are three times the size.
 type Lease struct {
 	k      *Keeper
 	ttl    time.Duration
 	renew  Renew
-	onLost func(error)
+	onLost func(error) // nil: item is a Holder, told with tag
 
 	g    *Group // nil: renewed alone by renew
-	item any    // what g.renew renews for this lease
+	item any    // what g.renew renews for this lease; the Holder of AddHeld
+	tag  uint64 // passed to the Holder with the loss
 
 	// guarded by k.mu
-	sent     time.Time // when the request that set deadline was sent
-	deadline time.Time // the lease surely lasts until here
-	next     time.Time // next renewal
-	index    int       // in k.queue, or g.queue if g is set; -1 when not queued
+	sent     mono  // when the request that set deadline was sent
+	deadline mono  // the lease surely lasts until here
+	next     mono  // next renewal
+	index    int32 // in k.queue, or g.queue if g is set; -1 when not queued
+	done     bool
 	inflight context.CancelFunc
 	batch    *batch // the batch renewing it, formed or in flight
-	done     bool
+}
+
+// Holder is told of the loss of a lease added with AddHeld, with the tag
+// it was added with (which hold of the holder it was). It saves a closure
+// per lease over Add's onLost, which a process holding a million locks
+// pays a million times.
+type Holder interface {
+	LeaseLost(tag uint64, err error)
+}
+
+// mono is a reading of the monotonic clock: nanoseconds since epoch.
+type mono int64
+
+// epoch is the origin of mono; it carries a monotonic clock reading, so
+// times made from it (at) compare correctly with time.Now.
+var epoch = time.Now()
+
+func monoOf(t time.Time) mono { return mono(t.Sub(epoch)) }
+func monoNow() mono           { return mono(time.Since(epoch)) }
+func (m mono) at() time.Time  { return epoch.Add(time.Duration(m)) }
+
+// lost tells the holder of l's loss. Called without k.mu held.
+func (l *Lease) lost(err error) {
+	if l.onLost != nil {
+		l.onLost(err)
+		return
+	}
+	l.item.(Holder).LeaseLost(l.tag, err)
 }
 
 // Add tracks a lease granted by a request sent at sent (client clock, read
@@ -169,41 +201,43 @@ type Lease struct {
 // onLost is called once, from a keeper goroutine, if the lease is lost; it
 // must not block. Add on a closed keeper calls onLost(ErrClosed) at once.
 func (k *Keeper) Add(sent time.Time, ttl time.Duration, renew Renew, onLost func(error)) *Lease {
-	l := &Lease{k: k, ttl: ttl, renew: renew, onLost: onLost, index: -1, sent: sent}
-	l.deadline = End(sent, ttl)
-	l.next = sent.Add(ttl / 3)
-	k.mu.Lock()
-	if k.closed {
-		l.done = true
-		k.mu.Unlock()
-		onLost(ErrClosed)
-		return l
-	}
-	heap.Push(&k.queue, l)
-	poke := k.sooner(l)
-	k.mu.Unlock()
-	if poke {
-		k.poke()
-	}
-	return l
+	return k.add(&Lease{k: k, ttl: ttl, renew: renew, onLost: onLost}, sent)
 }
 
 // AddBatched is Add for a lease renewed with the others of g: g's
 // RenewBatch gets item among the items of each request that renews this
 // lease.
 func (k *Keeper) AddBatched(sent time.Time, ttl time.Duration, g *Group, item any, onLost func(error)) *Lease {
-	l := &Lease{k: k, ttl: ttl, g: g, item: item, onLost: onLost, index: -1, sent: sent}
-	l.deadline = End(sent, ttl)
-	l.next = sent.Add(ttl / 3)
+	return k.add(&Lease{k: k, ttl: ttl, g: g, item: item, onLost: onLost}, sent)
+}
+
+// AddHeld is AddBatched (with a nil g: Add without renewal) for a holder
+// h, which is told of the loss with tag instead of through a closure; h is
+// also the item g's RenewBatch gets. On a closed keeper it calls
+// h.LeaseLost(tag, ErrClosed) at once.
+func (k *Keeper) AddHeld(sent time.Time, ttl time.Duration, g *Group, h Holder, tag uint64) *Lease {
+	return k.add(&Lease{k: k, ttl: ttl, g: g, item: h, tag: tag}, sent)
+}
+
+// add queues l, granted by a request sent at sent.
+func (k *Keeper) add(l *Lease, sent time.Time) *Lease {
+	l.index = -1
+	l.sent = monoOf(sent)
+	l.deadline = monoOf(End(sent, l.ttl))
+	l.next = l.sent + mono(l.ttl/3)
 	k.mu.Lock()
 	if k.closed {
 		l.done = true
 		k.mu.Unlock()
-		onLost(ErrClosed)
+		l.lost(ErrClosed)
 		return l
 	}
-	heap.Push(&g.queue, l)
-	k.fixGroup(g)
+	if g := l.g; g != nil {
+		heap.Push(&g.queue, l)
+		k.fixGroup(g)
+	} else {
+		heap.Push(&k.queue, l)
+	}
 	poke := k.sooner(l)
 	k.mu.Unlock()
 	if poke {
@@ -215,7 +249,7 @@ func (k *Keeper) AddBatched(sent time.Time, ttl time.Duration, g *Group, item an
 // sooner reports whether l is due before the scheduler's next look at the
 // queues, so that it must be woken. Called with k.mu held.
 func (k *Keeper) sooner(l *Lease) bool {
-	return k.until.IsZero() || l.due().Before(k.until)
+	return !k.looked || l.due() < k.until
 }
 
 // fixGroup puts g where its first lease's due time places it in k.groups,
@@ -223,12 +257,12 @@ func (k *Keeper) sooner(l *Lease) bool {
 func (k *Keeper) fixGroup(g *Group) {
 	switch {
 	case g.queue.Len() == 0 && g.index >= 0:
-		heap.Remove(&k.groups, g.index)
+		heap.Remove(&k.groups, int(g.index))
 	case g.queue.Len() == 0:
 	case g.index < 0:
 		heap.Push(&k.groups, g)
 	default:
-		heap.Fix(&k.groups, g.index)
+		heap.Fix(&k.groups, int(g.index))
 	}
 }
 
@@ -275,7 +309,7 @@ func Live(sent time.Time, ttl time.Duration, now time.Time) bool {
 func (l *Lease) Live(now time.Time) bool {
 	l.k.mu.Lock()
 	defer l.k.mu.Unlock()
-	return !l.done && now.Before(l.deadline)
+	return !l.done && monoOf(now) < l.deadline
 }
 
 // Stop ends tracking without calling onLost: the holder released the
@@ -291,10 +325,10 @@ func (l *Lease) stopLocked() {
 	l.done = true
 	if l.index >= 0 {
 		if l.g != nil {
-			heap.Remove(&l.g.queue, l.index)
+			heap.Remove(&l.g.queue, int(l.index))
 			l.k.fixGroup(l.g)
 		} else {
-			heap.Remove(&l.k.queue, l.index)
+			heap.Remove(&l.k.queue, int(l.index))
 		}
 	}
 	if l.inflight != nil {
@@ -316,14 +350,14 @@ func (l *Lease) stopLocked() {
 func (l *Lease) Sent() time.Time {
 	l.k.mu.Lock()
 	defer l.k.mu.Unlock()
-	return l.sent
+	return l.sent.at()
 }
 
 // Deadline returns the time until which the lease is known to hold.
 func (l *Lease) Deadline() time.Time {
 	l.k.mu.Lock()
 	defer l.k.mu.Unlock()
-	return l.deadline
+	return l.deadline.at()
 }
 
 // Close stops the keeper, tells every lease still held that it will not be
@@ -353,7 +387,7 @@ func (k *Keeper) Close() {
 	k.cancel()
 	k.wg.Wait()
 	for _, l := range lost {
-		l.onLost(ErrClosed)
+		l.lost(ErrClosed)
 	}
 }
 
@@ -370,14 +404,14 @@ func (k *Keeper) run() {
 	defer timer.Stop()
 	for {
 		k.mu.Lock()
-		now := time.Now()
+		now := monoNow()
 		var lost []*Lease
 		for k.queue.Len() > 0 {
 			l := k.queue[0]
-			if l.due().After(now) {
+			if l.due() > now {
 				break
 			}
-			if !now.Before(l.deadline) {
+			if now >= l.deadline {
 				heap.Pop(&k.queue)
 				l.stopLocked()
 				lost = append(lost, l)
@@ -392,24 +426,24 @@ func (k *Keeper) run() {
 				k.startRenewal(l)
 			}
 		}
-		for k.groups.Len() > 0 && !k.groups[0].queue[0].due().After(now) {
+		for k.groups.Len() > 0 && k.groups[0].queue[0].due() <= now {
 			lost = k.collect(k.groups[0], now, lost)
 		}
-		until := now.Add(time.Hour)
-		if k.queue.Len() > 0 && k.queue[0].due().Before(until) {
+		until := now + mono(time.Hour)
+		if k.queue.Len() > 0 && k.queue[0].due() < until {
 			until = k.queue[0].due()
 		}
-		if k.groups.Len() > 0 && k.groups[0].queue[0].due().Before(until) {
+		if k.groups.Len() > 0 && k.groups[0].queue[0].due() < until {
 			until = k.groups[0].queue[0].due()
 		}
-		k.until = until
+		k.until, k.looked = until, true
 		k.mu.Unlock()
 		for _, l := range lost {
-			l.onLost(ErrExpired)
+			l.lost(ErrExpired)
 		}
 		// Measured after the callbacks: time they took must not be
 		// waited again, or a loss due meanwhile is reported that late.
-		timer.Reset(time.Until(until))
+		timer.Reset(time.Duration(until - monoNow()))
 		select {
 		case <-k.ctx.Done():
 			return
@@ -426,7 +460,7 @@ func (k *Keeper) startRenewal(l *Lease) {
 	if l.renew == nil {
 		return // a fixed lease: only its deadline is watched
 	}
-	ctx, cancel := context.WithDeadline(k.ctx, l.deadline)
+	ctx, cancel := k.callUntil(l.deadline)
 	l.inflight = cancel
 	k.wg.Add(1)
 	go func() {
@@ -442,23 +476,36 @@ func (k *Keeper) startRenewal(l *Lease) {
 		l.inflight = nil
 		switch {
 		case err == nil:
-			l.sent = sent
-			l.deadline = End(sent, l.ttl)
-			l.next = sent.Add(l.ttl / 3)
+			l.renewed(sent)
 		case errors.Is(err, ErrGone):
-			heap.Remove(&k.queue, l.index)
+			heap.Remove(&k.queue, int(l.index))
 			l.done = true
 			k.mu.Unlock()
-			l.onLost(err)
+			l.lost(err)
 			return
 		default:
-			// Retry soon, well before the deadline.
-			l.next = time.Now().Add(max(l.ttl/12, 10*time.Millisecond))
+			l.retry(monoNow())
 		}
-		heap.Fix(&k.queue, l.index)
+		heap.Fix(&k.queue, int(l.index))
 		k.mu.Unlock()
 		k.poke()
 	}()
+}
+
+// callUntil returns the context of a renewal request that may run until
+// t: it ends then, or when the keeper closes. It has no deadline on
+// purpose: a call with one may run in its caller's goroutine and notice a
+// cancellation only when its reply comes or its deadline passes (rueidis's
+// lone call, see scriptcache.New; go-redis with ContextTimeoutEnabled),
+// so Close, which waits for the renewals, would wait for a server that
+// stopped answering.
+func (k *Keeper) callUntil(t mono) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(k.ctx)
+	timer := time.AfterFunc(time.Duration(t-monoNow()), cancel)
+	return ctx, func() {
+		timer.Stop()
+		cancel()
+	}
 }
 
 // collect handles g's leases that are due at now: it declares lost those
@@ -467,20 +514,20 @@ func (k *Keeper) startRenewal(l *Lease) {
 // into batches of at most MaxBatch and sends them. Leases in a batch stay
 // queued by their deadline, like a lease renewed alone. Called with k.mu
 // held and g's first lease due.
-func (k *Keeper) collect(g *Group, now time.Time, lost []*Lease) []*Lease {
+func (k *Keeper) collect(g *Group, now mono, lost []*Lease) []*Lease {
 	var b *batch
 	parked := k.parked[:0] // taken off the queue, to go back on it
 	for g.queue.Len() > 0 {
 		l := g.queue[0]
-		if due := l.due(); due.After(now) {
+		if due := l.due(); due > now {
 			// Not due yet: renewed early if a batch is going anyway and
 			// its turn is near.
-			if b == nil || l.batch != nil || due.After(now.Add(l.ttl/12)) {
+			if b == nil || l.batch != nil || due > now+mono(l.ttl/12) {
 				break
 			}
 		}
 		heap.Pop(&g.queue)
-		if !now.Before(l.deadline) {
+		if now >= l.deadline {
 			l.stopLocked()
 			lost = append(lost, l)
 			continue
@@ -537,7 +584,7 @@ func (k *Keeper) renewBatches(g *Group, b *batch) {
 		if len(items) > 0 {
 			// Past the last deadline in b every lease in it is lost
 			// whatever the answer.
-			ctx, cancel := context.WithDeadline(k.ctx, b.last)
+			ctx, cancel := k.callUntil(b.last)
 			b.cancel = cancel
 			k.mu.Unlock()
 			k.renewBatch(ctx, g, b, items, errs)
@@ -564,7 +611,7 @@ func (k *Keeper) renewBatches(g *Group, b *batch) {
 // and sets b.last. Called with k.mu held.
 func (b *batch) prepare(items []any, errs []error) ([]any, []error) {
 	live := b.leases[:0]
-	b.last = time.Time{}
+	b.last = 0
 	for _, l := range b.leases {
 		if l.done || l.batch != b {
 			continue
@@ -572,7 +619,7 @@ func (b *batch) prepare(items []any, errs []error) ([]any, []error) {
 		live = append(live, l)
 		items = append(items, l.item)
 		errs = append(errs, nil)
-		if l.deadline.After(b.last) {
+		if l.deadline > b.last {
 			b.last = l.deadline
 		}
 	}
@@ -592,7 +639,7 @@ func (k *Keeper) renewBatch(ctx context.Context, g *Group, b *batch, items []any
 	}
 	var gone []int
 	k.mu.Lock()
-	now := time.Now()
+	now := monoNow()
 	for i, l := range b.leases {
 		if l.done || l.batch != b {
 			continue // stopped or lost meanwhile: its answer does not count
@@ -600,30 +647,41 @@ func (k *Keeper) renewBatch(ctx context.Context, g *Group, b *batch, items []any
 		l.batch = nil
 		switch err := errs[i]; {
 		case err == nil:
-			l.sent = sent
-			l.deadline = End(sent, l.ttl)
-			l.next = sent.Add(l.ttl / 3)
+			l.renewed(sent)
 		case errors.Is(err, ErrGone):
 			l.stopLocked()
 			gone = append(gone, i)
 			continue
 		default:
-			// Retry soon, well before the deadline.
-			l.next = now.Add(max(l.ttl/12, 10*time.Millisecond))
+			l.retry(now)
 		}
-		heap.Fix(&g.queue, l.index)
+		heap.Fix(&g.queue, int(l.index))
 	}
 	k.fixGroup(g)
 	k.mu.Unlock()
 	for _, i := range gone {
-		b.leases[i].onLost(errs[i])
+		b.leases[i].lost(errs[i])
 	}
 	k.poke()
 }
 
+// renewed records a renewal of l by a request sent at sent. Called with
+// k.mu held.
+func (l *Lease) renewed(sent time.Time) {
+	l.sent = monoOf(sent)
+	l.deadline = monoOf(End(sent, l.ttl))
+	l.next = l.sent + mono(l.ttl/3)
+}
+
+// retry schedules l's next renewal soon after a failed one (at now), well
+// before the deadline. Called with k.mu held.
+func (l *Lease) retry(now mono) {
+	l.next = now + mono(max(l.ttl/12, 10*time.Millisecond))
+}
+
 // due is when the scheduler must look at l next. Called with k.mu held.
-func (l *Lease) due() time.Time {
-	if l.renew == nil && l.g == nil || l.next.After(l.deadline) {
+func (l *Lease) due() mono {
+	if l.renew == nil && l.g == nil || l.next > l.deadline {
 		return l.deadline
 	}
 	return l.next
@@ -633,15 +691,15 @@ func (l *Lease) due() time.Time {
 type queue []*Lease
 
 func (q queue) Len() int           { return len(q) }
-func (q queue) Less(i, j int) bool { return q[i].due().Before(q[j].due()) }
+func (q queue) Less(i, j int) bool { return q[i].due() < q[j].due() }
 func (q queue) Swap(i, j int) {
 	q[i], q[j] = q[j], q[i]
-	q[i].index = i
-	q[j].index = j
+	q[i].index = int32(i)
+	q[j].index = int32(j)
 }
 func (q *queue) Push(x any) {
 	l := x.(*Lease)
-	l.index = len(*q)
+	l.index = int32(len(*q))
 	*q = append(*q, l)
 }
 func (q *queue) Pop() any {
@@ -657,15 +715,15 @@ func (q *queue) Pop() any {
 type groupQueue []*Group
 
 func (q groupQueue) Len() int           { return len(q) }
-func (q groupQueue) Less(i, j int) bool { return q[i].queue[0].due().Before(q[j].queue[0].due()) }
+func (q groupQueue) Less(i, j int) bool { return q[i].queue[0].due() < q[j].queue[0].due() }
 func (q groupQueue) Swap(i, j int) {
 	q[i], q[j] = q[j], q[i]
-	q[i].index = i
-	q[j].index = j
+	q[i].index = int32(i)
+	q[j].index = int32(j)
 }
 func (q *groupQueue) Push(x any) {
 	g := x.(*Group)
-	g.index = len(*q)
+	g.index = int32(len(*q))
 	*q = append(*q, g)
 }
 func (q *groupQueue) Pop() any {

@@ -369,7 +369,7 @@ func settle(t *testing.T, k *Keeper, l *Lease) {
 	settled := func() bool {
 		k.mu.Lock()
 		defer k.mu.Unlock()
-		return k.until.Equal(l.due()) && len(k.wake) == 0
+		return k.looked && k.until == l.due() && len(k.wake) == 0
 	}
 	for stop := time.Now().Add(signalWait); !settled(); time.Sleep(time.Millisecond) {
 		if time.Now().After(stop) {

@@ -15,6 +15,8 @@ type Slots struct {
 	renew   RenewBatch
 	cluster bool
 
+	one *Group // the group of every key when not on a cluster
+
 	mu     sync.Mutex
 	groups map[uint16]*Group // guarded by mu
 }
@@ -22,15 +24,19 @@ type Slots struct {
 // NewSlots returns per-slot groups whose leases renew calls; cluster says
 // whether keys are spread over cluster slots.
 func (k *Keeper) NewSlots(cluster bool, renew RenewBatch) *Slots {
-	return &Slots{k: k, renew: renew, cluster: cluster, groups: make(map[uint16]*Group)}
+	s := &Slots{k: k, renew: renew, cluster: cluster, groups: make(map[uint16]*Group)}
+	if !cluster {
+		s.one = k.NewGroup(renew)
+	}
+	return s
 }
 
 // Group returns the group of key's slot.
 func (s *Slots) Group(key string) *Group {
-	var slot uint16
-	if s.cluster {
-		slot = keyspace.Slot(key)
+	if !s.cluster {
+		return s.one // no lock: every Mutex made asks
 	}
+	slot := keyspace.Slot(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	g := s.groups[slot]

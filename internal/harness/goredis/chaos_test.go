@@ -21,6 +21,9 @@ func TestChaos(t *testing.T) {
 	chaos.Suite(t,
 		chaos.Variant{Name: "single", Seeds: []uint64{1}, Config: chaos.Config{Client: chaosClient}},
 		chaos.Variant{Name: "cluster", Config: chaos.Config{Client: chaosClient, Cluster: true}},
+		// ContextTimeoutEnabled, which the README recommends: calls with a
+		// deadline run in their callers' goroutines.
+		chaos.Variant{Name: "single-deadlines", Seeds: []uint64{1}, Config: chaos.Config{Client: chaosClientDeadlines}},
 	)
 }
 
@@ -35,14 +38,23 @@ func TestChaos(t *testing.T) {
 // rest (SCRIPT LOAD, PING) are not retried either, so that no call outlives
 // its timeout by retries.
 func chaosClient(ctx context.Context, addrs []string, cluster bool) (*scriptcache.Cache, func(), error) {
+	return chaosClientWith(ctx, addrs, cluster, false)
+}
+
+// chaosClientDeadlines is chaosClient with ContextTimeoutEnabled.
+func chaosClientDeadlines(ctx context.Context, addrs []string, cluster bool) (*scriptcache.Cache, func(), error) {
+	return chaosClientWith(ctx, addrs, cluster, true)
+}
+
+func chaosClientWith(ctx context.Context, addrs []string, cluster, deadlines bool) (*scriptcache.Cache, func(), error) {
 	const lease = 2 * time.Second // chaos.Config's default Lease
 	var rdb redis.UniversalClient
 	if cluster {
 		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, DialTimeout: time.Second,
-			ReadTimeout: lease, WriteTimeout: lease, MaxRetries: -1})
+			ReadTimeout: lease, WriteTimeout: lease, MaxRetries: -1, ContextTimeoutEnabled: deadlines})
 	} else {
 		rdb = redis.NewClient(&redis.Options{Addr: addrs[0], DialTimeout: time.Second,
-			ReadTimeout: lease, WriteTimeout: lease, MaxRetries: -1})
+			ReadTimeout: lease, WriteTimeout: lease, MaxRetries: -1, ContextTimeoutEnabled: deadlines})
 	}
 	sc, err := goredis.New(ctx, rdb)
 	if err != nil {
