@@ -20,7 +20,7 @@ import (
 var AllFaults = []string{
 	"latency", "blackhole", "dropreplies", "reset", // one node's network (fault proxy)
 	"scriptflush", "clientpause", "sigstop", "restart", // the server
-	"del", "wrongtype", "forceunlock", "flushall", "capacity", // operator mistakes, and SetCapacity
+	"del", "wrongtype", "forceunlock", "flushall", "capacity", "limitkey", // operator mistakes, and SetCapacity
 	"close",            // Close of a node's Lockers and Managers with calls in flight
 	"partition", "lag", // a node cut off or slowed for longer than a lease (partitionStream)
 }
@@ -33,7 +33,7 @@ var AllFaults = []string{
 // node is left out: it loses data and the cluster's configuration.
 var ClusterFaults = []string{
 	"scriptflush", "clientpause", "sigstop",
-	"del", "wrongtype", "forceunlock", "flushall", "capacity",
+	"del", "wrongtype", "forceunlock", "flushall", "capacity", "limitkey",
 	"close", "migrate",
 }
 
@@ -73,7 +73,7 @@ func (w *world) schedule(rng *rand.Rand) schedule {
 	}
 	kinds = slices.DeleteFunc(slices.Clone(kinds), func(k string) bool {
 		// Streams of their own: partitionStream, operatorStream.
-		return !slices.Contains(menu, k) || k == "partition" || k == "lag" || k == "capacity"
+		return !slices.Contains(menu, k) || k == "partition" || k == "lag" || k == "capacity" || k == "limitkey"
 	})
 	if len(kinds) == 0 {
 		return nil
@@ -169,10 +169,12 @@ func (w *world) partitionStream(rng *rand.Rand) schedule {
 
 // operatorStream draws the careless operator's actions (see schedule),
 // and now and then a SetCapacity of s1 (2 to 4; the workload's weights
-// are at most 2 there) that shrinks or grows it under load.
+// are at most 2 there) that shrinks or grows it under load, or a string
+// written over the HTTP rate limiter's counter (limitkey: a semantic
+// error, which must never reach the middleware's fallback).
 func (w *world) operatorStream(rng *rand.Rand) schedule {
 	var kinds []string
-	for _, k := range []string{"del", "wrongtype", "forceunlock", "capacity"} {
+	for _, k := range []string{"del", "wrongtype", "forceunlock", "capacity", "limitkey"} {
 		if w.cfg.Faults == nil || slices.Contains(w.cfg.Faults, k) {
 			kinds = append(kinds, k)
 		}
@@ -184,8 +186,11 @@ func (w *world) operatorStream(rng *rand.Rand) schedule {
 	var s schedule
 	for at := w.cfg.Lease / 4; at < storm; at += time.Duration((0.125 + rng.Float64()*0.375) * float64(w.cfg.Lease)) {
 		f := fault{at: at, kind: kinds[rng.IntN(len(kinds))], res: resources[rng.IntN(len(resources))]}
-		if f.kind == "capacity" {
+		switch f.kind {
+		case "capacity":
 			f.res, f.cap = "s1", 2+rng.Int64N(3)
+		case "limitkey":
+			f.res = "limit:http"
 		}
 		s = append(s, f)
 	}
@@ -279,8 +284,30 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	// after it ends: calls sent meanwhile may still be answered late or
 	// find its effects.
 	from := time.Now()
-	w.hist.fault(from, from.Add(f.length+w.cfg.Lease), f.kind, f.res)
 	nd := w.nodes[f.node]
+	if f.kind == "partition" {
+		// Cut off a node in the middle of a long hold, so that what it
+		// holds expires while it holds it, the first such node from
+		// f.node on; f.node if none holds.
+		for k := range w.cfg.Nodes {
+			if c := w.nodes[(f.node+k)%w.cfg.Nodes]; c.longHolds.Load() > 0 && !c.closed.Load() {
+				nd = c
+				w.cfg.Logf("partition: node %d, in a long hold", c.i)
+				break
+			}
+		}
+	}
+	// Faults of one node's network (and its Close) hit that node only.
+	hit := -1
+	switch f.kind {
+	case "latency", "lag", "blackhole", "partition", "dropreplies", "reset":
+		hit = nd.i
+	case "close":
+		if f.length == 0 { // with the server running
+			hit = nd.i
+		}
+	}
+	w.hist.fault(from, from.Add(f.length+w.cfg.Lease), f.kind, f.res, hit)
 	srv := w.servers()[f.server] // the one stopped or paused
 	hold := func() {
 		select {
@@ -295,18 +322,6 @@ func (w *world) apply(ctx context.Context, f fault) error {
 		hold()
 		nd.proxy.SetLatency(0, 0)
 	case "blackhole", "partition":
-		if f.kind == "partition" {
-			// Cut off a node in the middle of a long hold, so that what
-			// it holds expires while it holds it, the first such node
-			// from f.node on; f.node if none holds.
-			for k := range w.cfg.Nodes {
-				if c := w.nodes[(f.node+k)%w.cfg.Nodes]; c.longHolds.Load() > 0 && !c.closed.Load() {
-					nd = c
-					w.cfg.Logf("partition: node %d, in a long hold", c.i)
-					break
-				}
-			}
-		}
 		// The two streams may cut one node at once: the node stays cut
 		// until both have ended.
 		if nd.cuts.Add(1) == 1 {
@@ -364,6 +379,17 @@ func (w *world) apply(ctx context.Context, f fault) error {
 		if err == nil {
 			done() // an action that failed removed nothing
 		}
+	case "limitkey":
+		done := w.hist.operator(f.res, "SET of the HTTP limiter's key to a string")
+		at := time.Now()
+		var owner *redistest.Server
+		if owner, err = w.owner(httpLimitKey); err == nil {
+			_, err = owner.Do("SET", httpLimitKey, "operator", "PX", strconv.FormatInt(w.cfg.Lease.Milliseconds(), 10))
+		}
+		if err == nil {
+			done()
+			w.hist.wrongLimit(at, time.Now(), at.Add(w.cfg.Lease))
+		}
 	case "capacity":
 		var sem *semaphore.Semaphore
 		if sem, err = w.admin.sems.NewSemaphore(f.res, semCap); err != nil {
@@ -397,7 +423,7 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	}
 	// A fault can last longer than planned (a stalled Close, a slow
 	// restart): it is in force until a lease after it really ended.
-	w.hist.fault(from, time.Now().Add(w.cfg.Lease), f.kind, f.res)
+	w.hist.fault(from, time.Now().Add(w.cfg.Lease), f.kind, f.res, hit)
 	return err
 }
 

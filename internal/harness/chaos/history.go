@@ -66,23 +66,24 @@ type event struct {
 type history struct {
 	epoch time.Time
 
-	mu         sync.Mutex
-	nextID     int
-	active     map[string][]*hold // by resource
-	done       []*hold
-	events     []event
-	capacity   map[string]int64       // semaphore capacities at the start
-	capChanges map[string][]capChange // SetCapacity calls, in order
-	ops        []opEvent              // operator actions, by resource ("" for all)
-	faults     []faultSpan            // network and server faults
-	viol       []string
-	incidents  []incident
-	pending    []pendingConflict
-	stalls     []stall
-	excused    []string // conflicts settle excused, for the log
-	doa        []*hold  // holds whose loss signal had closed when they started
-	tries      []*hold  // holds of TryLock and TryAcquire
-	nodeClosed func(i int) bool
+	mu          sync.Mutex
+	nextID      int
+	active      map[string][]*hold // by resource
+	done        []*hold
+	events      []event
+	capacity    map[string]int64       // semaphore capacities at the start
+	capChanges  map[string][]capChange // SetCapacity calls, in order
+	ops         []opEvent              // operator actions, by resource ("" for all)
+	faults      []faultSpan            // network and server faults
+	viol        []string
+	incidents   []incident
+	pending     []pendingConflict
+	stalls      []stall
+	excused     []string    // conflicts settle excused, for the log
+	doa         []*hold     // holds whose loss signal had closed when they started
+	tries       []*hold     // holds of TryLock and TryAcquire
+	wrongLimits []wrongSpan // when the HTTP limiter's key held a string
+	nodeClosed  func(i int) bool
 	// prompt bounds how long after an operator removed a hold its holder
 	// may go on untold (the watchdog renews every third of a lease and
 	// declares a loss at the lease's end at the latest).
@@ -111,6 +112,9 @@ type faultSpan struct {
 	// res is the resource an operator fault hit ("" for a fault of the
 	// network, the server or every resource).
 	res string
+	// node is the node whose network (or Close) the fault hit; -1 for
+	// every node.
+	node int
 }
 
 func newHistory(lease time.Duration) *history {
@@ -189,9 +193,9 @@ func (h *history) operator(res, what string) (done func()) {
 
 // fault records a fault in force from from to to, hitting res only ("":
 // everything).
-func (h *history) fault(from, to time.Time, what, res string) {
+func (h *history) fault(from, to time.Time, what, res string, node int) {
 	h.mu.Lock()
-	h.faults = append(h.faults, faultSpan{from, to, what, res})
+	h.faults = append(h.faults, faultSpan{from, to, what, res, node})
 	h.mu.Unlock()
 }
 
@@ -222,12 +226,13 @@ func (h *history) lossExplainedLocked(res string, from, to time.Time) bool {
 	return false
 }
 
-// renewalsHitLocked reports whether a fault that can fail renewals (of the
-// network or the server, not an operator's action on one resource) was in
-// force at some time in [from, to]. Called with h.mu held.
-func (h *history) renewalsHitLocked(from, to time.Time) bool {
+// renewalsHitLocked reports whether a fault that can fail node's calls (of
+// its network, or of the server, not an operator's action on one
+// resource) was in force at some time in [from, to]. Called with h.mu
+// held.
+func (h *history) renewalsHitLocked(from, to time.Time, node int) bool {
 	for _, f := range h.faults {
-		if f.res == "" && !f.from.After(to) && !f.to.Before(from) {
+		if f.res == "" && (f.node < 0 || f.node == node) && !f.from.After(to) && !f.to.Before(from) {
 			return true
 		}
 	}
@@ -578,7 +583,7 @@ func (h *history) end(x *hold, told bool, how string) {
 		// gone at the first renewal after the removal; if renewals fail
 		// (a fault of the network or the server), the lease ends it.
 		bound := h.prompt / 2
-		if h.renewalsHitLocked(x.owedAt, x.owedAt.Add(h.prompt)) {
+		if h.renewalsHitLocked(x.owedAt, x.owedAt.Add(h.prompt), x.node) {
 			bound = h.prompt
 		}
 		if x.toldAt.Sub(x.owedAt) > bound {
@@ -708,4 +713,31 @@ func (h *history) capacityLocked(res string, from, to time.Time) int64 {
 		}
 	}
 	return best
+}
+
+// A wrongSpan is a time the HTTP rate limiter's key surely held a string:
+// from after the SET returned to when its expiry could come.
+type wrongSpan struct{ from, to time.Time }
+
+// wrongLimit records a string written over the HTTP limiter's key, sent
+// at at, done at done, with an expiry no earlier than until.
+func (h *history) wrongLimit(at, done, until time.Time) {
+	h.mu.Lock()
+	h.wrongLimits = append(h.wrongLimits, wrongSpan{done, until.Add(-h.lease / 10)})
+	h.mu.Unlock()
+}
+
+// limitKeyWrong reports whether the HTTP limiter's key surely held a
+// string all through [from, to], with no fault of node's network or of the
+// server near that could make Redis unavailable to node (then the
+// fallback is right) or remove the string.
+func (h *history) limitKeyWrong(from, to time.Time, node int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, sp := range h.wrongLimits {
+		if !from.Before(sp.from) && !to.After(sp.to) {
+			return !h.renewalsHitLocked(from.Add(-h.lease), to.Add(h.lease), node)
+		}
+	}
+	return false
 }

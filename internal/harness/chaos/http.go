@@ -12,6 +12,11 @@ import (
 	"github.com/sluicekit/sluice/ratelimit"
 )
 
+// httpLimitKey is the Redis key of the rate route's counter: the
+// fixed-window Limiter's prefix, the route's one client key, and the
+// algorithm's suffix.
+const httpLimitKey = "sluice:rl:fixed:{client}:f"
+
 // Two concurrency middlewares with different limits share each node's
 // semaphore Manager (as the docs ask: one Manager per process), and a
 // rate-limit middleware runs on the fixed-window Limiter; every request
@@ -68,6 +73,10 @@ func (w *world) httpOp(ctx context.Context, n *node, rng *rand.Rand) {
 		n.routes.rate.ServeHTTP(rec, req)
 		ret := time.Now()
 		w.answered("rate", rec.Code, call)
+		if rec.Code != http.StatusInternalServerError && rec.Code != http.StatusTooManyRequests && w.hist.limitKeyWrong(call, ret, n.i) {
+			w.hist.violation("rate middleware answered %d while its limiter's key held a string (called %s): a semantic error must be a 500, never the fallback",
+				rec.Code, w.hist.since(call))
+		}
 		// Served requests count against the limiter's bound, but not
 		// those that a fault may have let through (the fallback).
 		if rec.Code == http.StatusOK && !w.hist.faultNear(call, ret, w.cfg.Lease) {
