@@ -55,6 +55,9 @@ func TestLateGrantIsNotAHold(t *testing.T) {
 			name = "fair"
 		}
 		t.Run(name, func(t *testing.T) {
+			// The two cases have a server and a proxy each and spend
+			// their ~10 s waiting on the proxy's delays: side by side.
+			t.Parallel()
 			ctx := context.Background()
 			srv := redistest.NewServer(t)
 			proxy := lateProxy(t, srv)
@@ -121,6 +124,9 @@ func TestLateRWGrantIsNotAHold(t *testing.T) {
 			name = "write"
 		}
 		t.Run(name, func(t *testing.T) {
+			// The two cases have a server and a proxy each and spend
+			// their ~10 s waiting on the proxy's delays: side by side.
+			t.Parallel()
 			ctx := context.Background()
 			srv := redistest.NewServer(t)
 			proxy := lateProxy(t, srv)

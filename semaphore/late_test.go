@@ -26,6 +26,9 @@ func TestLateGrantIsNotAPermit(t *testing.T) {
 			name = "fair"
 		}
 		t.Run(name, func(t *testing.T) {
+			// The two cases have a server and a proxy each and spend
+			// their ~10 s waiting on the proxy's delays: side by side.
+			t.Parallel()
 			ctx := context.Background()
 			srv := redistest.NewServer(t)
 			proxy, err := faultproxy.New(srv.Addr())

@@ -1,6 +1,7 @@
-// Package redistest starts throwaway redis-server processes on loopback for
-// tests: a single server and a 3-master Redis Cluster, plus ways to fault
-// them (SCRIPT FLUSH, kill -9, restart, SIGSTOP).
+// Package redistest starts throwaway server processes (redis-server, or
+// valkey-server) on loopback for tests: a single server and a 3-master
+// Redis Cluster, plus ways to fault them (SCRIPT FLUSH, kill -9, restart,
+// SIGSTOP).
 //
 // Servers run as children of the test binary with their own temp dir, no
 // persistence and --bind 127.0.0.1; they receive SIGKILL if the test binary
@@ -9,8 +10,20 @@
 //
 //	func TestMain(m *testing.M) { redistest.Main(m) }
 //
-// When redis-server is not on PATH, Single and Cluster skip the test with a
-// note on how to install it; with SLUICE_REQUIRE_REDIS=1 they fail instead.
+// SLUICE_REDIS_SERVER chooses the server binary: a name looked up on PATH
+// or an absolute path (go test runs each package in its own directory). It
+// defaults to redis-server; set it to valkey-server to run the same tests on
+// Valkey:
+//
+//	SLUICE_REDIS_SERVER=valkey-server go test ./mutex
+//
+// Sentinels run that same binary in sentinel mode (--sentinel), which is
+// what redis-sentinel and valkey-sentinel are, so the variable chooses them
+// too. Nothing here runs redis-cli.
+//
+// When the server binary is not found, Single and Cluster skip the test
+// with a note on how to install it; with SLUICE_REQUIRE_REDIS=1 they fail
+// instead.
 package redistest
 
 import (
@@ -39,12 +52,41 @@ import (
 // into a test failure instead of a skip. CI sets it.
 const RequireEnv = "SLUICE_REQUIRE_REDIS"
 
-const installHint = "redis-server not found on PATH; install it with " +
-	"`apt-get install redis-server` (Debian) to run the real-server tests"
+// ServerEnv is the environment variable that chooses the server binary
+// every Server runs (sentinels included): a name looked up on PATH, such
+// as valkey-server, or an absolute path. Unset or empty, it is redis-server.
+const ServerEnv = "SLUICE_REDIS_SERVER"
 
-// Server is one redis-server child process on 127.0.0.1.
+// ServerBinary returns the server binary the package runs: $SLUICE_REDIS_SERVER,
+// or redis-server when that is unset or empty.
+func ServerBinary() string {
+	if b := os.Getenv(ServerEnv); b != "" {
+		return b
+	}
+	return "redis-server"
+}
+
+// lookServer returns the path of the server binary, or an error that says
+// how to install it.
+func lookServer() (string, error) {
+	bin := ServerBinary()
+	path, err := exec.LookPath(bin)
+	if err == nil {
+		return path, nil
+	}
+	if os.Getenv(ServerEnv) != "" {
+		return "", fmt.Errorf("%s not found (%s=%s): %v", bin, ServerEnv, bin, err)
+	}
+	return "", errors.New("redis-server not found on PATH; install it with " +
+		"`apt-get install redis-server` (Debian) to run the real-server tests, or name another " +
+		"server binary (such as valkey-server) in " + ServerEnv)
+}
+
+// Server is one server child process (redis-server, or the binary
+// SLUICE_REDIS_SERVER names) on 127.0.0.1.
 type Server struct {
 	Port int
+	bin  string // path of the server binary
 	args []string
 	dir  string
 
@@ -59,8 +101,9 @@ func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
 // StartServer starts a redis-server on a free loopback port with the given
 // extra arguments and waits until it answers PING.
 func StartServer(extra ...string) (*Server, error) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		return nil, errors.New(installHint)
+	bin, err := lookServer()
+	if err != nil {
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "sluice-redis-")
 	if err != nil {
@@ -73,7 +116,7 @@ func StartServer(extra ...string) (*Server, error) {
 			lastErr = err
 			continue
 		}
-		s := &Server{Port: port, dir: dir}
+		s := &Server{Port: port, bin: bin, dir: dir}
 		s.args = append([]string{
 			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--dir", dir,
@@ -85,11 +128,11 @@ func StartServer(extra ...string) (*Server, error) {
 		}
 	}
 	os.RemoveAll(dir)
-	return nil, fmt.Errorf("redistest: start redis-server: %w", lastErr)
+	return nil, fmt.Errorf("redistest: start %s: %w", bin, lastErr)
 }
 
 func (s *Server) start() error {
-	cmd := exec.Command("redis-server", s.args...)
+	cmd := exec.Command(s.bin, s.args...)
 	cmd.Dir = s.dir
 	// The server dies with the test binary, whatever way the binary ends.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -105,13 +148,13 @@ func (s *Server) start() error {
 		}
 		select {
 		case <-exited:
-			return fmt.Errorf("redis-server on port %d exited at start: %s", s.Port, s.logTail())
+			return fmt.Errorf("%s on port %d exited at start: %s", s.bin, s.Port, s.logTail())
 		default:
 		}
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
 			<-exited
-			return fmt.Errorf("redis-server on port %d did not answer PING", s.Port)
+			return fmt.Errorf("%s on port %d did not answer PING", s.bin, s.Port)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -439,10 +482,8 @@ func Main(m *testing.M) {
 
 // Available reports why real-server tests cannot run, or nil if they can.
 func Available() error {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		return errors.New(installHint)
-	}
-	return nil
+	_, err := lookServer()
+	return err
 }
 
 // Skip skips (or, with SLUICE_REQUIRE_REDIS=1, fails) t when redis-server is

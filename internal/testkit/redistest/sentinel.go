@@ -27,9 +27,10 @@ const DefaultMasterName = "sluice-primary"
 // Primary and Replica keep the roles the servers started with; after a
 // failover, the sentinels' view is what PrimaryAddr reports. Every process
 // is a child of the test binary, in its own temp dir, like StartServer's.
-// The sentinels run redis-server in sentinel mode (the same binary as
-// Debian's redis-sentinel) with a config file of their own, which they
-// rewrite as they learn the topology.
+// The sentinels run the server binary (redis-server, or the one
+// SLUICE_REDIS_SERVER names) in sentinel mode, which is what Debian's
+// redis-sentinel and valkey-sentinel are, with a config file of their own,
+// which they rewrite as they learn the topology.
 type Sentinel struct {
 	Name      string
 	Primary   *Server
@@ -62,7 +63,7 @@ func (s *Sentinel) Stop() {
 
 // NewSentinel starts a Sentinel setup owned by t, stopped when t ends
 // (also when t fails). It skips t, or fails it with SLUICE_REQUIRE_REDIS=1,
-// when redis-server is not installed.
+// when the server binary is not installed.
 func NewSentinel(t testing.TB) *Sentinel {
 	t.Helper()
 	Skip(t)
@@ -145,7 +146,7 @@ func StartSentinel(name string) (*Sentinel, error) {
 		}
 		// A Server whose arguments are a config file and --sentinel: the
 		// process handling (Pdeathsig, Kill, Pause, Stop) is Server's.
-		sn := &Server{Port: ports[i], dir: dirs[i], args: []string{file, "--sentinel"}}
+		sn := &Server{Port: ports[i], bin: s.Primary.bin, dir: dirs[i], args: []string{file, "--sentinel"}}
 		if err := sn.start(); err != nil {
 			os.RemoveAll(dirs[i])
 			return fail(fmt.Errorf("redistest: start sentinel: %w", err))

@@ -15,7 +15,7 @@ func TestSentinelFailover(t *testing.T) {
 	var pids []int
 	skipped := false
 	t.Run("setup", func(t *testing.T) {
-		defer func() { skipped = t.Skipped() }() // no redis-server or redis-sentinel
+		defer func() { skipped = t.Skipped() }() // no server binary
 		s := NewSentinel(t)
 		for _, n := range append([]*Server{s.Primary, s.Replica}, s.Sentinels...) {
 			n.mu.Lock()
