@@ -202,24 +202,24 @@ func (h *history) fault(from, to time.Time, what, res string, node int) {
 // setLossExplainedLocked is lossExplainedLocked for x's resource, or for
 // any name of x's set: a member's loss is the whole set's.
 func (h *history) setLossExplainedLocked(x *hold, to time.Time) bool {
-	if h.lossExplainedLocked(x.res, x.call, to) {
+	if h.lossExplainedLocked(x.res, x.call, to, x.node) {
 		return true
 	}
 	for _, res := range x.set {
-		if h.lossExplainedLocked(res, x.call, to) {
+		if h.lossExplainedLocked(res, x.call, to, x.node) {
 			return true
 		}
 	}
 	return false
 }
 
-// lossExplainedLocked reports whether a fault that can make res's holds
-// lost was in force at some time in [from, to]: one of the network, the
-// server or every resource, or an operator's action on res. Called with
-// h.mu held.
-func (h *history) lossExplainedLocked(res string, from, to time.Time) bool {
+// lossExplainedLocked reports whether a fault that can make node's holds
+// of res lost was in force at some time in [from, to]: one of node's
+// network, of the server or of every resource, or an operator's action on
+// res. Called with h.mu held.
+func (h *history) lossExplainedLocked(res string, from, to time.Time, node int) bool {
 	for _, f := range h.faults {
-		if (f.res == "" || f.res == res) && !f.from.After(to) && !f.to.Before(from) {
+		if (f.res == "" && (f.node < 0 || f.node == node) || f.res == res) && !f.from.After(to) && !f.to.Before(from) {
 			return true
 		}
 	}
