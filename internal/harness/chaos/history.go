@@ -741,3 +741,25 @@ func (h *history) limitKeyWrong(from, to time.Time, node int) bool {
 	}
 	return false
 }
+
+// unavailableNear reports whether Redis may have been unavailable to node
+// around [from, to]: a fault of node's network or of the server in force
+// within a lease of it.
+func (h *history) unavailableNear(from, to time.Time, node int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.renewalsHitLocked(from.Add(-h.lease), to.Add(h.lease), node)
+}
+
+// operatorNear reports whether an operator's action on res (or on every
+// resource) was in force within a lease of [from, to].
+func (h *history) operatorNear(res string, from, to time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, o := range h.ops {
+		if (o.res == "" || o.res == res) && o.since(from.Add(-h.lease)) && !o.at.After(to.Add(h.lease)) {
+			return true
+		}
+	}
+	return false
+}

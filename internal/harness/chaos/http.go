@@ -72,7 +72,7 @@ func (w *world) httpOp(ctx context.Context, n *node, rng *rand.Rand) {
 		call := time.Now()
 		n.routes.rate.ServeHTTP(rec, req)
 		ret := time.Now()
-		w.answered("rate", rec.Code, call)
+		w.answered("rate", rec.Code, call, n.i)
 		if rec.Code != http.StatusInternalServerError && rec.Code != http.StatusTooManyRequests && w.hist.limitKeyWrong(call, ret, n.i) {
 			w.hist.violation("rate middleware answered %d while its limiter's key held a string (called %s): a semantic error must be a 500, never the fallback",
 				rec.Code, w.hist.since(call))
@@ -88,14 +88,20 @@ func (w *world) httpOp(ctx context.Context, n *node, rng *rand.Rand) {
 	w.count("http.concurrency")
 	call := time.Now()
 	n.routes.conc[i].ServeHTTP(rec, req)
-	w.answered("concurrency", rec.Code, call)
+	w.answered("concurrency", rec.Code, call, n.i)
 }
 
-// answered checks a middleware's status code: served (200) or refused
-// over the limit (429); any other answer (a 500 for an error, a 503 of
-// the fallback) only with a fault in force around the call.
-func (w *world) answered(route string, code int, call time.Time) {
-	if code != http.StatusOK && code != http.StatusTooManyRequests && !w.hist.faultNear(call, time.Now(), w.cfg.Lease) {
-		w.hist.violation("%s middleware answered %d with no fault in force", route, code)
+// answered checks a middleware's status code on node: served (200) or
+// refused over the limit (429); any other answer (a 500 for an error, a
+// 503 of the fallback) only with a fault of node's network or of the
+// server around the call, or an operator's string over the rate route's
+// counter.
+func (w *world) answered(route string, code int, call time.Time, node int) {
+	if code == http.StatusOK || code == http.StatusTooManyRequests {
+		return
 	}
+	if w.hist.unavailableNear(call, time.Now(), node) || route == "rate" && w.hist.operatorNear("limit:http", call, time.Now()) {
+		return
+	}
+	w.hist.violation("%s middleware answered %d on node %d with no fault of its network or the server in force", route, code, node)
 }
