@@ -215,6 +215,8 @@ func Run(t testing.TB, cfg Config) Report {
 		wg.Go(func() { w.longHolder(ctx, n, rand.New(rand.NewPCG(seed, 0x1009))) })
 		seed = rng.Uint64()
 		wg.Go(func() { w.hotSemaphore(ctx, n, rand.New(rand.NewPCG(seed, 0x5e3))) })
+		seed = rng.Uint64()
+		wg.Go(func() { w.httpClient(ctx, n, rand.New(rand.NewPCG(seed, 0x4177))) })
 	}
 	var opFaults, partFaults map[string]int
 	var ow sync.WaitGroup

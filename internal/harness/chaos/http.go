@@ -105,3 +105,13 @@ func (w *world) answered(route string, code int, call time.Time, node int) {
 	}
 	w.hist.violation("%s middleware answered %d on node %d with no fault of its network or the server in force", route, code, node)
 }
+
+// httpClient sends requests through node n's middlewares, one after
+// another with short pauses, so that requests of the two concurrency
+// routes (and of several nodes) overlap.
+func (w *world) httpClient(ctx context.Context, n *node, rng *rand.Rand) {
+	for ctx.Err() == nil && !n.closed.Load() {
+		w.httpOp(ctx, n, rng)
+		sleep(ctx, time.Duration(rng.Float64()*float64(w.cfg.Lease)/16))
+	}
+}
