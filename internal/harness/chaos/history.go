@@ -444,15 +444,17 @@ type pendingConflict struct {
 
 // settleConflictsLocked decides the pending conflicts: a holder counts as
 // told if its loss signal closed no later than the conflicting hold's
-// start plus the longest stall of the process from a lease before that
-// start to when the signal was seen (the stall delays both the timer and
-// the harness's watch of the signal). Called with h.mu held.
+// start plus the longest stall of the process from a quarter lease before
+// that start to when the signal was seen. The holder's timer was due a
+// margin (a tenth of the lease) before the server could let the newer
+// hold in, so a stall that made it late overlaps that span; the stall
+// also delays the harness's watch of the signal. Called with h.mu held.
 func (h *history) settleConflictsLocked() {
 	for _, p := range h.pending {
 		group := []*hold{p.x}
 		for _, o := range p.group[1:] {
 			if o.told {
-				st := h.stallsLocked(p.x.start.Add(-h.prompt), o.toldAt)
+				st := h.stallsLocked(p.x.start.Add(-h.lease/4), o.toldAt)
 				if !o.toldAt.After(p.x.start.Add(st + stallSlack)) {
 					h.excused = append(h.excused, fmt.Sprintf("hold #%d of %q told %v after hold #%d started, within the process's longest stall (%v) and %v",
 						o.id, o.res, o.toldAt.Sub(p.x.start).Round(time.Millisecond), p.x.id, st.Round(time.Millisecond), stallSlack))

@@ -39,11 +39,12 @@ func (h *history) gaveUp(wt wait) {
 // checkLiveness finds waiters that gave up although what they waited for
 // stayed free for longer than bound while they waited, with no fault in
 // force around the wait: a release that woke nobody, a lost hand-off. A
-// lock is free for a waiter while no hold of it (no write hold, for a
-// reader) is in progress and no MultiMutex Lock may hold it (partial); a
-// semaphore while no permit is held (a fair waiter may wait behind a head
-// of any weight up to the capacity). Hand-offs take time, so only a free spell
-// longer than bound counts.
+// lock is free for a waiter while no hold of it is in progress (for a
+// reader too: a writer waiting behind other readers keeps new readers
+// out) and no MultiMutex Lock may hold it (partial); a semaphore while no
+// permit is held (a fair waiter may wait behind a head of any weight up to
+// the capacity). Hand-offs take time, so only a free spell longer than
+// bound counts.
 func (h *history) checkLiveness(bound time.Duration) {
 	h.mu.Lock()
 	waits := h.waits
@@ -88,14 +89,12 @@ func freeSpell(wt wait, holds []*hold) (time.Duration, time.Time) {
 		if !x.end.After(wt.call) || !x.start.Before(wt.ret) {
 			continue
 		}
-		var w int64
-		switch {
-		case wt.kind == "permit":
+		// A reader is not free to go in while other readers hold either:
+		// a writer waiting behind them (which the history does not see)
+		// keeps new readers out, so that writers are not starved.
+		var w int64 = 1
+		if wt.kind == "permit" {
 			w = x.weight
-		case wt.kind == "read" && x.kind == "read":
-			continue
-		default:
-			w = 1
 		}
 		es = append(es, edge{maxTime(x.start, wt.call), w}, edge{minTime(x.end, wt.ret), -w})
 	}
