@@ -124,6 +124,7 @@ type world struct {
 	inflight inflight
 
 	capacitySet atomic.Bool // a SetCapacity was sent (faults.go)
+	races       int         // expiry races staged (race.go), by the partition stream only
 
 	opsMu     sync.Mutex
 	ops       map[string]int

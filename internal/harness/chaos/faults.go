@@ -21,8 +21,8 @@ var AllFaults = []string{
 	"latency", "blackhole", "dropreplies", "reset", // one node's network (fault proxy)
 	"scriptflush", "clientpause", "sigstop", "restart", // the server
 	"del", "wrongtype", "forceunlock", "flushall", "capacity", "limitkey", // operator mistakes, and SetCapacity
-	"close",            // Close of a node's Lockers and Managers with calls in flight
-	"partition", "lag", // a node cut off or slowed for longer than a lease (partitionStream)
+	"close",                    // Close of a node's Lockers and Managers with calls in flight
+	"partition", "lag", "race", // a node cut off or slowed for longer than a lease (partitionStream)
 }
 
 // ClusterFaults is the menu on a cluster: no fault proxy can sit in front
@@ -49,6 +49,7 @@ type fault struct {
 	length time.Duration
 	base   time.Duration // latency
 	cap    int64         // capacity: the new capacity of semaphore res
+	seed   uint64        // race: its choices
 }
 
 type schedule []fault
@@ -73,7 +74,7 @@ func (w *world) schedule(rng *rand.Rand) schedule {
 	}
 	kinds = slices.DeleteFunc(slices.Clone(kinds), func(k string) bool {
 		// Streams of their own: partitionStream, operatorStream.
-		return !slices.Contains(menu, k) || k == "partition" || k == "lag" || k == "capacity" || k == "limitkey"
+		return !slices.Contains(menu, k) || k == "partition" || k == "lag" || k == "race" || k == "capacity" || k == "limitkey"
 	})
 	if len(kinds) == 0 {
 		return nil
@@ -123,22 +124,23 @@ func (w *world) schedule(rng *rand.Rand) schedule {
 }
 
 // partitionStream draws faults longer than a lease: every one and a half
-// to three leases of the storm, one node's fault proxy either drops
-// everything for 1.2 to 1.8 leases (a partition, two times in three; the
-// node cut off is one in the middle of a long hold, if one is: see apply)
-// or delays every reply by 1.05 to 1.4 leases for one to two leases (lag,
-// so that grants and renewals come back after their lease). Either way the
-// node's leases run out on the server while it still holds, and the other
-// nodes take what it held. The main schedule's faults are mostly shorter
-// than a lease; these are the ones after which a holder's loss signal, its
-// watchdog, a nested Lock, a late grant and a competitor's grant meet.
-// Only on a single server (a cluster has no fault proxies).
+// to three leases of the storm, either an expiry race (half of them; see
+// expiryRace), or one node's fault proxy drops everything for 1.2 to 1.8
+// leases (a partition; the node cut off is one in the middle of a long
+// hold, if one is: see apply) or delays every reply by 1.05 to 1.4 leases
+// for one to two leases (lag, so that grants and renewals come back after
+// their lease). Either way the node's leases run out on the server while
+// it still holds, and the other nodes take what it held. The main
+// schedule's faults are mostly shorter than a lease; these are the ones
+// after which a holder's loss signal, its watchdog, a nested Lock, a late
+// grant and a competitor's grant meet. Only on a single server (a cluster
+// has no fault proxies).
 func (w *world) partitionStream(rng *rand.Rand) schedule {
 	if w.cl != nil {
 		return nil
 	}
 	var kinds []string
-	for _, k := range []string{"partition", "lag"} {
+	for _, k := range []string{"partition", "lag", "race"} {
 		if w.cfg.Faults == nil || slices.Contains(w.cfg.Faults, k) {
 			kinds = append(kinds, k)
 		}
@@ -153,13 +155,17 @@ func (w *world) partitionStream(rng *rand.Rand) schedule {
 	storm := time.Duration(stormEnd * float64(w.cfg.Duration))
 	var s schedule
 	for at := lease / 2; at < storm; at += span(1.5, 3) {
-		f := fault{at: at, kind: kinds[rng.IntN(len(kinds))], node: rng.IntN(w.cfg.Nodes)}
-		if len(kinds) == 2 && rng.IntN(3) > 0 {
-			f.kind = "partition" // two in three
+		// Half of them expiry races (if the menu has them), where a lease
+		// running out meets a waiter by design.
+		kind := kinds[rng.IntN(len(kinds))]
+		if slices.Contains(kinds, "race") && rng.IntN(2) == 0 {
+			kind = "race"
 		}
-		if f.kind == "partition" {
+		f := fault{at: at, kind: kind, node: rng.IntN(w.cfg.Nodes), seed: rng.Uint64()}
+		switch f.kind {
+		case "partition":
 			f.length = span(1.2, 1.8)
-		} else {
+		case "lag":
 			f.base, f.length = span(1.05, 1.4), span(1, 2)
 		}
 		s = append(s, f)
@@ -300,7 +306,7 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	// Faults of one node's network (and its Close) hit that node only.
 	hit := -1
 	switch f.kind {
-	case "latency", "lag", "blackhole", "partition", "dropreplies", "reset":
+	case "latency", "lag", "blackhole", "partition", "dropreplies", "reset", "race":
 		hit = nd.i
 	case "close":
 		if f.length == 0 { // with the server running
@@ -321,6 +327,20 @@ func (w *world) apply(ctx context.Context, f fault) error {
 		nd.proxy.SetLatency(f.base, f.base/4)
 		hold()
 		nd.proxy.SetLatency(0, 0)
+	case "race":
+		x := nd
+		var y *node
+		for k := 1; k < w.cfg.Nodes; k++ {
+			if c := w.nodes[(f.node+k)%w.cfg.Nodes]; !c.closed.Load() {
+				y = c
+				break
+			}
+		}
+		if x.closed.Load() || y == nil {
+			break
+		}
+		w.races++
+		err = w.expiryRace(ctx, x, y, rand.New(rand.NewPCG(f.seed, 0x7ace)), w.races)
 	case "blackhole", "partition":
 		// The two streams may cut one node at once: the node stays cut
 		// until both have ended.
@@ -397,7 +417,7 @@ func (w *world) apply(ctx context.Context, f fault) error {
 		}
 		at := time.Now()
 		err = sem.SetCapacity(ctx, f.cap)
-		w.hist.setCapacity(f.res, at, time.Now(), f.cap)
+		w.hist.setCapacity(f.res, at, time.Now(), f.cap, err != nil)
 		w.capacitySet.Store(true)
 	case "forceunlock":
 		done := w.hist.operator(f.res, "ForceUnlock")

@@ -164,7 +164,7 @@ func (h *history) operator(res, what string) (done func()) {
 	for r, c := range h.capacity {
 		if res == "" || r == res {
 			resets = append(resets, reset{r, len(h.capChanges[r])})
-			h.capChanges[r] = append(h.capChanges[r], capChange{at: now, done: now, cap: c})
+			h.capChanges[r] = append(h.capChanges[r], capChange{at: now, done: now, cap: c, failed: true})
 		}
 	}
 	var before []*hold
@@ -179,7 +179,9 @@ func (h *history) operator(res, what string) (done func()) {
 		defer h.mu.Unlock()
 		h.ops[i].end = time.Now()
 		for _, r := range resets {
+			// Done: the capacity set, if any, is surely gone.
 			h.capChanges[r.res][r.i].done = h.ops[i].end
+			h.capChanges[r.res][r.i].failed = false
 		}
 		for _, x := range before {
 			if !x.ended && !x.owed {
@@ -687,13 +689,15 @@ func (h *history) holdsBy() map[string]int {
 type capChange struct {
 	at, done time.Time
 	cap      int64
+	failed   bool // the call failed: it may or may not have taken effect
 }
 
 // setCapacity records a SetCapacity of res to c, called at at and
-// returned (or failed) at done. A failed call may have taken effect too.
-func (h *history) setCapacity(res string, at, done time.Time, c int64) {
+// returned (or failed) at done. A failed call may or may not have taken
+// effect: until the next change, either capacity may be in force.
+func (h *history) setCapacity(res string, at, done time.Time, c int64, failed bool) {
 	h.mu.Lock()
-	h.capChanges[res] = append(h.capChanges[res], capChange{at, done, c})
+	h.capChanges[res] = append(h.capChanges[res], capChange{at, done, c, failed})
 	h.mu.Unlock()
 }
 
@@ -704,7 +708,11 @@ func (h *history) setCapacity(res string, at, done time.Time, c int64) {
 func (h *history) capacityLocked(res string, from, to time.Time) int64 {
 	c := h.capacity[res]
 	for _, ch := range h.capChanges[res] {
-		if ch.done.Before(from) {
+		switch {
+		case !ch.done.Before(from):
+		case ch.failed:
+			c = max(c, ch.cap) // the old one, or the new one
+		default:
 			c = ch.cap
 		}
 	}
