@@ -425,13 +425,3 @@ func ignoreWrongType(err error) error {
 }
 
 func dialer() net.Dialer { return net.Dialer{Timeout: time.Second} }
-
-// sorted returns the kinds of m in order, for stable reports.
-func sorted(m map[string]int) []string {
-	var ks []string
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
-}
