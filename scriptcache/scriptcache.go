@@ -120,7 +120,7 @@ func NewFrom(ctx context.Context, client Client, opts ...Option) (*Cache, error)
 	if client == nil {
 		return nil, ErrNilClient
 	}
-	o := options{fsys: lua.FS}
+	o := options{fsys: lua.FS()}
 	for _, opt := range opts {
 		opt(&o)
 	}
