@@ -1245,9 +1245,10 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	defer m.op.Unlock()
 	m.mu.Lock()
 	holds, tokenArg, lostErr, heldGen, orphan := m.holds, m.tokenArg, m.err, m.gen, m.orphan
-	if holds == 0 {
+	switch holds {
+	case 0:
 		m.orphan, m.unacked = "", false
-	} else if holds == 1 {
+	case 1:
 		m.releasing = heldGen
 	}
 	m.mu.Unlock()

@@ -63,11 +63,9 @@ func targets() []target {
 			},
 		},
 		{
-			name: "miniredis",
-			client: func(t *testing.T) rueidis.Client {
-				return miniClient(t)
-			},
-			flush: nil, // miniredis has no script cache to lose in a useful way
+			name:   "miniredis",
+			client: miniClient,
+			flush:  nil, // miniredis has no script cache to lose in a useful way
 		},
 	}
 }

@@ -313,7 +313,7 @@ func testEvalCancel(t *testing.T, e *env) {
 	resumed := false
 	defer func() {
 		if !resumed {
-			srv.Resume()
+			_ = srv.Resume() // cleanup: the test has failed already
 		}
 	}()
 	for _, withDeadline := range []bool{false, true} {
