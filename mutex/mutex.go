@@ -143,6 +143,7 @@ import (
 	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/internal/notify"
 	"github.com/sluicekit/sluice/internal/obs"
+	"github.com/sluicekit/sluice/internal/scriptexec"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
@@ -265,7 +266,7 @@ type Locker struct {
 	// bg runs give-backs of abandoned attempts and the calls of
 	// ExecWaitOrLate (ReplicaAcks) whose callers may leave; Close waits
 	// for them.
-	bg *scriptcache.Group
+	bg *scriptexec.Group
 }
 
 // NewLocker returns a Locker that runs its scripts through sc.
@@ -277,7 +278,7 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Locker{opts: opts, pubMode: "p", sc: sc, bg: scriptcache.NewGroup(ErrClosed)}
+	l := &Locker{opts: opts, pubMode: "p", sc: sc, bg: scriptexec.NewGroup(ErrClosed)}
 	if sc.ShardedPubSub() {
 		l.pubMode = "s"
 	}
@@ -723,7 +724,7 @@ func (m *Mutex) leaveQueue(queued bool, id string) {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	// No deadline: see scriptcache.Group.Bounded.
+	// No deadline: see scriptexec.Group.Bounded.
 	t := time.AfterFunc(min(m.lease, leaveAfterClose), cancel)
 	defer t.Stop()
 	defer cancel()
@@ -924,7 +925,7 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try bool) (attemptR
 		// A copy: the call may outlive this Lock (its caller left), and
 		// a NOSCRIPT retry would otherwise resend whatever the next call
 		// of this Mutex wrote into m.argv.
-		rr, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.l.bg, m.lockKeys, slices.Clone(m.argv[:]), int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
+		rr, acks, err = m.l.bg.ExecWaitOrLate(ctx, m.l.lock, m.lockKeys, slices.Clone(m.argv[:]), int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
 			func(late scriptcache.Reply, _ int64, _ error) {
 				// Whatever the replicas said, nobody waits for this grant.
 				if grantedOrUnknown(late) || m.fair {

@@ -498,7 +498,7 @@ func (rw *RWMutex) attempt(ctx context.Context, write bool, mark string) (bool, 
 	acks := int64(-1) // not asked
 	if rw.l.opts.ReplicaAcks > 0 && holds == 0 {
 		var res scriptcache.Reply
-		res, acks, err = script.ExecWaitOrLate(ctx, rw.l.bg, rw.lockKeys, argv, int64(rw.l.opts.ReplicaAcks), rw.l.opts.ReplicaTimeout,
+		res, acks, err = rw.l.bg.ExecWaitOrLate(ctx, script, rw.lockKeys, argv, int64(rw.l.opts.ReplicaAcks), rw.l.opts.ReplicaTimeout,
 			func(late scriptcache.Reply, _ int64, _ error) {
 				if grantedOrUnknown(late) {
 					rw.giveBack(attemptID, kindArg, mark)

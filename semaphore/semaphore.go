@@ -193,6 +193,7 @@ import (
 	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/internal/notify"
 	"github.com/sluicekit/sluice/internal/obs"
+	"github.com/sluicekit/sluice/internal/scriptexec"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
@@ -336,7 +337,7 @@ type Manager struct {
 
 	// bg runs fair waiters leaving the queue and the calls of ExecOrLate
 	// and ExecWaitOrLate whose callers may leave; Close waits for them.
-	bg *scriptcache.Group
+	bg *scriptexec.Group
 }
 
 // NewManager returns a Manager that runs its scripts through sc. Close it
@@ -349,7 +350,7 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Manager{opts: opts, pubMode: "p", bg: scriptcache.NewGroup(ErrClosed)}
+	m := &Manager{opts: opts, pubMode: "p", bg: scriptexec.NewGroup(ErrClosed)}
 	c := opts.leaseConfig()
 	m.lease, m.watchdog = c.Effective()
 	m.leaseMs = strconv.FormatInt(m.lease.Milliseconds(), 10)
@@ -874,7 +875,7 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (
 		args = []string{mode, s.capArg, args[1], id, s.m.leaseMs, s.m.pubMode}
 	}
 	if acks := int64(s.m.opts.ReplicaAcks); acks > 0 && n > 0 {
-		res, got, err := script.ExecWaitOrLate(ctx, s.m.bg, keys, args, acks, s.m.opts.ReplicaTimeout,
+		res, got, err := s.m.bg.ExecWaitOrLate(ctx, script, keys, args, acks, s.m.opts.ReplicaTimeout,
 			func(r scriptcache.Reply, _ int64, _ error) { s.releaseLate(r, id, mode) })
 		if err != nil {
 			// If the script ran and only WAIT failed, attempt releases the
@@ -897,7 +898,7 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (
 	case n > 0:
 		late = func(r scriptcache.Reply) { s.releaseLate(r, id, mode) }
 	}
-	return s.parse(script.ExecOrLate(ctx, s.m.bg, keys, args, late))
+	return s.parse(s.m.bg.ExecOrLate(ctx, script, keys, args, late))
 }
 
 // releaseLate handles the reply to an acquire whose caller had gone: it
