@@ -163,7 +163,7 @@ var (
 	ErrClosed = errors.New("mutex: locker closed")
 	// ErrInvalidName means the lock name is empty or too long.
 	ErrInvalidName = errors.New("mutex: invalid name")
-	// ErrInvalidOptions means Options or a MutexOption is out of range.
+	// ErrInvalidOptions means Options or a LockOption is out of range.
 	ErrInvalidOptions = errors.New("mutex: invalid options")
 	// ErrNotReplicated means Options.ReplicaAcks replicas did not confirm
 	// an acquisition in time; it was released again and is not held.
@@ -335,46 +335,59 @@ func (l *Locker) sendGiveBack(ctx context.Context, m *Mutex, attempt string) {
 	l.release.Exec(ctx, m.releaseKeys, []string{"a", l.pubMode, m.keepMs, m.owner, attempt, m.leaseMs})
 }
 
-// MutexOption configures one Mutex.
-type MutexOption func(*Mutex) error
+// LockOption configures one lock: a Mutex, an RWMutex or a MultiMutex
+// (Options configures the Locker). WithOwner, WithLease and WithFair make
+// them; the zero LockOption changes nothing.
+type LockOption struct {
+	apply func(*Mutex) error
+}
+
+// applyTo applies o to m: the options of an RWMutex or a MultiMutex are
+// applied to a Mutex too, and read from it.
+func (o LockOption) applyTo(m *Mutex) error {
+	if o.apply == nil {
+		return nil
+	}
+	return o.apply(m)
+}
 
 // WithOwner sets the owner id instead of a random UUID, for example to take
 // over a lock after a process restart. Two live Mutexes must never share an
 // owner id: they would hold the lock together.
-func WithOwner(id string) MutexOption {
-	return func(m *Mutex) error {
+func WithOwner(id string) LockOption {
+	return LockOption{func(m *Mutex) error {
 		if id == "" || len(id) > keyspace.MaxNameLen {
 			return fmt.Errorf("%w: owner id must be 1 to %d bytes", ErrInvalidOptions, keyspace.MaxNameLen)
 		}
 		m.owner = id
 		return nil
-	}
+	}}
 }
 
 // WithLease gives this Mutex a fixed lease (no renewal) instead of the
 // Locker's setting; zero restores the watchdog.
-func WithLease(d time.Duration) MutexOption {
-	return func(m *Mutex) error {
+func WithLease(d time.Duration) LockOption {
+	return LockOption{func(m *Mutex) error {
 		if err := lease.CheckFixed(d); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 		}
 		m.setLease(d)
 		return nil
-	}
+	}}
 }
 
 // WithFair makes this Mutex wait in the lock's queue (true) or compete
 // for it on every release (false), whatever Options.Fair says.
-func WithFair(fair bool) MutexOption {
-	return func(m *Mutex) error {
+func WithFair(fair bool) LockOption {
+	return LockOption{func(m *Mutex) error {
 		m.fair = fair
 		return nil
-	}
+	}}
 }
 
 // NewMutex returns a Mutex for the lock called name, with its own owner id.
 // It does not talk to Redis.
-func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
+func (l *Locker) NewMutex(name string, opts ...LockOption) (*Mutex, error) {
 	if err := keyspace.CheckName(name); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidName, err)
 	}
@@ -390,7 +403,7 @@ func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
 	m.releaseKeys = []string{m.keys[0], m.keys[1], m.keys[3], m.keys[4], m.keys[2]}
 	m.setLease(l.opts.Lease)
 	for _, opt := range opts {
-		if err := opt(m); err != nil {
+		if err := opt.applyTo(m); err != nil {
 			return nil, err
 		}
 	}

@@ -60,7 +60,7 @@ func (l *Locker) rwScripts() (*rwScripts, error) {
 //
 // A read-write lock and a Mutex of the same name are different locks (their
 // keys differ): they do not exclude each other.
-func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) {
+func (l *Locker) NewRWMutex(name string, opts ...LockOption) (*RWMutex, error) {
 	if err := keyspace.CheckName(name); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidName, err)
 	}
@@ -69,7 +69,7 @@ func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) 
 	scratch := &Mutex{l: l}
 	scratch.setLease(l.opts.Lease)
 	for _, opt := range opts {
-		if err := opt(scratch); err != nil {
+		if err := opt.applyTo(scratch); err != nil {
 			return nil, err
 		}
 	}

@@ -420,7 +420,7 @@ func (m *Manager) waitFor(wait time.Duration) time.Duration {
 // It does not talk to Redis; the capacity is checked against the stored one
 // by Acquire (see the package doc). Semaphores of one name made with
 // different options (WithOwner) share its permits.
-func (m *Manager) NewSemaphore(name string, capacity int64, opts ...SemaphoreOption) (*Semaphore, error) {
+func (m *Manager) NewSemaphore(name string, capacity int64, opts ...Option) (*Semaphore, error) {
 	if err := keyspace.CheckName(name); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidName, err)
 	}
@@ -443,15 +443,21 @@ func (m *Manager) NewSemaphore(name string, capacity int64, opts ...SemaphoreOpt
 		s.qgroup = m.queued.Group(s.keys[0])
 	}
 	for _, o := range opts {
-		if err := o(s); err != nil {
+		if o.apply == nil {
+			continue
+		}
+		if err := o.apply(s); err != nil {
 			return nil, err
 		}
 	}
 	return s, nil
 }
 
-// SemaphoreOption configures one Semaphore.
-type SemaphoreOption func(*Semaphore) error
+// Option configures one Semaphore (Options configures the Manager).
+// WithOwner makes one; the zero Option changes nothing.
+type Option struct {
+	apply func(*Semaphore) error
+}
 
 // maxOwnerLen is the longest owner label, in bytes. The label travels in
 // every permit id, so in every renewal of up to lease.MaxBatch permits.
@@ -465,15 +471,15 @@ const maxOwnerLen = 128
 // permit's id, only when set, so an unlabelled permit costs nothing more.
 // owner must be 1 to 128 bytes without spaces or control characters
 // (ErrInvalidOptions).
-func WithOwner(owner string) SemaphoreOption {
-	return func(s *Semaphore) error {
+func WithOwner(owner string) Option {
+	return Option{func(s *Semaphore) error {
 		bad := strings.IndexFunc(owner, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) })
 		if owner == "" || len(owner) > maxOwnerLen || bad >= 0 {
 			return fmt.Errorf("%w: owner must be 1 to %d bytes without spaces or control characters", ErrInvalidOptions, maxOwnerLen)
 		}
 		s.owner = owner
 		return nil
-	}
+	}}
 }
 
 // idLen is the length of a permit id without an owner label: a UUID in its

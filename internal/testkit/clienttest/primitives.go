@@ -70,7 +70,7 @@ func locker(t testing.TB, sc *scriptcache.Cache, opts mutex.Options) *mutex.Lock
 	return l
 }
 
-func newMutex(t testing.TB, l *mutex.Locker, name string, opts ...mutex.MutexOption) *mutex.Mutex {
+func newMutex(t testing.TB, l *mutex.Locker, name string, opts ...mutex.LockOption) *mutex.Mutex {
 	t.Helper()
 	m, err := l.NewMutex(name, opts...)
 	if err != nil {
