@@ -11,7 +11,6 @@ package scriptexec
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -40,22 +39,22 @@ type Group struct {
 // one on a server that stopped answering holds Close up no longer.
 const closeGrace = time.Second
 
-// ErrClosed is wrapped by the error a call of ExecOrLate or ExecWaitOrLate
-// returns when its Group was closed while the caller waited for the reply.
+// ErrClosed is the error a call of ExecOrLate or ExecWaitOrLate returns
+// when its Group, made without an error of its own, was closed while the
+// caller waited for the reply.
 var ErrClosed = errors.New("scriptexec: group closed")
 
-// NewGroup returns an open Group. closed is the error, wrapped with
-// ErrClosed, that callers of ExecOrLate and ExecWaitOrLate get when Close
-// gives up their calls: the primitive's own (such as semaphore.ErrClosed),
-// so that its callers see that error; nil for ErrClosed alone.
+// NewGroup returns an open Group. closed is the error that callers of
+// ExecOrLate and ExecWaitOrLate get when Close gives up their calls: the
+// primitive's own (such as semaphore.ErrClosed), so that its callers see
+// that error and nothing of this package; nil for ErrClosed.
 func NewGroup(closed error) *Group {
 	ctx, cancel := context.WithCancel(context.Background())
 	work, endWork := context.WithCancel(context.Background())
-	err := ErrClosed
-	if closed != nil {
-		err = fmt.Errorf("%w: %w", closed, ErrClosed)
+	if closed == nil {
+		closed = ErrClosed
 	}
-	return &Group{ctx: ctx, closedErr: err, cancel: cancel, work: work, endWork: endWork}
+	return &Group{ctx: ctx, closedErr: closed, cancel: cancel, work: work, endWork: endWork}
 }
 
 // Go runs f in a goroutine that Close waits for, and reports true. Once
@@ -139,9 +138,9 @@ func (g *Group) afterLeft(cancel context.CancelFunc) (stop func() bool) {
 //
 // The goroutine is g's: g.Close waits for it, and gives up the call,
 // whether its caller has left (late then gets the error) or still waits:
-// then ExecOrLate returns an error wrapping ErrClosed (the error g was made
-// with) at once, as if ctx had ended, and the call's reply or error goes to
-// late. Once g is closed, ExecOrLate sends nothing and returns that error,
+// then ExecOrLate returns g's closed error (see NewGroup) at once, as if
+// ctx had ended, and the call's reply or error goes to late. Once g is
+// closed, ExecOrLate sends nothing and returns that error,
 // and late is never called. With a ctx that cannot end, or no late, it is
 // s.Exec: g plays no part. A nil g is a Group that is never closed.
 func (g *Group) ExecOrLate(ctx context.Context, s *scriptcache.Script, keys, args []string, late func(scriptcache.Reply)) scriptcache.Reply {
