@@ -353,15 +353,9 @@ func TestCallerDeadlinesAreIsolated(t *testing.T) {
 	}
 }
 
-// pausedIncr returns the script "incr" of testFS, loaded on a server of
-// its own that is then paused (SIGSTOP): calls hang until srv.Resume.
-func pausedIncr(t *testing.T) (*redistest.Server, *scriptcache.Script) {
-	t.Helper()
-	return pausedIncrAfter(t, nil)
-}
-
-// pausedIncrAfter is pausedIncr, with warm run on the script before the
-// pause (nil: nothing).
+// pausedIncrAfter returns the script "incr" of testFS, loaded on a server
+// of its own that is then paused (SIGSTOP): calls hang until srv.Resume.
+// warm runs on the script before the pause (nil: nothing).
 func pausedIncrAfter(t *testing.T, warm func(*scriptcache.Script)) (*redistest.Server, *scriptcache.Script) {
 	t.Helper()
 	srv := redistest.NewServer(t)
