@@ -245,7 +245,7 @@ func clientLoops(pace time.Duration, nPolite, nFlood int, do func(ctx context.Co
 // simulated client's address. Marks count the 200s.
 func httpLoops(hc *http.Client, url string, pace time.Duration) []loop {
 	polite, flooders := clientIPs()
-	ips := append(polite, flooders...)
+	ips := slices.Concat(polite, flooders)
 	return clientLoops(pace, len(polite), len(flooders), func(ctx context.Context, ip int, r *recorder) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {

@@ -121,7 +121,7 @@ func (p pair) Lock(ctx context.Context) error {
 	for i, m := range p {
 		if err := m.Lock(ctx); err != nil {
 			for j := i - 1; j >= 0; j-- {
-				p[j].Unlock(context.WithoutCancel(ctx))
+				_ = p[j].Unlock(context.WithoutCancel(ctx)) // giving back after a failure: the failure is what is reported
 			}
 			return err
 		}

@@ -15,5 +15,7 @@ import (
 //go:embed *.lua
 var files embed.FS
 
-// FS is the read-only file system of all scripts, named NAME.lua.
-var FS fs.FS = files
+// FS returns the read-only file system of all scripts, named NAME.lua. It
+// is a function, not a variable, so that no importer can swap the scripts
+// every other importer runs.
+func FS() fs.FS { return files }

@@ -59,7 +59,7 @@ func TestCloseEndsLockInFlight(t *testing.T) {
 	defer cancel()
 	locked := make(chan error, 1)
 	go func() { locked <- m.Lock(ctx) }()
-	const frame = "sluice/scriptcache.(*Script).ExecWaitOrLate"
+	const frame = "sluice/internal/scriptexec.(*Group).ExecWaitOrLate"
 	if !redistest.WaitFor(context.Background(), signal, func() bool { return inFrame(frame) > 0 }) {
 		t.Fatalf("the Lock's call never reached %s", frame)
 	}

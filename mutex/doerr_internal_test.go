@@ -39,7 +39,7 @@ func TestDoErrRule(t *testing.T) {
 		{name: "members after fn", uerrs: []error{loss(lease.ErrExpired), loss(lease.ErrClosed)}, absent: []error{ErrLost}},
 	} {
 		got := doErr(c.err, c.during, c.uerrs...)
-		if c.same && got != c.err {
+		if c.same && got != c.err { //nolint:errorlint // fn's error itself, unwrapped, is what is checked
 			t.Errorf("%s: doErr = %v, want fn's error itself", c.name, got)
 		}
 		for _, w := range c.want {

@@ -49,7 +49,7 @@ func FuzzMutexInput(f *testing.F) {
 			return
 		}
 		defer l.Close()
-		var opts []mutex.MutexOption
+		var opts []mutex.LockOption
 		if owner != "" {
 			opts = append(opts, mutex.WithOwner(owner))
 		}

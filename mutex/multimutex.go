@@ -23,7 +23,7 @@ const MaxMultiNames = 64
 // 1 to MaxMultiNames of them. The options apply to every member; without
 // WithOwner the members share one random owner id. It does not talk to
 // Redis.
-func (l *Locker) NewMultiMutex(names []string, opts ...MutexOption) (*MultiMutex, error) {
+func (l *Locker) NewMultiMutex(names []string, opts ...LockOption) (*MultiMutex, error) {
 	if len(names) == 0 || len(names) > MaxMultiNames {
 		return nil, fmt.Errorf("%w: a multi-lock needs 1 to %d names, got %d", ErrInvalidOptions, MaxMultiNames, len(names))
 	}
@@ -47,7 +47,7 @@ func (l *Locker) NewMultiMutex(names []string, opts ...MutexOption) (*MultiMutex
 	slices.SortFunc(ms, func(a, b member) int {
 		return cmp.Or(cmp.Compare(a.slot, b.slot), cmp.Compare(a.name, b.name))
 	})
-	opts = append([]MutexOption{WithOwner(uuid.NewString())}, opts...)
+	opts = append([]LockOption{WithOwner(uuid.NewString())}, opts...)
 	mm := &MultiMutex{op: make(chan struct{}, 1)}
 	for _, m := range ms {
 		mu, err := l.NewMutex(m.name, opts...)

@@ -16,7 +16,7 @@ import (
 	"github.com/sluicekit/sluice/mutex"
 )
 
-func newMulti(t testing.TB, l *mutex.Locker, names []string, opts ...mutex.MutexOption) *mutex.MultiMutex {
+func newMulti(t testing.TB, l *mutex.Locker, names []string, opts ...mutex.LockOption) *mutex.MultiMutex {
 	t.Helper()
 	mm, err := l.NewMultiMutex(names, opts...)
 	if err != nil {

@@ -149,6 +149,7 @@ import (
 	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/internal/notify"
 	"github.com/sluicekit/sluice/internal/obs"
+	"github.com/sluicekit/sluice/internal/scriptexec"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
@@ -168,7 +169,7 @@ var (
 	ErrClosed = errors.New("mutex: locker closed")
 	// ErrInvalidName means the lock name is empty or too long.
 	ErrInvalidName = errors.New("mutex: invalid name")
-	// ErrInvalidOptions means Options or a MutexOption is out of range.
+	// ErrInvalidOptions means Options or a LockOption is out of range.
 	ErrInvalidOptions = errors.New("mutex: invalid options")
 	// ErrNotReplicated means Options.ReplicaAcks replicas did not confirm
 	// an acquisition in time; it was released again and is not held.
@@ -279,7 +280,7 @@ type Locker struct {
 	// bg runs give-backs of abandoned attempts and the calls of
 	// ExecWaitOrLate (ReplicaAcks) whose callers may leave; Close waits
 	// for them.
-	bg *scriptcache.Group
+	bg *scriptexec.Group
 }
 
 // NewLocker returns a Locker that runs its scripts through sc.
@@ -291,7 +292,7 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Locker{opts: opts, pubMode: "p", sc: sc, bg: scriptcache.NewGroup(ErrClosed), id: newLockerID()}
+	l := &Locker{opts: opts, pubMode: "p", sc: sc, bg: scriptexec.NewGroup(ErrClosed), id: newLockerID()}
 	l.defaults.setLease(opts, opts.Lease)
 	l.defaults.fair, l.defaults.prim = opts.Fair, scriptcache.PrimitiveMutex
 	if sc.ShardedPubSub() {
@@ -361,54 +362,67 @@ func (l *Locker) sendGiveBack(ctx context.Context, m *Mutex, attempt string) {
 	l.release.Exec(ctx, keys[:], []string{"a", l.pubMode, m.set.keepMs, m.owner, attempt, m.set.leaseMs})
 }
 
-// MutexOption configures one Mutex.
-type MutexOption func(*Mutex) error
+// LockOption configures one lock: a Mutex, an RWMutex or a MultiMutex
+// (Options configures the Locker). WithOwner, WithLease and WithFair make
+// them; the zero LockOption changes nothing.
+type LockOption struct {
+	apply func(*Mutex) error
+}
+
+// applyTo applies o to m: the options of an RWMutex or a MultiMutex are
+// applied to a Mutex too, and read from it.
+func (o LockOption) applyTo(m *Mutex) error {
+	if o.apply == nil {
+		return nil
+	}
+	return o.apply(m)
+}
 
 // WithOwner sets the owner id instead of a generated one, for example to
 // take over a lock after a process restart. Two live Mutexes must never
 // share an owner id: they would hold the lock together.
-func WithOwner(id string) MutexOption {
-	return func(m *Mutex) error {
+func WithOwner(id string) LockOption {
+	return LockOption{func(m *Mutex) error {
 		if id == "" || len(id) > keyspace.MaxNameLen {
 			return fmt.Errorf("%w: owner id must be 1 to %d bytes", ErrInvalidOptions, keyspace.MaxNameLen)
 		}
 		m.owner = id
 		return nil
-	}
+	}}
 }
 
 // WithLease gives this Mutex a fixed lease (no renewal) instead of the
 // Locker's setting; zero restores the watchdog.
-func WithLease(d time.Duration) MutexOption {
-	return func(m *Mutex) error {
+func WithLease(d time.Duration) LockOption {
+	return LockOption{func(m *Mutex) error {
 		if err := lease.CheckFixed(d); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 		}
 		m.own().setLease(m.l.opts, d)
 		return nil
-	}
+	}}
 }
 
 // WithFair makes this Mutex wait in the lock's queue (true) or compete
 // for it on every release (false), whatever Options.Fair says.
-func WithFair(fair bool) MutexOption {
-	return func(m *Mutex) error {
+func WithFair(fair bool) LockOption {
+	return LockOption{func(m *Mutex) error {
 		if m.set.fair != fair {
 			m.own().fair = fair
 		}
 		return nil
-	}
+	}}
 }
 
 // NewMutex returns a Mutex for the lock called name, with its own owner id.
 // It does not talk to Redis, and without options it makes two allocations.
-func (l *Locker) NewMutex(name string, opts ...MutexOption) (*Mutex, error) {
+func (l *Locker) NewMutex(name string, opts ...LockOption) (*Mutex, error) {
 	if err := keyspace.CheckName(name); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidName, err)
 	}
 	m := &Mutex{l: l, set: &l.defaults}
 	for _, opt := range opts {
-		if err := opt(m); err != nil {
+		if err := opt.applyTo(m); err != nil {
 			return nil, err
 		}
 	}
@@ -810,7 +824,7 @@ func (m *Mutex) leaveQueue(queued bool, id string) {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	// No deadline: see scriptcache.Group.Bounded.
+	// No deadline: see scriptexec.Group.Bounded.
 	t := time.AfterFunc(min(m.set.lease, leaveAfterClose), cancel)
 	defer t.Stop()
 	defer cancel()
@@ -1013,7 +1027,7 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try bool) (attemptR
 		attempt := argv[3]
 		// Copies on the heap: the call may outlive this Lock (its caller
 		// left), and its NOSCRIPT retry resends them.
-		rr, acks, err = m.l.lock.ExecWaitOrLate(ctx, m.l.bg, slices.Clone(keys[:]), slices.Clone(argv[:]), int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
+		rr, acks, err = m.l.bg.ExecWaitOrLate(ctx, m.l.lock, slices.Clone(keys[:]), slices.Clone(argv[:]), int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
 			func(late scriptcache.Reply, _ int64, _ error) {
 				// Whatever the replicas said, nobody waits for this grant.
 				if grantedOrUnknown(late) || m.set.fair {

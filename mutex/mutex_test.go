@@ -55,7 +55,7 @@ func newLocker(t testing.TB, client rueidis.Client, opts mutex.Options) *mutex.L
 	return l
 }
 
-func newMutex(t testing.TB, l *mutex.Locker, name string, opts ...mutex.MutexOption) *mutex.Mutex {
+func newMutex(t testing.TB, l *mutex.Locker, name string, opts ...mutex.LockOption) *mutex.Mutex {
 	t.Helper()
 	m, err := l.NewMutex(name, opts...)
 	if err != nil {

@@ -29,7 +29,7 @@ func reviewLocker(t *testing.T, opts Options) (*Locker, *redistest.Server) {
 	return l, srv
 }
 
-func reviewMutex(t *testing.T, l *Locker, name string, opts ...MutexOption) *Mutex {
+func reviewMutex(t *testing.T, l *Locker, name string, opts ...LockOption) *Mutex {
 	t.Helper()
 	m, err := l.NewMutex(name, opts...)
 	if err != nil {

@@ -138,7 +138,7 @@ wait:
 // TestCloseEndsGiveBack: Locker.Close waits for the give-back of an
 // abandoned Lock attempt. Found by a review: with Redis not answering,
 // Close blocked for up to a lease (its context's bound; 30 s by default).
-// Close now gives such work a second (scriptcache.Group's closeGrace) and
+// Close now gives such work a second (scriptexec.Group's closeGrace) and
 // then ends it; the lease ends what is left on the server.
 func TestCloseEndsGiveBack(t *testing.T) {
 	ctx := context.Background()

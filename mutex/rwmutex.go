@@ -60,7 +60,7 @@ func (l *Locker) rwScripts() (*rwScripts, error) {
 //
 // A read-write lock and a Mutex of the same name are different locks (their
 // keys differ): they do not exclude each other.
-func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) {
+func (l *Locker) NewRWMutex(name string, opts ...LockOption) (*RWMutex, error) {
 	if err := keyspace.CheckName(name); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidName, err)
 	}
@@ -68,7 +68,7 @@ func (l *Locker) NewRWMutex(name string, opts ...MutexOption) (*RWMutex, error) 
 	// take what they set.
 	scratch := &Mutex{l: l, set: &l.defaults}
 	for _, opt := range opts {
-		if err := opt(scratch); err != nil {
+		if err := opt.applyTo(scratch); err != nil {
 			return nil, err
 		}
 	}
@@ -497,7 +497,7 @@ func (rw *RWMutex) attempt(ctx context.Context, write bool, mark string) (bool, 
 	acks := int64(-1) // not asked
 	if rw.l.opts.ReplicaAcks > 0 && holds == 0 {
 		var res scriptcache.Reply
-		res, acks, err = script.ExecWaitOrLate(ctx, rw.l.bg, rw.lockKeys, argv, int64(rw.l.opts.ReplicaAcks), rw.l.opts.ReplicaTimeout,
+		res, acks, err = rw.l.bg.ExecWaitOrLate(ctx, script, rw.lockKeys, argv, int64(rw.l.opts.ReplicaAcks), rw.l.opts.ReplicaTimeout,
 			func(late scriptcache.Reply, _ int64, _ error) {
 				if grantedOrUnknown(late) {
 					rw.giveBack(attemptID, kindArg, mark)

@@ -15,7 +15,7 @@ import (
 	"github.com/sluicekit/sluice/mutex"
 )
 
-func newRW(t testing.TB, l *mutex.Locker, name string, opts ...mutex.MutexOption) *mutex.RWMutex {
+func newRW(t testing.TB, l *mutex.Locker, name string, opts ...mutex.LockOption) *mutex.RWMutex {
 	t.Helper()
 	rw, err := l.NewRWMutex(name, opts...)
 	if err != nil {

@@ -130,21 +130,21 @@ func TestScriptCost(t *testing.T) {
 		id := strconv.Itoa(i)
 		a, err := lock.Exec(ctx, lockKeys, []string{"A", "30000", "0", "a." + id, "", "f"}).AsIntSlice()
 		if err != nil || a[0] != 1 {
-			return fmt.Errorf("A's lock = %v, %v", a, err)
+			return fmt.Errorf("A's lock = %v, %v", a, err) //nolint:errorlint // err may be nil here: %v prints <nil>, %w would print %!w(<nil>)
 		}
 		b, err := lock.Exec(ctx, lockKeys, []string{"B", "30000", "0", "b." + id, "", "f"}).AsIntSlice()
 		if err != nil || b[0] != 0 {
-			return fmt.Errorf("B's lock = %v, %v", b, err)
+			return fmt.Errorf("B's lock = %v, %v", b, err) //nolint:errorlint // err may be nil here: %v prints <nil>, %w would print %!w(<nil>)
 		}
 		if n, err := release.Exec(ctx, releaseKeys, []string{"u", "p", "1000", "A", "1", strconv.FormatInt(a[2], 10)}).AsInt64(); err != nil || n != 0 {
-			return fmt.Errorf("A's release = %d, %v", n, err)
+			return fmt.Errorf("A's release = %d, %v", n, err) //nolint:errorlint // err may be nil here: %v prints <nil>, %w would print %!w(<nil>)
 		}
 		b, err = lock.Exec(ctx, lockKeys, []string{"B", "30000", "0", "b." + id, "", "f"}).AsIntSlice()
 		if err != nil || b[0] != 2 {
-			return fmt.Errorf("B's lock after the hand-off = %v, %v", b, err)
+			return fmt.Errorf("B's lock after the hand-off = %v, %v", b, err) //nolint:errorlint // err may be nil here: %v prints <nil>, %w would print %!w(<nil>)
 		}
 		if n, err := release.Exec(ctx, releaseKeys, []string{"u", "p", "1000", "B", "1", strconv.FormatInt(b[2], 10)}).AsInt64(); err != nil || n != 0 {
-			return fmt.Errorf("B's release = %d, %v", n, err)
+			return fmt.Errorf("B's release = %d, %v", n, err) //nolint:errorlint // err may be nil here: %v prints <nil>, %w would print %!w(<nil>)
 		}
 		return nil
 	}

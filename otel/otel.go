@@ -53,13 +53,16 @@ type Options struct {
 	// Use it only when names are few: each makes its own series.
 	Names bool
 	// Buckets are the histogram bucket boundaries, in seconds. Default
-	// DefaultBuckets.
+	// DefaultBuckets().
 	Buckets []float64
 }
 
-// DefaultBuckets are the histogram boundaries, in seconds, from half a
-// millisecond to a minute.
-var DefaultBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+// DefaultBuckets returns the histogram boundaries, in seconds, from half a
+// millisecond to a minute, in a new slice on each call (a variable could be
+// changed by any importer, for every other).
+func DefaultBuckets() []float64 {
+	return []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+}
 
 // ErrNilMeterProvider is returned by New for a nil MeterProvider.
 var ErrNilMeterProvider = errors.New("sluiceotel: nil MeterProvider")
@@ -96,7 +99,7 @@ func New(mp metric.MeterProvider, opts Options) (*Observer, error) {
 	}
 	buckets := opts.Buckets
 	if len(buckets) == 0 {
-		buckets = DefaultBuckets
+		buckets = DefaultBuckets()
 	}
 	m := mp.Meter(ScopeName)
 	o := &Observer{names: opts.Names, sets: make(map[attrKey]metric.MeasurementOption)}

@@ -299,5 +299,5 @@ func writeProblem(w http.ResponseWriter, names []string) {
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusTooManyRequests)
-	w.Write(b)
+	_, _ = w.Write(b) // a client that left cannot be told anything
 }

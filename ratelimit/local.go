@@ -95,7 +95,8 @@ func (c *localLimiter) allow(key string, now time.Time, n int, ps []localPolicy,
 	s.pushFront(e)
 	allowed := true
 	for i, p := range ps {
-		ahead := float64(max(e.tat[i]-t, 0))
+		wait := max(e.tat[i]-t, 0) // a whole number of nanoseconds
+		ahead := float64(wait)
 		after := ahead + float64(n)*p.interval
 		tolerance := float64(p.burst) * p.interval
 		r := Result{Allowed: after <= tolerance, Limit: p.burst}
@@ -106,7 +107,7 @@ func (c *localLimiter) allow(key string, now time.Time, n int, ps []localPolicy,
 			allowed = false
 			r.Remaining = tokens(tolerance-ahead, p.interval)
 			r.RetryAfter = time.Duration(math.Ceil(after - tolerance))
-			r.ResetAfter = time.Duration(math.Ceil(ahead))
+			r.ResetAfter = wait
 		}
 		res[i] = r
 	}
@@ -120,9 +121,9 @@ func (c *localLimiter) allow(key string, now time.Time, n int, ps []localPolicy,
 	// what they would have had.
 	for i, p := range ps {
 		if res[i].Allowed {
-			ahead := float64(max(e.tat[i]-t, 0))
-			res[i].Remaining = tokens(float64(p.burst)*p.interval-ahead, p.interval)
-			res[i].ResetAfter = time.Duration(math.Ceil(ahead))
+			wait := max(e.tat[i]-t, 0)
+			res[i].Remaining = tokens(float64(p.burst)*p.interval-float64(wait), p.interval)
+			res[i].ResetAfter = wait
 		}
 	}
 	return false

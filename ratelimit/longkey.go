@@ -12,7 +12,7 @@ import (
 const digestMark = "~#"
 
 // boundKey returns the key a request-facing layer (the middlewares, Checker)
-// counts a client's key under: the key itself, or, for a key longer than max
+// counts a client's key under: the key itself, or, for a key longer than limit
 // bytes or one that starts with digestMark, digestMark followed by the
 // base64url SHA-256 of the key (45 bytes).
 //
@@ -24,8 +24,8 @@ const digestMark = "~#"
 // are told apart from other keys by their mark, which no key keeps (a key
 // that starts with it is digested too), so two clients share a count only
 // if their keys collide under SHA-256.
-func boundKey(key string, max int) string {
-	if len(key) <= max && !strings.HasPrefix(key, digestMark) {
+func boundKey(key string, limit int) string {
+	if len(key) <= limit && !strings.HasPrefix(key, digestMark) {
 		return key
 	}
 	sum := sha256.Sum256([]byte(key))

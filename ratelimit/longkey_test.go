@@ -116,22 +116,22 @@ func TestLongKeyIsLimited(t *testing.T) {
 }
 
 func TestBoundKey(t *testing.T) {
-	const max = 16
-	long := strings.Repeat("k", max+1)
+	const limit = 16
+	long := strings.Repeat("k", limit+1)
 	tests := []struct {
 		name, key string
 		digest    bool
 	}{
 		{"short", "client", false},
-		{"at the limit", strings.Repeat("k", max), false},
+		{"at the limit", strings.Repeat("k", limit), false},
 		{"over the limit", long, true},
 		{"marked", "~#short", true},
-		{"marked like a digest", boundKey(long, max), true},
+		{"marked like a digest", boundKey(long, limit), true},
 		{"tilde alone", "~x", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := boundKey(tt.key, max)
+			got := boundKey(tt.key, limit)
 			if !tt.digest {
 				if got != tt.key {
 					t.Fatalf("boundKey(%q) = %q, want the key itself", tt.key, got)
@@ -141,7 +141,7 @@ func TestBoundKey(t *testing.T) {
 			if !strings.HasPrefix(got, digestMark) || len(got) != len(digestMark)+43 || got == tt.key {
 				t.Fatalf("boundKey(%q) = %q, want %q and 43 base64url bytes, not the key", tt.key, got, digestMark)
 			}
-			if again := boundKey(tt.key, max); again != got {
+			if again := boundKey(tt.key, limit); again != got {
 				t.Fatalf("boundKey is not deterministic: %q then %q", got, again)
 			}
 		})

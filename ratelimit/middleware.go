@@ -168,9 +168,6 @@ type MiddlewareOptions struct {
 	// The client cannot shorten it: the check does not end when the
 	// client's connection closes.
 	Timeout time.Duration
-	// FailClosed is Fallback: FallbackClosed, kept for compatibility. It
-	// is an error to set it with a Fallback other than FallbackClosed.
-	FailClosed bool
 	// Fallback says what happens to a request when Redis cannot answer in
 	// time, or at all (an error for which Unavailable is true). Default
 	// FallbackOpen; see Fallback for the trade-offs.
@@ -336,8 +333,6 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 		return nil, fmt.Errorf("%w: negative UnavailableRetryAfter %v", ErrInvalidOptions, opts.UnavailableRetryAfter)
 	case opts.Fallback < FallbackOpen || opts.Fallback > FallbackLocal:
 		return nil, fmt.Errorf("%w: %v", ErrInvalidOptions, opts.Fallback)
-	case opts.FailClosed && opts.Fallback != FallbackOpen && opts.Fallback != FallbackClosed:
-		return nil, fmt.Errorf("%w: FailClosed with Fallback %v", ErrInvalidOptions, opts.Fallback)
 	case opts.LocalKeys < 0:
 		return nil, fmt.Errorf("%w: negative LocalKeys %d", ErrInvalidOptions, opts.LocalKeys)
 	case opts.ProblemDetails && opts.OnDenied != nil:
@@ -346,9 +341,6 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 		return nil, fmt.Errorf("%w: negative LocalHold %v", ErrInvalidOptions, opts.LocalHold)
 	case opts.Fallback != FallbackLocal && (opts.LocalKeys != 0 || opts.LocalHold != 0):
 		return nil, fmt.Errorf("%w: LocalKeys and LocalHold need Fallback FallbackLocal", ErrInvalidOptions)
-	}
-	if opts.FailClosed {
-		opts.Fallback = FallbackClosed
 	}
 	keyFunc, err := requestKeyFunc(opts.KeyFunc, opts.TrustedProxies, opts.ClientIPHeader, opts.IPv4PrefixLen, opts.IPv6PrefixLen)
 	if err != nil {

@@ -387,7 +387,7 @@ func TestMiddlewareRedisDown(t *testing.T) {
 	l := newLimiter(t, sc, Options{Limit: PerMinute(100)})
 	var errs errRecorder
 	open := Middleware(l, MiddlewareOptions{OnError: errs.record, Timeout: 100 * time.Millisecond})(okHandler)
-	closed := Middleware(l, MiddlewareOptions{OnError: errs.record, Timeout: 100 * time.Millisecond, FailClosed: true})(okHandler)
+	closed := Middleware(l, MiddlewareOptions{OnError: errs.record, Timeout: 100 * time.Millisecond, Fallback: FallbackClosed})(okHandler)
 	if w := serve(open, request("192.0.2.1:1")); w.Code != 200 || w.Header().Get("RateLimit") == "" {
 		t.Fatalf("with Redis up: status %d, RateLimit %q; want 200 with headers", w.Code, w.Header().Get("RateLimit"))
 	}
@@ -551,7 +551,6 @@ func TestNewMiddlewareValidation(t *testing.T) {
 		{"zero prefix", l, MiddlewareOptions{TrustedProxies: []netip.Prefix{testProxies[0], {}}}},
 		{"unknown fallback", l, MiddlewareOptions{Fallback: 3}},
 		{"negative fallback", l, MiddlewareOptions{Fallback: -1}},
-		{"fail closed and local", l, MiddlewareOptions{FailClosed: true, Fallback: FallbackLocal}},
 		{"negative local keys", l, MiddlewareOptions{Fallback: FallbackLocal, LocalKeys: -1}},
 		{"negative local hold", l, MiddlewareOptions{Fallback: FallbackLocal, LocalHold: -time.Second}},
 		{"local keys without local", l, MiddlewareOptions{LocalKeys: 10}},
@@ -579,7 +578,7 @@ func TestNewMiddlewareValidation(t *testing.T) {
 		{},
 		{IPv4PrefixLen: 32, IPv6PrefixLen: 128, ClientIPHeader: Forwarded, Timeout: time.Second},
 		{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104"), netip.MustParsePrefix("::/0")}},
-		{FailClosed: true, Fallback: FallbackClosed},
+		{Fallback: FallbackClosed},
 		{Fallback: FallbackLocal, LocalKeys: 1, LocalHold: time.Millisecond},
 	} {
 		if mw, err := NewMiddleware(l, opts); err != nil || mw == nil {
@@ -637,7 +636,7 @@ func TestMiddlewareClientIPHeader(t *testing.T) {
 	})
 }
 
-// TestMiddlewareUnavailableRetryAfter checks the 503 of FailClosed: no
+// TestMiddlewareUnavailableRetryAfter checks the 503 of FallbackClosed: no
 // Retry-After by default, UnavailableRetryAfter rounded up when set.
 func TestMiddlewareUnavailableRetryAfter(t *testing.T) {
 	srv := redistest.NewServer(t)
@@ -649,7 +648,7 @@ func TestMiddlewareUnavailableRetryAfter(t *testing.T) {
 		retry time.Duration
 		want  string
 	}{{0, ""}, {1500 * time.Millisecond, "2"}, {time.Minute, "60"}} {
-		h := Middleware(l, MiddlewareOptions{OnError: errs.record, FailClosed: true, UnavailableRetryAfter: tc.retry})(okHandler)
+		h := Middleware(l, MiddlewareOptions{OnError: errs.record, Fallback: FallbackClosed, UnavailableRetryAfter: tc.retry})(okHandler)
 		w := serve(h, request("192.0.2.1:1"))
 		if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != tc.want {
 			t.Errorf("UnavailableRetryAfter %v: status %d, Retry-After %q; want 503, %q", tc.retry, w.Code, w.Header().Get("Retry-After"), tc.want)

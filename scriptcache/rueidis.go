@@ -126,8 +126,9 @@ func (r rueidisClient) do(ctx context.Context, sha, body string, keys, args []st
 // hold up other callers, and when ctx ends mid-call (its deadline, or a
 // cancellation) that connection is closed. rueidis is given ctx without
 // its deadline: with one, it runs the pair in its synchronous mode, which
-// sets a socket deadline and never looks at a cancellation, so a
-// scriptcache.Group could not end a left call before WAIT's timeout.
+// sets a socket deadline and never looks at a cancellation, so a call
+// whose caller was cancelled (or whose primitive closed) could not end
+// before WAIT's timeout.
 //
 // On a cluster the pair goes to one node's connection, and redirections
 // are followed for the pair, never for the script alone (see

@@ -119,7 +119,7 @@ func NewFrom(ctx context.Context, client Client, opts ...Option) (*Cache, error)
 	if client == nil {
 		return nil, ErrNilClient
 	}
-	o := options{fsys: lua.FS}
+	o := options{fsys: lua.FS()}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -226,7 +226,7 @@ func (s *Script) SHA1() string { return s.sha }
 //
 // When ctx ends before the reply arrives, Exec returns ctx.Err() at once,
 // but the script may still run: callers must treat that as an unknown
-// outcome (ExecOrLate lets them undo it).
+// outcome.
 //
 // On a rueidis client, ctx's deadline does not reach the connection, which
 // other callers share (see New).
@@ -235,73 +235,6 @@ func (s *Script) Exec(ctx context.Context, keys, args []string) Reply {
 		return ErrorReply(err)
 	}
 	return s.exec(ctx, keys, args)
-}
-
-// ExecOrLate is Exec, and when ctx ends before the reply arrives, it calls
-// late with the reply once it does, from another goroutine. A primitive
-// uses it to undo what a call it gave up on did after all, such as an
-// acquisition nobody is waiting for: left alone, that would block everyone
-// until its lease ran out. When ctx can be cancelled this costs a goroutine
-// per call, which ends when Redis answers or the client's own timeouts
-// (ConnWriteTimeout) or Close end the call; the client itself never sees ctx.
-//
-// With a Group g, the goroutine is g's: g.Close waits for it, and gives up
-// the call, whether its caller has left (late then gets the error) or
-// still waits: then ExecOrLate returns an error wrapping ErrClosed (the
-// error g was made with) at once, as if ctx had ended, and the call's
-// reply or error goes to late. Once g is closed, ExecOrLate sends nothing
-// and returns that error, and late is never called (with a ctx that cannot
-// end, or no late, it is Exec: g plays no part).
-func (s *Script) ExecOrLate(ctx context.Context, g *Group, keys, args []string, late func(Reply)) Reply {
-	done := ctx.Done()
-	if done == nil || late == nil {
-		return s.Exec(ctx, keys, args)
-	}
-	if err := s.c.checkSlots(keys); err != nil {
-		return ErrorReply(err)
-	}
-	if err := ctx.Err(); err != nil {
-		return ErrorReply(err)
-	}
-	reply := make(chan Reply) // unbuffered: the reply goes to the caller or to late, never both
-	abandoned := make(chan struct{})
-	var left func() bool // undoes g.afterLeft; set before abandoned closes
-	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	run := func() {
-		defer cancel()
-		r := s.exec(cctx, keys, args)
-		select {
-		case reply <- r:
-		case <-abandoned:
-			left()
-			late(r)
-		}
-	}
-	if g == nil {
-		go run()
-	} else if !g.Go(run) {
-		cancel()
-		return ErrorReply(g.closedErr)
-	}
-	var err error
-	select {
-	case r := <-reply:
-		return r
-	case <-done:
-		err = ctx.Err()
-	case <-g.closing():
-		err = g.closedErr
-	}
-	left = g.afterLeft(cancel)
-	close(abandoned)
-	// The reply may have come at the same moment: take it if so.
-	select {
-	case r := <-reply:
-		left()
-		return r
-	default:
-	}
-	return ErrorReply(err)
 }
 
 func (s *Script) exec(ctx context.Context, keys, args []string) Reply {
@@ -365,91 +298,29 @@ func (c *Cache) eval(ctx context.Context, sha, body string, keys, args []string)
 // acknowledged its writes. A primitive uses it to refuse a grant that could
 // vanish in a failover (replication is asynchronous).
 //
-// It returns when ctx ends, like Exec, but the script may still run; a
-// caller that must undo a late grant uses ExecWaitOrLate.
-func (s *Script) ExecWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
-	return s.ExecWaitOrLate(ctx, nil, keys, args, replicas, timeout, nil)
-}
-
-// WaitSlack bounds how long after its WAIT timeout a call of ExecWait or
-// ExecWaitOrLate may still wait for its reply in the background before the
-// outcome is declared unknown.
-const WaitSlack = 5 * time.Second
-
-// ExecWaitOrLate is ExecWait, and when ctx ends before the reply arrives,
-// it calls late with the reply once it comes, from another goroutine, so
-// the caller can give back a grant nobody waits for. If no reply comes
-// within timeout+WaitSlack (a server that stopped answering), late gets an
-// error that is not a Redis reply: the outcome is unknown, and the
-// connection, which was the call's own, has been closed, so nothing sent on
-// it can still run.
-//
 // WAIT blocks its connection, so the pair goes on a connection of its own
 // (Client.EvalWait); unlike Exec, the call can carry a deadline without
-// harming other callers. It costs a goroutine while in flight when ctx can
-// be cancelled; with a Group g, that goroutine is g's, and g.Close gives
-// up the call, as for ExecOrLate; once g is closed, ExecWaitOrLate with
-// such a ctx sends nothing and returns g's closed error.
-func (s *Script) ExecWaitOrLate(ctx context.Context, g *Group, keys, args []string, replicas int64, timeout time.Duration, late func(r Reply, acks int64, err error)) (Reply, int64, error) {
+// harming other callers. When ctx ends mid-call, or 5 s after WAIT's
+// timeout if no reply has come (a server that stopped answering), the
+// call's connection is closed, so nothing sent on it can still run, and
+// ExecWait returns: the script may or may not have run. A call that must
+// first open a connection is bounded by the client's dial timeout rather
+// than by ctx (see New).
+func (s *Script) ExecWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
 	if err := s.c.checkSlots(keys); err != nil {
 		return ErrorReply(err), 0, err
 	}
 	if err := ctx.Err(); err != nil {
 		return ErrorReply(err), 0, err
 	}
-	// The call's own bound: WAIT's timeout plus slack, whatever ctx says.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout+WaitSlack)
-	done := ctx.Done()
-	if done == nil {
-		defer cancel()
-		return s.execWait(cctx, keys, args, replicas, timeout)
-	}
-	type reply struct {
-		r    Reply
-		acks int64
-		err  error
-	}
-	replies := make(chan reply) // unbuffered: the reply goes to the caller or to late, never both
-	abandoned := make(chan struct{})
-	var left func() bool // undoes g.afterLeft; set before abandoned closes
-	run := func() {
-		defer cancel()
-		var rep reply
-		rep.r, rep.acks, rep.err = s.execWait(cctx, keys, args, replicas, timeout)
-		select {
-		case replies <- rep:
-		case <-abandoned:
-			left()
-			if late != nil {
-				late(rep.r, rep.acks, rep.err)
-			}
-		}
-	}
-	if g == nil {
-		go run()
-	} else if !g.Go(run) {
-		cancel()
-		return ErrorReply(g.closedErr), 0, g.closedErr
-	}
-	var err error
-	select {
-	case rep := <-replies:
-		return rep.r, rep.acks, rep.err
-	case <-done:
-		err = ctx.Err()
-	case <-g.closing():
-		err = g.closedErr
-	}
-	left = g.afterLeft(cancel)
-	close(abandoned)
-	select {
-	case rep := <-replies: // it came at the same moment
-		left()
-		return rep.r, rep.acks, rep.err
-	default:
-	}
-	return ErrorReply(err), 0, err
+	ctx, cancel := context.WithTimeout(ctx, timeout+waitSlack)
+	defer cancel()
+	return s.execWait(ctx, keys, args, replicas, timeout)
 }
+
+// waitSlack bounds how long after its WAIT timeout a call of ExecWait may
+// still wait for its reply before the outcome is declared unknown.
+const waitSlack = 5 * time.Second
 
 func (s *Script) execWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
 	client := s.c.client

@@ -47,7 +47,7 @@ func goroutinesIn(frame string) []string {
 // goroutine it started (README). An Acquire abandoned by its context while
 // its script call is unanswered (a server that hangs) leaves a goroutine
 // that waits for the late reply to release the grant. Close must end that
-// call and wait for the goroutine; before the scriptcache.Group, it
+// call and wait for the goroutine; before the scriptexec.Group, it
 // outlived Close and then called Redis for a closed Manager.
 func TestCloseWaitsForAbandonedCalls(t *testing.T) {
 	srv := redistest.NewServer(t)
@@ -56,7 +56,7 @@ func TestCloseWaitsForAbandonedCalls(t *testing.T) {
 	s := e.sem(t, name, 1)
 	wantAvailable(t, s, 1) // the connection is up and the scripts loaded
 
-	const frame = "sluice/scriptcache.(*Script).ExecOrLate"
+	const frame = "sluice/internal/scriptexec.(*Group).ExecOrLate"
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
 	}
@@ -91,15 +91,15 @@ func TestCloseWaitsForAbandonedCalls(t *testing.T) {
 // close: before the fix Close waited for that caller's context to end, and
 // the Acquire did not return ErrClosed (issue 22, item 10). With
 // ReplicaAcks the call is the script+WAIT pair, whose own bound (the WAIT
-// timeout plus scriptcache.WaitSlack) is set far above closeBound here.
+// timeout plus 5 s of slack) is set far above closeBound here.
 func TestCloseEndsAcquireInFlight(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		opts  semaphore.Options
 		frame string
 	}{
-		{"plain", semaphore.Options{}, "sluice/scriptcache.(*Script).ExecOrLate"},
-		{"replica-acks", semaphore.Options{ReplicaAcks: 1, ReplicaTimeout: time.Minute}, "sluice/scriptcache.(*Script).ExecWaitOrLate"},
+		{"plain", semaphore.Options{}, "sluice/internal/scriptexec.(*Group).ExecOrLate"},
+		{"replica-acks", semaphore.Options{ReplicaAcks: 1, ReplicaTimeout: time.Minute}, "sluice/internal/scriptexec.(*Group).ExecWaitOrLate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// closeBound is generous for a loaded 2-core machine under

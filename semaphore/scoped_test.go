@@ -124,7 +124,7 @@ func TestSemaphoreDo(t *testing.T) {
 			during = available(t, s)
 			return errWork
 		})
-		if err != errWork {
+		if err != errWork { //nolint:errorlint // fn's error itself, unwrapped, is what is checked
 			t.Fatalf("Do = %v, want fn's error itself", err)
 		}
 		if during != 1 {

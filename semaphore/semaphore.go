@@ -193,6 +193,7 @@ import (
 	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/internal/notify"
 	"github.com/sluicekit/sluice/internal/obs"
+	"github.com/sluicekit/sluice/internal/scriptexec"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
@@ -336,7 +337,7 @@ type Manager struct {
 
 	// bg runs fair waiters leaving the queue and the calls of ExecOrLate
 	// and ExecWaitOrLate whose callers may leave; Close waits for them.
-	bg *scriptcache.Group
+	bg *scriptexec.Group
 }
 
 // NewManager returns a Manager that runs its scripts through sc. Close it
@@ -349,7 +350,7 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Manager{opts: opts, pubMode: "p", bg: scriptcache.NewGroup(ErrClosed)}
+	m := &Manager{opts: opts, pubMode: "p", bg: scriptexec.NewGroup(ErrClosed)}
 	c := opts.leaseConfig()
 	m.lease, m.watchdog = c.Effective()
 	m.leaseMs = strconv.FormatInt(m.lease.Milliseconds(), 10)
@@ -419,7 +420,7 @@ func (m *Manager) waitFor(wait time.Duration) time.Duration {
 // It does not talk to Redis; the capacity is checked against the stored one
 // by Acquire (see the package doc). Semaphores of one name made with
 // different options (WithOwner) share its permits.
-func (m *Manager) NewSemaphore(name string, capacity int64, opts ...SemaphoreOption) (*Semaphore, error) {
+func (m *Manager) NewSemaphore(name string, capacity int64, opts ...Option) (*Semaphore, error) {
 	if err := keyspace.CheckName(name); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidName, err)
 	}
@@ -442,15 +443,21 @@ func (m *Manager) NewSemaphore(name string, capacity int64, opts ...SemaphoreOpt
 		s.qgroup = m.queued.Group(s.keys[0])
 	}
 	for _, o := range opts {
-		if err := o(s); err != nil {
+		if o.apply == nil {
+			continue
+		}
+		if err := o.apply(s); err != nil {
 			return nil, err
 		}
 	}
 	return s, nil
 }
 
-// SemaphoreOption configures one Semaphore.
-type SemaphoreOption func(*Semaphore) error
+// Option configures one Semaphore (Options configures the Manager).
+// WithOwner makes one; the zero Option changes nothing.
+type Option struct {
+	apply func(*Semaphore) error
+}
 
 // maxOwnerLen is the longest owner label, in bytes. The label travels in
 // every permit id, so in every renewal of up to lease.MaxBatch permits.
@@ -464,15 +471,15 @@ const maxOwnerLen = 128
 // permit's id, only when set, so an unlabelled permit costs nothing more.
 // owner must be 1 to 128 bytes without spaces or control characters
 // (ErrInvalidOptions).
-func WithOwner(owner string) SemaphoreOption {
-	return func(s *Semaphore) error {
+func WithOwner(owner string) Option {
+	return Option{func(s *Semaphore) error {
 		bad := strings.IndexFunc(owner, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) })
 		if owner == "" || len(owner) > maxOwnerLen || bad >= 0 {
 			return fmt.Errorf("%w: owner must be 1 to %d bytes without spaces or control characters", ErrInvalidOptions, maxOwnerLen)
 		}
 		s.owner = owner
 		return nil
-	}
+	}}
 }
 
 // idLen is the length of a permit id without an owner label: a UUID in its
@@ -874,7 +881,7 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (
 		args = []string{mode, s.capArg, args[1], id, s.m.leaseMs, s.m.pubMode}
 	}
 	if acks := int64(s.m.opts.ReplicaAcks); acks > 0 && n > 0 {
-		res, got, err := script.ExecWaitOrLate(ctx, s.m.bg, keys, args, acks, s.m.opts.ReplicaTimeout,
+		res, got, err := s.m.bg.ExecWaitOrLate(ctx, script, keys, args, acks, s.m.opts.ReplicaTimeout,
 			func(r scriptcache.Reply, _ int64, _ error) { s.releaseLate(r, id, mode) })
 		if err != nil {
 			// If the script ran and only WAIT failed, attempt releases the
@@ -897,7 +904,7 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (
 	case n > 0:
 		late = func(r scriptcache.Reply) { s.releaseLate(r, id, mode) }
 	}
-	return s.parse(script.ExecOrLate(ctx, s.m.bg, keys, args, late))
+	return s.parse(s.m.bg.ExecOrLate(ctx, script, keys, args, late))
 }
 
 // releaseLate handles the reply to an acquire whose caller had gone: it

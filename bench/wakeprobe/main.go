@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -42,7 +43,7 @@ func main() {
 		pair func(ctx context.Context) error
 	}{
 		{"direct", func(ctx context.Context) error {
-			if err := set.EvalSha(ctx, c, key, "v").Err(); err != nil && err != goredis.Nil {
+			if err := set.EvalSha(ctx, c, key, "v").Err(); err != nil && !errors.Is(err, goredis.Nil) {
 				return err
 			}
 			return del.EvalSha(ctx, c, key).Err()
@@ -50,7 +51,7 @@ func main() {
 		{"goroutine per call", func(ctx context.Context) error {
 			errs := make(chan error)
 			go func() { errs <- set.EvalSha(ctx, c, key, "v").Err() }()
-			if err := <-errs; err != nil && err != goredis.Nil {
+			if err := <-errs; err != nil && !errors.Is(err, goredis.Nil) {
 				return err
 			}
 			go func() { errs <- del.EvalSha(ctx, c, key).Err() }()

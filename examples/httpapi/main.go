@@ -104,7 +104,11 @@ func run(ctx context.Context, c config, ready func(net.Addr)) error {
 		return err
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	defer mp.Shutdown(context.Background())
+	defer func() {
+		if err := mp.Shutdown(context.Background()); err != nil {
+			log.Print(err)
+		}
+	}()
 	obs, err := sluiceotel.New(mp, sluiceotel.Options{})
 	if err != nil {
 		return err

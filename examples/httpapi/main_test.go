@@ -41,7 +41,13 @@ func TestHTTPAPI(t *testing.T) {
 		}
 	})
 
-	get := func(ctx context.Context, ip, path string) (*http.Response, error) {
+	// get returns the status and header of a response whose body it has
+	// read and closed.
+	type reply struct {
+		StatusCode int
+		Header     http.Header
+	}
+	get := func(ctx context.Context, ip, path string) (*reply, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 		if err != nil {
 			return nil, err
@@ -55,9 +61,9 @@ func TestHTTPAPI(t *testing.T) {
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		return resp, nil
+		return &reply{resp.StatusCode, resp.Header}, nil
 	}
-	mustGet := func(ip, path string) *http.Response {
+	mustGet := func(ip, path string) *reply {
 		t.Helper()
 		resp, err := get(context.Background(), ip, path)
 		if err != nil {

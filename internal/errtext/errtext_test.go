@@ -31,7 +31,7 @@ func TestInner(t *testing.T) {
 	if Inner(nil, "p: ") != nil {
 		t.Error("Inner(nil) != nil")
 	}
-	if err := Inner(io.EOF, "p: "); err != io.EOF {
+	if err := Inner(io.EOF, "p: "); err != io.EOF { //nolint:errorlint // the error itself, unwrapped, is what is checked
 		t.Errorf("Inner of an error without the prefix: %#v; want it unchanged", err)
 	}
 }

@@ -29,7 +29,8 @@ func (s *Scopes) Add(ctx context.Context, cancel context.CancelCauseFunc) {
 		}
 	}
 	clear((*s)[len(live):])
-	*s = append(live, scope{ctx, cancel})
+	live = append(live, scope{ctx, cancel})
+	*s = live
 }
 
 // End cancels every context with cause and forgets them.

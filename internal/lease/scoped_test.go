@@ -54,7 +54,7 @@ func TestScopes(t *testing.T) {
 	}
 	cause := errors.New("hold ended")
 	s.End(cause)
-	if got := context.Cause(live); got != cause || len(s) != 0 {
+	if got := context.Cause(live); got != cause || len(s) != 0 { //nolint:errorlint // the cause itself is what is checked
 		t.Fatalf("after End: cause %v, %d kept; want %v and none", got, len(s), cause)
 	}
 }

@@ -277,7 +277,7 @@ func TestClosedHub(t *testing.T) {
 		t.Fatalf("Ready after Close = %v, want ErrClosed", err)
 	}
 	w.Close()
-	if _, err := h.Subscribe("{n}:closed", 1); err != ErrClosed {
+	if _, err := h.Subscribe("{n}:closed", 1); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Subscribe after Close: %v, want ErrClosed", err)
 	}
 }

@@ -126,12 +126,6 @@ func (h *history) since(t time.Time) string {
 	return fmt.Sprintf("%.3fs", t.Sub(h.epoch).Seconds())
 }
 
-func (h *history) logf(id int, format string, args ...any) {
-	h.mu.Lock()
-	h.events = append(h.events, event{at: time.Now(), hold: id, what: fmt.Sprintf(format, args...)})
-	h.mu.Unlock()
-}
-
 func (h *history) violation(format string, args ...any) {
 	h.mu.Lock()
 	h.violationLocked(format, args...)

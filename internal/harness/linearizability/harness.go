@@ -348,8 +348,8 @@ func (s suite) runHelpersOnce(t *testing.T, cfg config, sc scale) map[string][]r
 	defer func() {
 		for _, h := range helpers {
 			if h != nil && h.cmd.ProcessState == nil {
-				h.cmd.Process.Kill()
-				h.cmd.Wait()
+				_ = h.cmd.Process.Kill() // cleanup of a helper process
+				_ = h.cmd.Wait()
 			}
 		}
 	}()

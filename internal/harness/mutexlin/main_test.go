@@ -18,7 +18,7 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-func newMutex(t testing.TB, l *mutex.Locker, name string, opts ...mutex.MutexOption) *mutex.Mutex {
+func newMutex(t testing.TB, l *mutex.Locker, name string, opts ...mutex.LockOption) *mutex.Mutex {
 	t.Helper()
 	m, err := l.NewMutex(name, opts...)
 	if err != nil {
@@ -44,7 +44,7 @@ var realTargets = []target{
 // lockKey is the Redis key of the lock name under the default prefix.
 func lockKey(name string) string { return mutex.DefaultPrefix + "{" + name + "}" }
 
-func newRW(t testing.TB, l *mutex.Locker, name string, opts ...mutex.MutexOption) *mutex.RWMutex {
+func newRW(t testing.TB, l *mutex.Locker, name string, opts ...mutex.LockOption) *mutex.RWMutex {
 	t.Helper()
 	rw, err := l.NewRWMutex(name, opts...)
 	if err != nil {
@@ -67,7 +67,7 @@ func newLocker(t testing.TB, client rueidis.Client, opts mutex.Options) *mutex.L
 	return l
 }
 
-func newMulti(t testing.TB, l *mutex.Locker, names []string, opts ...mutex.MutexOption) *mutex.MultiMutex {
+func newMulti(t testing.TB, l *mutex.Locker, names []string, opts ...mutex.LockOption) *mutex.MultiMutex {
 	t.Helper()
 	mm, err := l.NewMultiMutex(names, opts...)
 	if err != nil {

@@ -137,16 +137,6 @@ func (e *env) do(t testing.TB, key string, args ...string) string {
 	return out
 }
 
-// everyNode runs a command on every node.
-func (e *env) everyNode(t testing.TB, args ...string) {
-	t.Helper()
-	for _, n := range e.nodes {
-		if _, err := n.Do(args...); err != nil {
-			t.Fatalf("%v on %s: %v", args, n.Addr(), err)
-		}
-	}
-}
-
 var contractTests = []test{
 	{"Cluster", testCluster},
 	{"EvalValues", testEvalValues},
@@ -323,7 +313,7 @@ func testEvalCancel(t *testing.T, e *env) {
 	resumed := false
 	defer func() {
 		if !resumed {
-			srv.Resume()
+			_ = srv.Resume() // cleanup: the test has failed already
 		}
 	}()
 	for _, withDeadline := range []bool{false, true} {

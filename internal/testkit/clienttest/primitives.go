@@ -70,7 +70,7 @@ func locker(t testing.TB, sc *scriptcache.Cache, opts mutex.Options) *mutex.Lock
 	return l
 }
 
-func newMutex(t testing.TB, l *mutex.Locker, name string, opts ...mutex.MutexOption) *mutex.Mutex {
+func newMutex(t testing.TB, l *mutex.Locker, name string, opts ...mutex.LockOption) *mutex.Mutex {
 	t.Helper()
 	m, err := l.NewMutex(name, opts...)
 	if err != nil {
@@ -297,8 +297,8 @@ func testMutexForceUnlock(t *testing.T, e *env) {
 	if err := b.TryLock(ctx); err != nil {
 		t.Fatalf("TryLock after ForceUnlock = %v", err)
 	}
-	b.Unlock(ctx)
-	a.Unlock(ctx) // reports the loss; nothing to check
+	_ = b.Unlock(ctx) // cleanup
+	_ = a.Unlock(ctx) // reports the loss; nothing to check
 }
 
 // testMutexFair: a release hands a fair lock straight to the queued waiter
@@ -434,7 +434,7 @@ func testMultiMutex(t *testing.T, e *env) {
 		if err := m.TryLock(ctx); err != nil {
 			t.Fatalf("TryLock of %s after the release = %v", n, err)
 		}
-		m.Unlock(ctx)
+		_ = m.Unlock(ctx) // cleanup
 	}
 	if err := mm2.Unlock(ctx); err != nil {
 		t.Fatal(err)

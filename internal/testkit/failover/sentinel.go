@@ -290,7 +290,7 @@ func waitRecovered(ctx context.Context, l *mutex.Locker, mgr *semaphore.Manager,
 			return rec, nil
 		}
 		if time.Now().After(deadline) {
-			return rec, fmt.Errorf("mutex: %v; semaphore: %v; rate limiter: %v", lockErr, semErr, limitErr)
+			return rec, fmt.Errorf("mutex: %v; semaphore: %v; rate limiter: %v", lockErr, semErr, limitErr) //nolint:errorlint // err may be nil here: %v prints <nil>, %w would print %!w(<nil>)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -266,7 +266,7 @@ func (l *link) reset() { l.close(false) }
 // rst closes c so that the peer gets a RST instead of a FIN.
 func rst(c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetLinger(0)
+		_ = tc.SetLinger(0) // best effort: a plain close still ends the connection
 	}
 	c.Close()
 }

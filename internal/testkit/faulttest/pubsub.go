@@ -101,7 +101,7 @@ func pubSubResetWaiters(t *testing.T, newCache NewCache) {
 	}
 	sort.Slice(acquired, func(i, j int) bool { return acquired[i].Before(acquired[j]) })
 	first, last := acquired[0].Sub(released), acquired[len(acquired)-1].Sub(released)
-	var maxGap time.Duration = first
+	maxGap := first
 	for i := 1; i < len(acquired); i++ {
 		maxGap = max(maxGap, acquired[i].Sub(acquired[i-1]))
 	}

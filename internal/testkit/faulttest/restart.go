@@ -142,7 +142,7 @@ func redisRestart(t *testing.T, newCache NewCache) {
 						// stands until the outstanding hold is released.
 						lostAtLock.Add(1)
 						uctx, ucancel := context.WithTimeout(ctx, time.Second)
-						m.Unlock(uctx)
+						_ = m.Unlock(uctx) // cleanup
 						ucancel()
 					} else {
 						connErrs.Add(1)

@@ -20,12 +20,12 @@ func MutatedScripts(t testing.TB, script string, oldNew ...string) fs.FS {
 		t.Fatalf("MutatedScripts: %d texts, want old/new pairs", len(oldNew))
 	}
 	files := fstest.MapFS{}
-	entries, err := fs.ReadDir(lua.FS, ".")
+	entries, err := fs.ReadDir(lua.FS(), ".")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
-		b, err := fs.ReadFile(lua.FS, e.Name())
+		b, err := fs.ReadFile(lua.FS(), e.Name())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package scriptcache_test
+package scriptexec_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicekit/sluice/internal/scriptexec"
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/scriptcache"
 )
@@ -13,7 +14,7 @@ import (
 // endBound is how long a call that must end with its context (or a Group
 // whose Close must give up left calls) may take on a loaded 2-core machine
 // with -race. The code under test, when wrong, takes the WAIT timeout plus
-// scriptcache.WaitSlack (25 s here), far above it.
+// its slack of 5 s (25 s here), far above it.
 const endBound = 3 * time.Second
 
 // longWaitTimeout is the WAIT timeout the tests pass: long, so that a call
@@ -41,7 +42,7 @@ func pausedWarmIncr(t *testing.T) (*redistest.Server, *scriptcache.Script) {
 // ExecWaitOrLate whose caller left ("g.Close waits for it, and gives up the
 // call if its caller has left (late then gets the error)"), even while the
 // server hangs, instead of waiting for the call's own bound (WAIT timeout +
-// WaitSlack). A Locker or Manager with ReplicaAcks calls Group.Close from
+// 5 s of slack). A Locker or Manager with ReplicaAcks calls Group.Close from
 // its Close.
 func TestGroupCloseEndsLeftExecWait(t *testing.T) {
 	ctx := context.Background()
@@ -49,7 +50,7 @@ func TestGroupCloseEndsLeftExecWait(t *testing.T) {
 	resume := srv.Resumer(t)
 	defer resume()
 
-	g := scriptcache.NewGroup(nil)
+	g := scriptexec.NewGroup(nil)
 	type lateReply struct {
 		r   scriptcache.Reply
 		err error
@@ -57,7 +58,7 @@ func TestGroupCloseEndsLeftExecWait(t *testing.T) {
 	late := make(chan lateReply, 1)
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	_, _, err := s.ExecWaitOrLate(short, g, []string{"groupwait"}, nil, 0, longWaitTimeout,
+	_, _, err := g.ExecWaitOrLate(short, s, []string{"groupwait"}, nil, 0, longWaitTimeout,
 		func(r scriptcache.Reply, _ int64, err error) { late <- lateReply{r, err} })
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("ExecWaitOrLate on a paused server = %v, want DeadlineExceeded", err)
@@ -93,14 +94,14 @@ func TestGroupCloseEndsLeftExecWait(t *testing.T) {
 // here, and must return ErrClosed rather than wait for a server that
 // stopped answering (before issue 22, item 10, they ran the call until ctx
 // ended, or, for ExecWaitOrLate before that, the WAIT timeout plus
-// WaitSlack). late is never called.
+// 5 s of slack). late is never called.
 func TestClosedGroupRefuses(t *testing.T) {
 	ctx := context.Background()
 	srv, s := pausedWarmIncr(t)
 	resume := srv.Resumer(t)
 	defer resume()
 
-	g := scriptcache.NewGroup(nil)
+	g := scriptexec.NewGroup(nil)
 	g.Close()
 
 	short, cancel := context.WithTimeout(ctx, time.Minute)
@@ -112,12 +113,12 @@ func TestClosedGroupRefuses(t *testing.T) {
 	done := make(chan result, 2)
 	start := time.Now()
 	go func() {
-		_, _, err := s.ExecWaitOrLate(short, g, []string{"closedwait"}, nil, 0, longWaitTimeout,
+		_, _, err := g.ExecWaitOrLate(short, s, []string{"closedwait"}, nil, 0, longWaitTimeout,
 			func(scriptcache.Reply, int64, error) { t.Error("late called on a closed Group") })
 		done <- result{err, time.Since(start)}
 	}()
 	go func() {
-		err := s.ExecOrLate(short, g, []string{"closedwait"}, nil,
+		err := g.ExecOrLate(short, s, []string{"closedwait"}, nil,
 			func(scriptcache.Reply) { t.Error("late called on a closed Group") }).Error()
 		done <- result{err, time.Since(start)}
 	}()
@@ -132,15 +133,15 @@ func TestClosedGroupRefuses(t *testing.T) {
 			t.Logf("it returned %v after it was called, once the server was resumed, with err %v", res.elapsed, res.err)
 			continue
 		}
-		if !errors.Is(res.err, scriptcache.ErrClosed) {
+		if !errors.Is(res.err, scriptexec.ErrClosed) {
 			t.Errorf("call on a closed Group, paused server = %v, want ErrClosed", res.err)
 		}
 	}
 }
 
 // TestGroupCloseEndsAttendedCalls: Group.Close gives up the calls whose
-// callers still wait, too: they return an error wrapping ErrClosed and the
-// error the Group was made with, at once, and Close does not wait for a
+// callers still wait, too: they return the error the Group was made with,
+// at once, and Close does not wait for a
 // server that stopped answering (issue 22, item 10). Before, Close waited
 // until each such caller's context ended.
 func TestGroupCloseEndsAttendedCalls(t *testing.T) {
@@ -172,21 +173,21 @@ func TestGroupCloseEndsAttendedCalls(t *testing.T) {
 			})
 			resume := srv.Resumer(t)
 			defer resume()
-			g := scriptcache.NewGroup(errMine)
+			g := scriptexec.NewGroup(errMine)
 			ctx, cancel := context.WithCancel(context.Background()) // never cancelled before Close
 			defer cancel()
 			lateCalled := make(chan struct{})
 			errc := make(chan error, 1)
 			go func() {
 				if wait {
-					_, _, err := s.ExecWaitOrLate(ctx, g, []string{"attended"}, nil, 0, longWaitTimeout,
+					_, _, err := g.ExecWaitOrLate(ctx, s, []string{"attended"}, nil, 0, longWaitTimeout,
 						func(scriptcache.Reply, int64, error) { close(lateCalled) })
 					errc <- err
 					return
 				}
-				errc <- s.ExecOrLate(ctx, g, []string{"attended"}, nil, func(scriptcache.Reply) { close(lateCalled) }).Error()
+				errc <- g.ExecOrLate(ctx, s, []string{"attended"}, nil, func(scriptcache.Reply) { close(lateCalled) }).Error()
 			}()
-			frame := "scriptcache.(*Script)." + name + ".func" // the call, in g
+			frame := "scriptexec.(*Group)." + name + ".func" // the call, in g
 			if !redistest.WaitFor(context.Background(), 10*time.Second, func() bool { return inFrame(frame) > 0 }) {
 				t.Fatalf("the call never reached %s", frame)
 			}
@@ -202,8 +203,8 @@ func TestGroupCloseEndsAttendedCalls(t *testing.T) {
 				cancel()
 				<-closed
 			}
-			if err := <-errc; !errors.Is(err, scriptcache.ErrClosed) || !errors.Is(err, errMine) {
-				t.Errorf("%s in flight at Close = %v, want ErrClosed and the Group's error", name, err)
+			if err := <-errc; !errors.Is(err, errMine) {
+				t.Errorf("%s in flight at Close = %v, want the Group's error", name, err)
 			}
 			select {
 			case <-lateCalled:
