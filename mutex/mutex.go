@@ -1353,9 +1353,10 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	defer m.op.Unlock()
 	m.mu.Lock()
 	holds, tokenArg, lostErr, heldGen, orphaned := m.holds, m.tokenArg, m.err, m.gen, m.orphaned
-	if holds == 0 {
+	switch holds {
+	case 0:
 		m.orphaned, m.unacked = false, false
-	} else if holds == 1 {
+	case 1:
 		m.releasing = true // gen stays heldGen: starting a hold takes m.op
 	}
 	m.mu.Unlock()

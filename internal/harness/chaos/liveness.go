@@ -241,9 +241,11 @@ func (w *world) probeWakeUp(holder, waiter acquireFunc, bound time.Duration) err
 	released := time.Now()
 	g := <-done
 	if g.err == nil {
-		rctx, rcancel := w.releaseCtx()
-		defer rcancel()
-		defer g.release(rctx)
+		defer func() {
+			rctx, rcancel := w.releaseCtx()
+			defer rcancel()
+			_ = g.release(rctx) // the probe's verdict is made; a failed release ends with the lease
+		}()
 	}
 	switch {
 	case err != nil:

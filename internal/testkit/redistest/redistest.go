@@ -75,7 +75,7 @@ func lookServer() (string, error) {
 		return path, nil
 	}
 	if os.Getenv(ServerEnv) != "" {
-		return "", fmt.Errorf("%s not found (%s=%s): %v", bin, ServerEnv, bin, err)
+		return "", fmt.Errorf("%s not found (%s=%s): %w", bin, ServerEnv, bin, err)
 	}
 	return "", errors.New("redis-server not found on PATH; install it with " +
 		"`apt-get install redis-server` (Debian) to run the real-server tests, or name another " +
