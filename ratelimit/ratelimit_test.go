@@ -323,6 +323,48 @@ func TestFixedWindowRepairsTTL(t *testing.T) {
 	}
 }
 
+// TestFixedWindowDenialWritesNothing checks the fixed window's raise-then-
+// lower path: a denied request leaves the counter and its TTL as it found
+// them, and one that finds no counter (the script called directly with a
+// cost above the limit, which the Limiter refuses before sending) leaves no
+// key, not a counter of zero without a TTL.
+func TestFixedWindowDenialWritesNothing(t *testing.T) {
+	for _, tg := range targets {
+		t.Run(tg.name, func(t *testing.T) {
+			sc := newCache(t, tg.addrs(t)...)
+			l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(3), DisableDenyCache: true})
+			c := raw(sc)
+			ctx := context.Background()
+			if res := allow(t, l, "k", 2); !res.Allowed || res.Remaining != 1 {
+				t.Fatalf("AllowN(2): got %+v; want allowed, 1 remaining", res)
+			}
+			if res := allow(t, l, "k", 2); res.Allowed || res.Remaining != 1 || res.RetryAfter <= 0 {
+				t.Fatalf("AllowN(2) past the limit: got %+v; want denied, 1 remaining, a RetryAfter", res)
+			}
+			full := keyspace.Key(l.prefix, "k", l.suffix)
+			if v, err := c.Do(ctx, c.B().Get().Key(full).Build()).ToString(); err != nil || v != "2" {
+				t.Fatalf("counter after a denial = %q, %v; want 2", v, err)
+			}
+			if d := ttl(t, sc, l, "k"); d <= 0 || d > time.Minute {
+				t.Fatalf("PTTL after a denial %v; want in (0, 1m]", d)
+			}
+
+			script, err := sc.Script("ratelimit_fixed")
+			if err != nil {
+				t.Fatal(err)
+			}
+			fresh := keyspace.Key(l.prefix, "fresh", l.suffix)
+			got, err := script.Exec(ctx, []string{fresh}, []string{"3", "60000", "4"}).AsIntSlice()
+			if err != nil || len(got) != 3 || got[0] != 0 || got[1] != 0 {
+				t.Fatalf("cost 4 of 3 on no counter: %v, %v; want {0, 0, _}", got, err)
+			}
+			if n, err := c.Do(ctx, c.B().Exists().Key(fresh).Build()).AsInt64(); err != nil || n != 0 {
+				t.Fatalf("EXISTS after that denial = %d, %v; want 0", n, err)
+			}
+		})
+	}
+}
+
 // TestGCRARetryAfterAccurate checks RetryAfter against the time that passed
 // between two calls: with burst 1 at 10/s, a call made d after an allowed one
 // must be told to wait 100ms - d. The bounds hold whatever the scheduling

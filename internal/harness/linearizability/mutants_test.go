@@ -24,7 +24,7 @@ var mutants = map[string]mutant{
 	// One permit more than the capacity is granted.
 	"semaphore-off-by-one": {"semaphore_acquire", "elseif used + n <= cap then", "elseif used + n <= cap + 1 then"},
 	// One request more than the limit is allowed per window.
-	"fixed-window-off-by-one": {"ratelimit_fixed", "if count + cost > limit then", "if count + cost > limit + 1 then"},
+	"fixed-window-off-by-one": {"ratelimit_fixed", "if count > limit then", "if count > limit + 1 then"},
 }
 
 // The mutants check the checker, not a client: they run once, here, on
