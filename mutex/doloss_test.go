@@ -290,39 +290,92 @@ func TestMultiTryLockDoesNotWaitForLock(t *testing.T) {
 }
 
 // TestDoDropsHoldItsUnlockFailedFor: Do took the hold, so when its final
-// Unlock fails cleanly (here a release script that answers an error, as a
-// TRYAGAIN does while a slot moves) nobody will call Unlock again: the
+// release fails cleanly (here a release script that answers an error, as a
+// TRYAGAIN does while a slot moves) nobody will release it again: the
 // watchdog must stop renewing the hold, and the server's lease then ends
 // it. Before, the hold stayed counted and was renewed for as long as the
-// Locker lived.
+// Locker lived (Mutex.Do until an earlier fix; RWMutex.Do and RDo and
+// MultiMutex.Do until this test). Each case checks that another Locker
+// can take the lock within a few leases.
 func TestDoDropsHoldItsUnlockFailedFor(t *testing.T) {
 	ctx := context.Background()
 	const lease = 300 * time.Millisecond
-	srv := redistest.NewServer(t)
-	sc, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()), scriptcache.WithFS(
-		redistest.MutatedScripts(t, "mutex_release", "local mode = ARGV[1]", "if ARGV[1] == 'u' then return redis.error_reply('TRYAGAIN test') end\nlocal mode = ARGV[1]")))
-	if err != nil {
-		t.Fatal(err)
+	// Only an Unlock fails: mutex_release also gives back abandoned
+	// attempts (mode "a").
+	fail := map[string]string{
+		"mutex_release":   "if ARGV[1] == 'u' then return redis.error_reply('TRYAGAIN test') end\n",
+		"rwmutex_unlock":  "do return redis.error_reply('TRYAGAIN test') end\n",
+		"rwmutex_runlock": "do return redis.error_reply('TRYAGAIN test') end\n",
 	}
-	l, err := mutex.NewLocker(sc, mutex.Options{WatchdogLease: lease})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l.Close)
-	m := newMutex(t, l, "do-drop")
-	err = m.Do(ctx, func(context.Context) error { return nil })
-	if err == nil || !strings.Contains(err.Error(), "TRYAGAIN") {
-		t.Fatalf("Do = %v, want the Unlock's TRYAGAIN", err)
-	}
-	// Renewed every lease/3, a hold kept counted would never expire; a
-	// dropped one expires within its lease.
-	if !redistest.WaitFor(ctx, 10*lease, func() bool {
-		n, err := srv.Do("EXISTS", lockKey("do-drop"))
-		return err == nil && n == "0"
-	}) {
-		t.Fatalf("the lock's key still exists %v after Do's Unlock failed: the hold is still renewed", 10*lease)
-	}
-	if h := m.Holds(); h != 0 {
-		t.Fatalf("Holds() = %d after Do, want 0", h)
+	for _, tc := range []struct {
+		name, script, anchor string
+		do                   func(l *mutex.Locker, name string, fn func(context.Context) error) (holds func() int64, err error)
+		try                  func(l *mutex.Locker, name string) error
+	}{
+		{
+			name: "Mutex", script: "mutex_release", anchor: "local mode = ARGV[1]",
+			do: func(l *mutex.Locker, name string, fn func(context.Context) error) (func() int64, error) {
+				m := newMutex(t, l, name)
+				return m.Holds, m.Do(ctx, fn)
+			},
+			try: func(l *mutex.Locker, name string) error { return newMutex(t, l, name).TryLock(ctx) },
+		},
+		{
+			name: "RWMutex.Do", script: "rwmutex_unlock", anchor: "local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'r', 'e', 'q')",
+			do: func(l *mutex.Locker, name string, fn func(context.Context) error) (func() int64, error) {
+				rw := newRW(t, l, name)
+				return func() int64 { w, _ := rw.Holds(); return w }, rw.Do(ctx, fn)
+			},
+			try: func(l *mutex.Locker, name string) error { return newRW(t, l, name).TryLock(ctx) },
+		},
+		{
+			name: "RWMutex.RDo", script: "rwmutex_runlock", anchor: "local function num(x)",
+			do: func(l *mutex.Locker, name string, fn func(context.Context) error) (func() int64, error) {
+				rw := newRW(t, l, name)
+				return func() int64 { _, r := rw.Holds(); return r }, rw.RDo(ctx, fn)
+			},
+			try: func(l *mutex.Locker, name string) error { return newRW(t, l, name).TryLock(ctx) },
+		},
+		{
+			name: "MultiMutex", script: "mutex_release", anchor: "local mode = ARGV[1]",
+			do: func(l *mutex.Locker, name string, fn func(context.Context) error) (func() int64, error) {
+				mm := newMulti(t, l, []string{name + "-a", name + "-b"})
+				return mm.Holds, mm.Do(ctx, fn)
+			},
+			try: func(l *mutex.Locker, name string) error {
+				return newMulti(t, l, []string{name + "-a", name + "-b"}).TryLock(ctx)
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.NewServer(t)
+			sc, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()), scriptcache.WithFS(
+				redistest.MutatedScripts(t, tc.script, tc.anchor, fail[tc.script]+tc.anchor)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := mutex.NewLocker(sc, mutex.Options{WatchdogLease: lease})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(l.Close)
+			other := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{})
+			holds, err := tc.do(l, "do-drop", func(context.Context) error { return nil })
+			if err == nil || !strings.Contains(err.Error(), "TRYAGAIN") {
+				t.Fatalf("Do = %v, want the release's TRYAGAIN", err)
+			}
+			if h := holds(); h != 0 {
+				t.Fatalf("holds after Do = %d, want 0", h)
+			}
+			// Renewed every lease/3, a hold kept counted would never
+			// expire; a dropped one ends within its lease.
+			var last error
+			if !redistest.WaitFor(ctx, 10*lease, func() bool {
+				last = tc.try(other, "do-drop")
+				return last == nil
+			}) {
+				t.Fatalf("another Locker cannot take the lock %v after Do's release failed (last: %v): the hold is still renewed", 10*lease, last)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package mutex
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -49,6 +50,9 @@ func (rw *RWMutex) RDo(ctx context.Context, fn func(ctx context.Context) error) 
 }
 
 func (rw *RWMutex) do(ctx context.Context, write bool, fn func(ctx context.Context) error) error {
+	rw.mu.Lock()
+	outer := rw.side(write).holds == 0
+	rw.mu.Unlock()
 	if err := rw.observed(ctx, write, false); err != nil {
 		return err
 	}
@@ -59,7 +63,29 @@ func (rw *RWMutex) do(ctx context.Context, write bool, fn func(ctx context.Conte
 	during := lossBy(lost, rw.Err, rw.name)
 	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), rw.lease)
 	defer ucancel()
-	return doErr(err, during, rw.release(uctx, write))
+	uerr := rw.release(uctx, write)
+	if uerr != nil && outer && !errors.Is(uerr, ErrNotHeld) {
+		// As in Mutex.Do: nobody will release a hold Do took again, so
+		// the watchdog must stop renewing it.
+		rw.dropHold(write, uerr)
+	}
+	return doErr(err, during, uerr)
+}
+
+// dropHold declares the hold of one kind lost without a word to Redis,
+// after a release that failed, as Mutex.dropHold does.
+func (rw *RWMutex) dropHold(write bool, cause error) {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	sd := rw.side(write)
+	if sd.holds == 0 {
+		return
+	}
+	if sd.lse != nil {
+		sd.lse.Stop()
+	}
+	rw.loseLocked(write, cause)
+	sd.unacked = false // the caller was never given this hold
 }
 
 // Context returns a context derived from parent that is cancelled when
@@ -82,6 +108,7 @@ func (mm *MultiMutex) Context(parent context.Context) (context.Context, context.
 // Do locks the set, runs fn with a context that ends if any member is
 // lost, and unlocks, with the errors of Mutex.Do.
 func (mm *MultiMutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	outer := mm.Holds() == 0
 	if err := mm.Lock(ctx); err != nil {
 		return err
 	}
@@ -91,7 +118,30 @@ func (mm *MultiMutex) Do(ctx context.Context, fn func(ctx context.Context) error
 	during := mm.Err() // the set's hold's loss, if any by now
 	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), mm.ms[0].set.lease)
 	defer ucancel()
-	return doErr(err, during, mm.unlock(uctx)...)
+	uerrs := mm.unlock(uctx)
+	if outer {
+		// As in Mutex.Do: a member whose give-back failed keeps a hold
+		// nobody will release again; drop it so the watchdog stops
+		// renewing it.
+		for _, uerr := range uerrs {
+			if uerr != nil && !errors.Is(uerr, ErrNotHeld) {
+				mm.dropHolds(uerr)
+				break
+			}
+		}
+	}
+	return doErr(err, during, uerrs...)
+}
+
+// dropHolds drops, as Mutex.dropHold does, every member's hold that a
+// failed final Unlock of the set left behind; the set then reports the
+// loss (a member's Lost is closed) and holds nothing.
+func (mm *MultiMutex) dropHolds(cause error) {
+	for _, m := range mm.ms {
+		if m.Holds() > 0 {
+			m.dropHold(cause)
+		}
+	}
 }
 
 // HeldUntil returns the time until which, by this client's clock, every
