@@ -20,7 +20,8 @@ type Variant struct {
 
 // Suite runs each variant as a subtest, one sub-subtest per seed: the
 // variant's seeds of 16 s each by default; with SLUICE_CHAOS_SEED=N seed N
-// only; with SLUICE_CHAOS=30m, fresh seeds of 30 s one after another for
+// only (for 30 s if SLUICE_CHAOS is set too: a soak's seed reruns so); with
+// SLUICE_CHAOS=30m, fresh seeds of 30 s one after another for
 // about that long, shared among the variants (a -run filter that keeps one
 // variant gives it half or a third of the time); with
 // SLUICE_CHAOS_FAULTS=a,b only those fault kinds.
@@ -28,12 +29,15 @@ func Suite(t *testing.T, variants ...Variant) {
 	redistest.Skip(t)
 	per := 16 * time.Second
 	var soak time.Duration
+	var rerunEnv string
 	if s := os.Getenv("SLUICE_CHAOS"); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil {
 			t.Fatalf("SLUICE_CHAOS=%q: %v", s, err)
 		}
 		soak, per = d, 30*time.Second
+		// A soak's seeds run for per: a rerun must too.
+		rerunEnv = "SLUICE_CHAOS=" + s + " "
 	}
 	var only []uint64
 	if s := os.Getenv("SLUICE_CHAOS_SEED"); s != "" {
@@ -67,8 +71,8 @@ func Suite(t *testing.T, variants ...Variant) {
 					r := Run(t, cfg)
 					t.Log(r.Summary())
 					if len(r.Violations) > 0 {
-						t.Errorf("seed %d: %d violations (rerun: SLUICE_CHAOS_SEED=%d go test -run 'TestChaos/%s' in this package)\nschedule:\n  %s\nviolations:\n  %s",
-							seed, len(r.Violations), seed, v.Name, strings.Join(r.Schedule, "\n  "), strings.Join(r.Violations, "\n  "))
+						t.Errorf("seed %d: %d violations (rerun: %sSLUICE_CHAOS_SEED=%d go test -run 'TestChaos/%s' in this package)\nschedule:\n  %s\nviolations:\n  %s",
+							seed, len(r.Violations), rerunEnv, seed, v.Name, strings.Join(r.Schedule, "\n  "), strings.Join(r.Violations, "\n  "))
 					}
 				})
 			}
