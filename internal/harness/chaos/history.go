@@ -501,6 +501,18 @@ func (h *history) stallsLocked(from, to time.Time) time.Duration {
 	return longest
 }
 
+// stallSumLocked returns how long the process stalled in all within
+// [from, to]. Called with h.mu held.
+func (h *history) stallSumLocked(from, to time.Time) time.Duration {
+	var sum time.Duration
+	for _, s := range h.stalls {
+		if !s.at.Before(from) && !s.at.Add(-s.d).After(to) {
+			sum += s.d
+		}
+	}
+	return sum
+}
+
 // An incident is a conflict that an operator's action may explain: at
 // least excess weight of maybe must have been told of a loss by the end.
 type incident struct {
