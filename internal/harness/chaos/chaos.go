@@ -126,6 +126,7 @@ type world struct {
 	capacitySet atomic.Bool // a SetCapacity was sent (faults.go)
 	races       int         // expiry races staged (race.go), by the partition stream only
 
+	migrating sync.Map // res -> true while its slot migrates (faults.go)
 	opsMu     sync.Mutex
 	ops       map[string]int
 	closeTook time.Duration // the longest Close
