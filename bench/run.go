@@ -59,8 +59,8 @@ type result struct {
 	// Commands are the server's commands per operation in the median
 	// round, with -cmdstats.
 	Commands []cmdCost `json:"commands,omitempty"`
-	JudgedBy    judge     `json:"judged_by"`
-	Err         string    `json:"error,omitempty"`
+	JudgedBy judge     `json:"judged_by"`
+	Err      string    `json:"error,omitempty"`
 }
 
 func (b *bench) selected(name string) bool {
