@@ -17,6 +17,7 @@ type sample struct {
 	marks   int64         // workload-specific count, see workload.mark
 	err     error         // first error seen, to show when errs > 0
 	cpu     cpuTime       // CPU time used meanwhile, by this process and by the server
+	cmds    []cmdCost     // the server's commands per operation, with -cmdstats
 }
 
 func (s *sample) opsPerSec() float64 {

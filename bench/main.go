@@ -45,6 +45,7 @@ type config struct {
 	rounds   int
 	duration time.Duration
 	run      string
+	cmdstats bool
 }
 
 func main() {
@@ -61,6 +62,7 @@ func main() {
 	flag.IntVar(&c.rounds, "rounds", 0, "rounds per workload; the median is reported (default 5, 1 with -quick)")
 	flag.DurationVar(&c.duration, "duration", 0, "length of one measurement (default 300ms, 150ms with -quick)")
 	flag.StringVar(&c.run, "run", "", "only run workloads whose name matches this `regexp` (e.g. lock, ratelimit.flood, ceiling, http)")
+	flag.BoolVar(&c.cmdstats, "cmdstats", false, "under each row, the commands the server ran per operation and their time (from INFO commandstats;\nit resets nothing, but other clients' commands on the same server count too)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), `bench shows sluice's three use cases end to end, and measures every primitive.
 
@@ -161,6 +163,14 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 		return nil, err
 	}
 	defer b.srv.close()
+	if c.cmdstats && b.srv.embedded == nil {
+		sc, err := b.srv.rueidis()
+		if err != nil {
+			return nil, err
+		}
+		defer sc.Close()
+		b.stats = &cmdStats{c: sc}
+	}
 
 	rep := &report{
 		Server: b.srv.describe(), ServerKind: b.srv.kind(), Started: time.Now(),

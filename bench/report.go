@@ -108,6 +108,7 @@ func printResults(w io.Writer, results []result) {
 		}
 		fmt.Fprintf(w, "  %-*s %10s %9s %9s %10.1f %13s %8s  %s\n", width, r.Impl,
 			rateString(r.OpsPerSec), latString(r.P50), latString(r.P99), r.AllocsPerOp, cpuString(r), vs, strings.Join(notes, "; "))
+		printCmdStats(w, r)
 	}
 }
 

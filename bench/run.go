@@ -20,6 +20,7 @@ type bench struct {
 	filter   *regexp.Regexp // workloads to run, by name; nil runs all
 	ns       string         // key prefix unique to this run
 	prog     *progress
+	stats    *cmdStats // nil unless -cmdstats
 
 	results []result
 }
@@ -55,8 +56,11 @@ type result struct {
 	Mark        string    `json:"mark,omitempty"`
 	MarkShare   float64   `json:"mark_share,omitempty"`
 	RoundsOpsPS []float64 `json:"rounds_ops_per_sec"`
-	JudgedBy    judge     `json:"judged_by"`
-	Err         string    `json:"error,omitempty"`
+	// Commands are the server's commands per operation in the median
+	// round, with -cmdstats.
+	Commands []cmdCost `json:"commands,omitempty"`
+	JudgedBy judge     `json:"judged_by"`
+	Err      string    `json:"error,omitempty"`
 }
 
 func (b *bench) selected(name string) bool {
@@ -129,7 +133,10 @@ func runWorkload[T any](ctx context.Context, b *bench, impls []impl[T], w worklo
 		if err != nil {
 			return sample{}, err
 		}
-		return measure(ctx, d, loops, b.srv.pids), nil
+		before := b.stats.read(ctx)
+		s := measure(ctx, d, loops, b.srv.pids)
+		s.cmds = perOp(before, b.stats.read(ctx), s.ops)
+		return s, nil
 	}
 	if b.warmup > 0 {
 		for _, e := range entries {
@@ -184,6 +191,7 @@ func summarize[T any](w workload[T], entries []*entry[T]) []result {
 		r.OpsPerSec = m.opsPerSec()
 		r.P50, r.P90, r.P99 = m.lat.quantile(0.50), m.lat.quantile(0.90), m.lat.quantile(0.99)
 		r.AllocsPerOp = m.allocsPerOp()
+		r.Commands = m.cmds
 		cpu := m.cpuPerOp()
 		r.ClientCPU = cpu.client
 		if cpu.seen {

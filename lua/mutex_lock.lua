@@ -28,6 +28,18 @@
 -- an empty key. A flag may be set needlessly (a waiter left, tombstones
 -- expired): that costs a look, never a wrong answer.
 --
+-- w = "1" says a Lock was refused while the hash lived, so a waiter may be
+-- subscribed to the wake-up channel: only then does a final Unlock publish
+-- its wake-up (mutex_release). A refused Lock sets it before it answers,
+-- in the same script, and a waiting Lock always makes one more attempt
+-- once its subscription is confirmed, so a release after that attempt sees
+-- w. Nothing clears it while the hash lives (a waiter one wake-up did not
+-- reach still waits on the next release); the hash, and w with it, ends
+-- only by expiry, once the lock has stayed free for the keep time or a
+-- holder's lease ran out. A hash that is not there takes no w: a Lock
+-- refused then (a free lock whose fair queue has an earlier waiter) waits
+-- for a hand-off, which always publishes.
+--
 -- The owner's client counts its holds and sends the count, so a Lock retried
 -- after a lost reply cannot add a second hold.
 --
@@ -104,8 +116,9 @@
 --          a free lock that was released within the last second, no fair
 --          waiters, no abandoned attempts) makes four calls: HMGET, TIME,
 --          HSET, PEXPIRE. Each call costs the server about as much as four
---          fields read, so fields only rare paths need are read there.
-local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'k')
+--          fields read, so fields only rare paths need are read there. A
+--          refused Lock adds one HSET, the first time the hash refuses one.
+local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'k', 'w')
 local holds = tonumber(ARGV[3])
 
 if holds > 0 then
@@ -154,6 +167,9 @@ local t -- TIME, read once, when first needed
 local enqueue
 if h[1] or fair then
   enqueue = function(wait)
+    if known and not h[4] then
+      redis.call('HSET', KEYS[1], 'w', '1') -- a waiter may subscribe
+    end
     if ARGV[6] == 'f' then
       if not redis.call('ZSCORE', KEYS[3], ARGV[4]) then
         local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
@@ -185,6 +201,9 @@ end
 if h[1] and a then
   local hn, hs = string.match(a, '^(.*)%.(%d+)$')
   if hn == an and tonumber(as) < tonumber(hs) then
+    if not h[4] then
+      redis.call('HSET', KEYS[1], 'w', '1') -- a waiter may subscribe
+    end
     return {0, redis.call('PTTL', KEYS[1]), 0}
   end
 end

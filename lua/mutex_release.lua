@@ -17,8 +17,8 @@
 --                  to it), never a hold a later attempt made.
 --   ARGV[1] = "f"  ForceUnlock: release whoever holds it.
 --
--- On release the hash keeps only the token (for the next token), c and k,
--- for a short time. An Unlock leaves c alone; the other modes end a hold
+-- On release the hash keeps only the token (for the next token), c, k and
+-- w, for a short time. An Unlock leaves c alone; the other modes end a hold
 -- without its owner's Unlock and move c past it (to the token of the hold
 -- they hand over, or one above the ended one), so that the holder's own
 -- Unlock is told it lost the lock. Then the queue (fair waiters,
@@ -29,7 +29,9 @@
 -- its queue entry would have (so a waiter that died since its last refresh
 -- blocks the lock no longer than its entry's lease), and told so by a
 -- message "g <attempt> <token>". With no live waiter, "1" wakes one waiter
--- per subscribed process to try.
+-- per subscribed process to try; an Unlock publishes it only if a Lock may
+-- be waiting (w, see mutex_lock) or the queue was flagged, while a give-back
+-- or ForceUnlock always does.
 --
 -- KEYS[1]  lock hash
 -- KEYS[2]  wake-up channel
@@ -46,12 +48,13 @@
 --          that acquisition;
 --          a, f: 1 if a hold was released, else 0.
 -- Complexity: O(log Q) for Q queued waiters, plus the publish. A final
---          Unlock with no queue flagged makes four calls (HMGET, HDEL,
---          PEXPIRE, PUBLISH); TIME is read only when a queue entry is
---          judged. Fields only rare paths need are read there (see the
---          cost note in mutex_lock).
+--          Unlock with no queue flagged makes three calls (HMGET, HDEL,
+--          PEXPIRE), and a PUBLISH if a Lock was refused while the hash
+--          lived; TIME is read only when a queue entry is judged. Fields
+--          only rare paths need are read there (see the cost note in
+--          mutex_lock).
 local mode = ARGV[1]
-local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'k')
+local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'k', 'w')
 local k = h[3]
 local setx = false -- a give-back whose tombstone the hash does not flag yet
 
@@ -159,5 +162,7 @@ else
   end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call(ARGV[2] == 's' and 'SPUBLISH' or 'PUBLISH', KEYS[2], '1')
+if h[4] or mode ~= 'u' or k == 'q' or k == 'qx' then
+  redis.call(ARGV[2] == 's' and 'SPUBLISH' or 'PUBLISH', KEYS[2], '1')
+end
 return mode == 'u' and 0 or 1

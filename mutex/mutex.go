@@ -71,7 +71,10 @@
 // the subscription to be confirmed (so no release is missed between attempt
 // and subscription), and then tries again whenever a release is published, or
 // when the holder's lease runs out, whichever comes first. A release wakes one
-// waiter per process. On a Redis 7 cluster the channel is sharded (SPUBLISH),
+// waiter per process. An Unlock publishes only if a Lock was refused since
+// the lock's hash was made (it lives until the lock has stayed free for a
+// second, or a lease ran out) or fair waiters queued: an uncontended
+// Lock and Unlock publish nothing. On a Redis 7 cluster the channel is sharded (SPUBLISH),
 // so a release does not travel to every node. Lost messages or a dropped
 // pub/sub connection can delay a waiter until the holder's lease ends, never
 // longer.
