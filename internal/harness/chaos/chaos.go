@@ -231,7 +231,10 @@ func Run(t testing.TB, cfg Config) Report {
 	}
 	wg.Wait()
 	w.heal()
+	var probes sync.WaitGroup
+	probes.Go(w.probeSeams)
 	w.probeWakeUps(w.cfg.Lease / 4)
+	probes.Wait()
 
 	w.checkQuiet(t)
 	for _, n := range w.nodes {
