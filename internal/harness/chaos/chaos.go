@@ -234,6 +234,7 @@ func Run(t testing.TB, cfg Config) Report {
 	var probes sync.WaitGroup
 	probes.Go(w.probeSeams)
 	w.probeWakeUps(w.cfg.Lease / 4)
+	w.probeLateTries()
 	probes.Wait()
 
 	w.checkQuiet(t)

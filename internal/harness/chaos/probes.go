@@ -39,10 +39,38 @@ func (w *world) probeSeams() {
 	})
 	wg.Go(func() {
 		if err := w.probeSetNest(); err != nil {
-			w.hist.violation("MultiMutex nested Lock probe: %v", err)
+			w.hist.violation("nested Lock probe: %v", err)
 		}
 	})
+	wg.Go(func() {
+		if err := w.probeDo(); err != nil {
+			w.hist.violation("Do probe: %v", err)
+		}
+		if err := w.probeReleaseGone(); err != nil {
+			w.hist.violation("permit release probe: %v", err)
+		}
+	})
+	// Faults of a node's network: on a single server (a cluster has no
+	// fault proxies), on open nodes other than the wake-up probes' waiter.
+	// (probeLateTries runs on that one after them.)
+	if open := w.openNodes(); w.cl == nil && len(open) >= 2 {
+		wg.Go(func() {
+			if err := w.probeMargin(open[1]); err != nil {
+				w.hist.violation("loss margin probe: %v", err)
+			}
+		})
+	}
 	wg.Wait()
+}
+
+// probeLateTries runs probeLateTry on the first open node (the wake-up
+// probes' waiter, which they no longer use), on a single server.
+func (w *world) probeLateTries() {
+	if open := w.openNodes(); w.cl == nil && len(open) >= 1 {
+		if err := w.probeLateTry(open[0]); err != nil {
+			w.hist.violation("late Try probe: %v", err)
+		}
+	}
 }
 
 // batchNames are two lock names whose keys share a cluster slot (on a
@@ -112,38 +140,119 @@ func (w *world) probeBatch() error {
 	return nil
 }
 
-func (w *world) probeSetNest() error {
+// nestable is a lock whose Lock nests while it holds.
+type nestable interface {
+	Lock(context.Context) error
+	Unlock(context.Context) error
+	Lost() <-chan struct{}
+}
+
+// probeNestAfterLoss: the lock holds, an operator deletes the key of
+// victim (one of its names), and once its Lost has closed a nested Lock
+// must return the loss.
+func (w *world) probeNestAfterLoss(what string, l nestable, victim string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*w.cfg.Lease)
 	defer cancel()
-	names := []string{"probe.n0", "probe.n1"}
-	mm, err := w.admin.locks.NewMultiMutex(names)
-	if err != nil {
-		return err
-	}
-	if err := mm.Lock(ctx); err != nil {
-		return fmt.Errorf("Lock: %w", err)
+	if err := l.Lock(ctx); err != nil {
+		return fmt.Errorf("%s: Lock: %w", what, err)
 	}
 	defer func() {
 		rctx, rcancel := w.releaseCtx()
 		defer rcancel()
-		_ = mm.Unlock(rctx) // lost by design: ErrNotHeld; gives back the other member
+		_ = l.Unlock(rctx) // lost by design: ErrNotHeld; gives back what is left
 	}()
-	// The second member in the set's order: the first stays held.
-	if err := w.delKeys(mm.Names()[1]); err != nil {
-		return fmt.Errorf("DEL of %s: %w", mm.Names()[1], err)
+	if err := w.delKeys(victim); err != nil {
+		return fmt.Errorf("%s: DEL of %s: %w", what, victim, err)
 	}
 	del := time.Now()
 	select {
-	case <-mm.Lost():
+	case <-l.Lost():
 	case <-ctx.Done():
-		return fmt.Errorf("the set was not told of its member %s's loss in %v", mm.Names()[1], time.Since(del).Round(time.Millisecond))
+		return fmt.Errorf("%s: not told of the DEL of %s in %v", what, victim, time.Since(del).Round(time.Millisecond))
 	}
-	err = mm.Lock(ctx)
+	err := l.Lock(ctx)
 	switch {
 	case err == nil:
-		return errors.New("a nested Lock after a member's loss returned nil: it joined a hold that was gone")
+		return fmt.Errorf("%s: a nested Lock after the loss of %s returned nil: it joined (or started afresh) a hold that was gone", what, victim)
 	case !errors.Is(err, mutex.ErrLost):
-		return fmt.Errorf("a nested Lock after a member's loss returned %v, not the loss (ErrLost)", err)
+		return fmt.Errorf("%s: a nested Lock after the loss of %s returned %v, not the loss (ErrLost)", what, victim, err)
+	}
+	return nil
+}
+
+func (w *world) probeSetNest() error {
+	mm, err := w.admin.locks.NewMultiMutex([]string{"probe.n0", "probe.n1"})
+	if err != nil {
+		return err
+	}
+	// The second member in the set's order: the first stays held.
+	if err := w.probeNestAfterLoss("MultiMutex", mm, mm.Names()[1]); err != nil {
+		return err
+	}
+	m, err := w.admin.fair.NewMutex("probe.n2")
+	if err != nil {
+		return err
+	}
+	return w.probeNestAfterLoss("Mutex", m, "probe.n2")
+}
+
+// probeDo: Do returns an error wrapping ErrLost if the hold was lost
+// while fn ran, "including a loss its own final release finds (a
+// ForceUnlock, a DEL ...)". fn deletes the lock's key and returns at
+// once, before the watchdog could notice.
+func (w *world) probeDo() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*w.cfg.Lease)
+	defer cancel()
+	m, err := w.admin.locks.NewMutex("probe.do")
+	if err != nil {
+		return err
+	}
+	ran := false
+	err = m.Do(ctx, func(context.Context) error {
+		ran = true
+		return w.delKeys("probe.do")
+	})
+	switch {
+	case !ran:
+		return fmt.Errorf("Do did not run fn: %w", err)
+	case !errors.Is(err, mutex.ErrLost):
+		return fmt.Errorf("Do whose fn deleted the lock's key returned %v, not the loss (ErrLost) its release found", err)
+	}
+	return nil
+}
+
+// probeReleaseGone: a release of a permit that is gone frees nothing
+// (semaphore_release: "a release of a permit that is gone ... frees
+// nothing and changes nothing"). B holds a permit of a semaphore of
+// capacity 2, an operator deletes the semaphore, C takes both permits,
+// B releases (its permit is gone): C still holds all of it, so a
+// TryAcquire of one more must fail.
+func (w *world) probeReleaseGone() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*w.cfg.Lease)
+	defer cancel()
+	s, err := w.admin.sems.NewSemaphore("probe.r", 2)
+	if err != nil {
+		return err
+	}
+	b, err := s.Acquire(ctx, 1)
+	if err != nil {
+		return fmt.Errorf("B's Acquire: %w", err)
+	}
+	if err := w.delKeys("probe.r"); err != nil {
+		return fmt.Errorf("DEL: %w", err)
+	}
+	c, err := s.Acquire(ctx, 2)
+	if err != nil {
+		return fmt.Errorf("C's Acquire after the DEL: %w", err)
+	}
+	defer func() { _ = c.Release(ctx) }()
+	_ = b.Release(ctx) // gone: ErrNotHeld (or ErrLost)
+	d, err := s.TryAcquire(ctx, 1)
+	if err == nil {
+		_ = d.Release(ctx)
+		if c.Err() == nil {
+			return errors.New("semaphore of capacity 2 over capacity: a TryAcquire of 1 was granted while C, not told of a loss, held 2 (a release of a permit that was gone freed one)")
+		}
 	}
 	return nil
 }
@@ -215,4 +324,128 @@ func (w *world) closeProbeName(srvIndex int) (string, error) {
 		}
 	}
 	return "", errors.New("no probe name on the stopped master")
+}
+
+// openNodes returns the nodes not closed, in order.
+func (w *world) openNodes() []*node {
+	var out []*node
+	for _, n := range w.nodes {
+		if !n.closed.Load() {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// probeMargin stages the race a lease exists for, once, where nothing
+// else happens: node x holds a lock, the admin node waits for it, and x
+// is cut off from Redis until the waiter has it. The README: "Lost closes
+// before anyone else can get the lock, provided the process is scheduled
+// within that margin": x's loss signal must have closed by the waiter's
+// grant, allowing for the process's stalls around it (as the exclusion
+// rule does). Then x's nested Lock must return the loss, and its Unlock
+// must not return nil.
+func (w *world) probeMargin(x *node) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*w.cfg.Lease)
+	defer cancel()
+	xm, err := x.locks.NewMutex("probe.race")
+	if err != nil {
+		return err
+	}
+	ym, err := w.admin.locks.NewMutex("probe.race")
+	if err != nil {
+		return err
+	}
+	if err := xm.Lock(ctx); err != nil {
+		return fmt.Errorf("x's Lock: %w", err)
+	}
+	var lostAt time.Time
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-xm.Lost():
+			lostAt = time.Now()
+		case <-ctx.Done():
+		}
+	}()
+	granted := make(chan error, 1)
+	var grantAt time.Time
+	go func() {
+		err := ym.Lock(ctx)
+		grantAt = time.Now()
+		granted <- err
+	}()
+	w.hist.fault(time.Now(), time.Now().Add(4*w.cfg.Lease), "probe cut", "", x.i)
+	if x.cuts.Add(1) == 1 {
+		x.proxy.Blackhole(true)
+	}
+	err = <-granted
+	if x.cuts.Add(-1) == 0 {
+		x.proxy.Blackhole(false)
+	}
+	if err != nil {
+		<-watched
+		return fmt.Errorf("the waiter's Lock, with the holder cut off: %w", err)
+	}
+	defer func() {
+		rctx, rcancel := w.releaseCtx()
+		defer rcancel()
+		_ = ym.Unlock(rctx)
+	}()
+	<-watched
+	if lostAt.IsZero() {
+		return fmt.Errorf("the holder cut off was never told of its loss, although the waiter got the lock at %s", w.hist.since(grantAt))
+	}
+	w.hist.mu.Lock()
+	st := w.hist.stallsLocked(grantAt.Add(-w.cfg.Lease/4), lostAt)
+	w.hist.mu.Unlock()
+	if late := lostAt.Sub(grantAt); late > st+stallSlack {
+		return fmt.Errorf("exclusion: the holder cut off was told of its loss %v after the waiter got the lock (longest stall %v)", late.Round(time.Millisecond), st.Round(time.Millisecond))
+	}
+	if err := xm.Lock(ctx); err == nil || !errors.Is(err, mutex.ErrLost) {
+		if err == nil {
+			_ = xm.Unlock(ctx)
+		}
+		return fmt.Errorf("the holder's nested Lock after its loss returned %v, not the loss (ErrLost)", err)
+	}
+	if err := xm.Unlock(ctx); err == nil {
+		return errors.New("the holder's Unlock after its loss returned nil")
+	}
+	return nil
+}
+
+// probeLateTry: a Try form's grant that comes back after the lease less
+// the margin (counted from the call) is not a hold: the README says the
+// Try forms then fail with ErrNotObtained. Node n's replies are delayed
+// by more than a lease, so its TryLock of a free lock is answered late.
+func (w *world) probeLateTry(n *node) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*w.cfg.Lease)
+	defer cancel()
+	m, err := n.locks.NewMutex("probe.late")
+	if err != nil {
+		return err
+	}
+	base := w.cfg.Lease * 6 / 10 // each way: a round trip of 1.2 leases
+	w.hist.fault(time.Now(), time.Now().Add(4*w.cfg.Lease), "probe lag", "", n.i)
+	n.proxy.SetLatency(base, 0)
+	call := time.Now()
+	err = m.TryLock(ctx)
+	ret := time.Now()
+	n.proxy.SetLatency(0, 0)
+	if err != nil {
+		return nil // ErrNotObtained, as it should
+	}
+	rctx, rcancel := w.releaseCtx()
+	defer rcancel()
+	_ = m.Unlock(rctx)
+	limit := w.cfg.Lease - w.cfg.Lease/10
+	w.hist.mu.Lock()
+	st := w.hist.stallsLocked(call, ret)
+	w.hist.mu.Unlock()
+	if over := ret.Sub(call) - limit; over > 0 && st+stallSlack < over {
+		return fmt.Errorf("late grant taken as a hold: a TryLock answered %v after its call (replies delayed %v each way) returned nil, past the lease less the margin (%v)",
+			ret.Sub(call).Round(time.Millisecond), base, limit)
+	}
+	return nil
 }
