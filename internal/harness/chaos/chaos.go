@@ -10,7 +10,8 @@
 //   - exclusion: two conflicting holds of one name at once only if one of
 //     them was told of its loss (loss signal, Err, a release or Do error
 //     wrapping ErrLost); a hold an operator removed must be told by the
-//     time it ends; a nested Lock never joins a hold already known lost;
+//     time it ends; a nested Lock of a hold already known lost returns
+//     the loss (ErrLost) and never joins it;
 //   - fencing tokens grow in the order holds were granted;
 //   - a semaphore's permits held by holders not told of a loss never weigh
 //     more than its capacity;
@@ -20,7 +21,9 @@
 //     unless a fault was in force around the call; nothing panics;
 //   - after the workload, no lock or permit is left held (renewed for
 //     nobody), Close returns within its bound, and once the leases have
-//     run out no key is left; goleak (redistest.Main) checks goroutines.
+//     run out no key is left; goleak (redistest.Main) checks goroutines;
+//   - probes stage once, after the workload, the combinations it meets
+//     only now and then (probes.go), each with its README guarantee.
 //
 // A failure prints the seed, the fault schedule and the last events of the
 // holders involved; SLUICE_CHAOS_SEED reruns one seed. The schedule is
@@ -232,7 +235,11 @@ func Run(t testing.TB, cfg Config) Report {
 	}
 	wg.Wait()
 	w.heal()
+	var probes sync.WaitGroup
+	probes.Go(w.probeSeams)
 	w.probeWakeUps(w.cfg.Lease / 4)
+	w.probeLateTries()
+	probes.Wait()
 
 	w.checkQuiet(t)
 	for _, n := range w.nodes {

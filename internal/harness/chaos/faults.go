@@ -430,11 +430,18 @@ func (w *world) apply(ctx context.Context, f fault) error {
 			// Close while the server has stopped answering: Close must
 			// not wait for calls in flight to a server that never
 			// answers.
+			var name string
+			if name, err = w.closeProbeName(f.server); err != nil {
+				break
+			}
 			if err = srv.Pause(); err != nil {
 				break
 			}
+			check := w.closeInFlight(nd, name)
+			closeAt := time.Now()
 			w.closeNode(nd, "with calls in flight to a stopped server")
 			err = w.resume(srv)
+			check(closeAt)
 		} else {
 			w.closeNode(nd, "with calls in flight")
 		}

@@ -619,6 +619,16 @@ func (h *history) nestedAfterLoss(x *hold) {
 	h.noteInvolvedLocked(x)
 }
 
+// nestedNotLoss reports a nested Lock of a hold already known lost that
+// failed otherwise than with the loss: the README promises the loss
+// (wrapping ErrLost), with nothing started.
+func (h *history) nestedNotLoss(x *hold, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.violationLocked("nested Lock of %s hold #%d of %q after its loss signal had closed returned %v, not the loss (ErrLost)", x.kind, x.id, x.res, err)
+	h.noteInvolvedLocked(x)
+}
+
 // noteLastHolds adds to the last violation the last holds of every
 // resource named (in braces) in keys.
 func (h *history) noteLastHolds(keys string) {

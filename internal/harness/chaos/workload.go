@@ -188,6 +188,11 @@ func (w *world) nested(ctx context.Context, x *hold, lost <-chan struct{}, lock,
 	err := lock(nctx)
 	if err != nil {
 		w.expected("nested Lock", call, err, mutexErrs...)
+		if wasLost && !errors.Is(err, mutex.ErrLost) && !errors.Is(err, mutex.ErrClosed) && ctx.Err() == nil && !w.nodes[x.node].closed.Load() {
+			// The README: a Lock before the Unlock of a lost hold
+			// returns the loss (wrapping ErrLost) and starts nothing.
+			w.hist.nestedNotLoss(x, err)
+		}
 		return
 	}
 	if wasLost {
