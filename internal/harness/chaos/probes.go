@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/ratelimit"
 	"github.com/sluicekit/sluice/semaphore"
 )
 
@@ -27,8 +28,14 @@ import (
 //     ErrLost) and starts nothing". The admin node holds a set of two, an
 //     operator deletes one member's key, and once the set's Lost has
 //     closed a nested Lock must return ErrLost.
+//   - limiter bursts: a burst on a fresh key of a fixed window and of a
+//     GCRA limiter stays within Rate per window and within Burst plus the
+//     tokens refilled meanwhile (probeLimiterBursts).
+//   - read lock: a reader is refused while a writer holds, and gets in
+//     once it has released (probeReaderBesideWriter).
 //
-// They run beside the wake-up probes, on names nothing else uses
+// Others (Do, a permit released once gone, the loss margin, a late Try)
+// are described where they are defined. They run beside the wake-up probes, on names nothing else uses
 // (probeName), and take about a lease and a half.
 func (w *world) probeSeams() {
 	var wg sync.WaitGroup
@@ -40,6 +47,14 @@ func (w *world) probeSeams() {
 	wg.Go(func() {
 		if err := w.probeSetNest(); err != nil {
 			w.hist.violation("nested Lock probe: %v", err)
+		}
+	})
+	wg.Go(func() {
+		if err := w.probeLimiterBursts(); err != nil {
+			w.hist.violation("limiter burst probe: %v", err)
+		}
+		if err := w.probeReaderBesideWriter(); err != nil {
+			w.hist.violation("read lock probe: %v", err)
 		}
 	})
 	wg.Go(func() {
@@ -448,4 +463,92 @@ func (w *world) probeLateTry(n *node) error {
 			ret.Sub(call).Round(time.Millisecond), base, limit)
 	}
 	return nil
+}
+
+// probeLimiterBursts sends a burst of single requests to a fresh key of a
+// fixed window and of a GCRA limiter, each with a period far longer than
+// the burst, and counts the allowed ones against the package doc: a fixed
+// window allows Rate per window (it begins with the window's first
+// request, so the burst stays in one), a GCRA limiter is "a token bucket of
+// Burst tokens refilled at Rate per Period": in a span s from a full
+// bucket, at most Burst plus the tokens refilled in s, rounded up.
+func (w *world) probeLimiterBursts() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*w.cfg.Lease)
+	defer cancel()
+	period := 10 * w.cfg.Lease
+	for _, tc := range []struct {
+		algo  ratelimit.Algorithm
+		limit ratelimit.Limit
+	}{
+		{ratelimit.FixedWindow, ratelimit.Limit{Rate: 5, Period: period}},
+		{ratelimit.GCRA, ratelimit.Limit{Rate: 5, Period: period, Burst: 3}},
+	} {
+		l, err := ratelimit.New(w.admin.sc, ratelimit.Options{Algorithm: tc.algo, Limit: tc.limit, Prefix: "sluice:rl:probe:", DisableDenyCache: true})
+		if err != nil {
+			return err
+		}
+		key := "burst." + algoName(tc.algo)
+		start := time.Now()
+		allowed := 0
+		for range 2*tc.limit.Rate + 2 {
+			res, err := l.Allow(ctx, key)
+			if err != nil {
+				return fmt.Errorf("%s: %w", algoName(tc.algo), err)
+			}
+			if res.Allowed {
+				allowed++
+			}
+		}
+		span := time.Since(start)
+		bound := tc.limit.Rate // one fixed window: the burst is far shorter
+		if tc.algo == ratelimit.GCRA {
+			bound = tc.limit.Burst + int((span*time.Duration(tc.limit.Rate)+tc.limit.Period-1)/tc.limit.Period)
+		}
+		if span < period/2 && allowed > bound {
+			return fmt.Errorf("%s %v: %d of %d requests in %v allowed, more than %d", algoName(tc.algo), tc.limit, allowed, 2*tc.limit.Rate+2, span.Round(time.Millisecond), bound)
+		}
+		if err := l.Reset(ctx, key); err != nil {
+			return fmt.Errorf("%s: Reset: %w", algoName(tc.algo), err)
+		}
+	}
+	return nil
+}
+
+// probeReaderBesideWriter: while a writer holds a read-write lock, a
+// reader of another Locker is refused ("readers exclude writers and
+// writers exclude everyone"); once the writer has released, it gets in.
+func (w *world) probeReaderBesideWriter() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*w.cfg.Lease)
+	defer cancel()
+	writer, err := w.admin.locks.NewRWMutex("probe.rb")
+	if err != nil {
+		return err
+	}
+	reader, err := w.admin.fair.NewRWMutex("probe.rb")
+	if err != nil {
+		return err
+	}
+	if err := writer.Lock(ctx); err != nil {
+		return fmt.Errorf("writer's Lock: %w", err)
+	}
+	err = reader.TryRLock(ctx)
+	rctx, rcancel := w.releaseCtx()
+	defer rcancel()
+	if err == nil {
+		_ = reader.RUnlock(rctx)
+		if writer.Err() == nil {
+			_ = writer.Unlock(rctx)
+			return errors.New("a TryRLock got a read hold while a writer, not told of a loss, held the write lock")
+		}
+	} else if !errors.Is(err, mutex.ErrNotObtained) {
+		_ = writer.Unlock(rctx)
+		return fmt.Errorf("TryRLock while a writer holds: %w, want ErrNotObtained", err)
+	}
+	if err := writer.Unlock(rctx); err != nil {
+		return fmt.Errorf("writer's Unlock: %w", err)
+	}
+	if err := reader.TryRLock(ctx); err != nil {
+		return fmt.Errorf("TryRLock of a free lock: %w", err)
+	}
+	return reader.RUnlock(rctx)
 }
