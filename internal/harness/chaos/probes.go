@@ -116,7 +116,7 @@ func (w *world) probeBatch() error {
 		return err
 	}
 	if err := victim.Lock(ctx); err != nil {
-		return fmt.Errorf("Lock of %s: %w", batchNames[0], err)
+		return fmt.Errorf("the Lock of %s: %w", batchNames[0], err)
 	}
 	defer func() {
 		rctx, rcancel := w.releaseCtx()
@@ -124,7 +124,7 @@ func (w *world) probeBatch() error {
 		_ = victim.Unlock(rctx) // lost by design: ErrNotHeld, or the string's WRONGTYPE
 	}()
 	if err := bystander.Lock(ctx); err != nil {
-		return fmt.Errorf("Lock of %s: %w", batchNames[1], err)
+		return fmt.Errorf("the Lock of %s: %w", batchNames[1], err)
 	}
 	key := keyspace.Key("sluice:mutex:", batchNames[0], "")
 	srv, err := w.owner(key)
@@ -150,7 +150,7 @@ func (w *world) probeBatch() error {
 	rctx, rcancel := w.releaseCtx()
 	defer rcancel()
 	if err := bystander.Unlock(rctx); err != nil {
-		return fmt.Errorf("Unlock of %s, renewed in one batch with %s whose key an operator overwrote with a string: %w", batchNames[1], batchNames[0], err)
+		return fmt.Errorf("the Unlock of %s, renewed in one batch with %s whose key an operator overwrote with a string: %w", batchNames[1], batchNames[0], err)
 	}
 	return nil
 }
@@ -190,7 +190,7 @@ func (w *world) probeNestAfterLoss(what string, l nestable, victim string) error
 	case err == nil:
 		return fmt.Errorf("%s: a nested Lock after the loss of %s returned nil: it joined (or started afresh) a hold that was gone", what, victim)
 	case !errors.Is(err, mutex.ErrLost):
-		return fmt.Errorf("%s: a nested Lock after the loss of %s returned %v, not the loss (ErrLost)", what, victim, err)
+		return fmt.Errorf("%s: a nested Lock after the loss of %s returned %s, not the loss (ErrLost)", what, victim, errText(err))
 	}
 	return nil
 }
@@ -229,9 +229,9 @@ func (w *world) probeDo() error {
 	})
 	switch {
 	case !ran:
-		return fmt.Errorf("Do did not run fn: %w", err)
+		return fmt.Errorf("fn did not run in Do: %w", err)
 	case !errors.Is(err, mutex.ErrLost):
-		return fmt.Errorf("Do whose fn deleted the lock's key returned %v, not the loss (ErrLost) its release found", err)
+		return fmt.Errorf("a Do whose fn deleted the lock's key returned %s, not the loss (ErrLost) its release found", errText(err))
 	}
 	return nil
 }
@@ -251,14 +251,14 @@ func (w *world) probeReleaseGone() error {
 	}
 	b, err := s.Acquire(ctx, 1)
 	if err != nil {
-		return fmt.Errorf("B's Acquire: %w", err)
+		return fmt.Errorf("the Acquire of B: %w", err)
 	}
 	if err := w.delKeys("probe.r"); err != nil {
 		return fmt.Errorf("DEL: %w", err)
 	}
 	c, err := s.Acquire(ctx, 2)
 	if err != nil {
-		return fmt.Errorf("C's Acquire after the DEL: %w", err)
+		return fmt.Errorf("the Acquire of C after the DEL: %w", err)
 	}
 	defer func() { _ = c.Release(ctx) }()
 	_ = b.Release(ctx) // gone: ErrNotHeld (or ErrLost)
@@ -422,7 +422,7 @@ func (w *world) probeMargin(x *node) error {
 		if err == nil {
 			_ = xm.Unlock(ctx)
 		}
-		return fmt.Errorf("the holder's nested Lock after its loss returned %v, not the loss (ErrLost)", err)
+		return fmt.Errorf("the holder's nested Lock after its loss returned %s, not the loss (ErrLost)", errText(err))
 	}
 	if err := xm.Unlock(ctx); err == nil {
 		return errors.New("the holder's Unlock after its loss returned nil")
@@ -551,4 +551,12 @@ func (w *world) probeReaderBesideWriter() error {
 		return fmt.Errorf("TryRLock of a free lock: %w", err)
 	}
 	return reader.RUnlock(rctx)
+}
+
+// errText is err's text for a report, "<nil>" if there is none.
+func errText(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return err.Error()
 }
