@@ -33,6 +33,8 @@ import (
 //     tokens refilled meanwhile (probeLimiterBursts).
 //   - read lock: a reader is refused while a writer holds, and gets in
 //     once it has released (probeReaderBesideWriter).
+//   - Unlock: an Unlock of a hold an operator ended leaves the next
+//     owner's hold alone (probeUnlockAfterTakeover).
 //
 // Others (Do, a permit released once gone, the loss margin, a late Try)
 // are described where they are defined. They run beside the wake-up probes, on names nothing else uses
@@ -55,6 +57,9 @@ func (w *world) probeSeams() {
 		}
 		if err := w.probeReaderBesideWriter(); err != nil {
 			w.hist.violation("read lock probe: %v", err)
+		}
+		if err := w.probeUnlockAfterTakeover(); err != nil {
+			w.hist.violation("Unlock probe: %v", err)
 		}
 	})
 	wg.Go(func() {
@@ -559,4 +564,44 @@ func errText(err error) string {
 		return "<nil>"
 	}
 	return err.Error()
+}
+
+// probeUnlockAfterTakeover: A holds a lock, an operator force-unlocks it,
+// B takes it, and A's Unlock comes. Mutual exclusion: C's TryLock must
+// then be refused while B, not told of a loss, holds (A's Unlock must not
+// have ended B's hold).
+func (w *world) probeUnlockAfterTakeover() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*w.cfg.Lease)
+	defer cancel()
+	rctx, rcancel := w.releaseCtx()
+	defer rcancel()
+	var ms [3]*mutex.Mutex
+	for i := range ms {
+		m, err := w.admin.locks.NewMutex("probe.u")
+		if err != nil {
+			return err
+		}
+		ms[i] = m
+	}
+	a, b, c := ms[0], ms[1], ms[2]
+	if err := a.Lock(ctx); err != nil {
+		return fmt.Errorf("the Lock of A: %w", err)
+	}
+	if err := w.forceUnlock(ctx, "probe.u"); err != nil {
+		_ = a.Unlock(rctx)
+		return fmt.Errorf("ForceUnlock: %w", err)
+	}
+	if err := b.Lock(ctx); err != nil {
+		_ = a.Unlock(rctx)
+		return fmt.Errorf("the Lock of B after the ForceUnlock: %w", err)
+	}
+	defer func() { _ = b.Unlock(rctx) }()
+	_ = a.Unlock(rctx) // its hold is gone: ErrNotHeld or ErrLost
+	if err := c.TryLock(ctx); err == nil {
+		_ = c.Unlock(rctx)
+		if b.Err() == nil {
+			return errors.New("after A's Unlock of a hold an operator had ended, C's TryLock got the lock B held, and B was not told of a loss")
+		}
+	}
+	return nil
 }
