@@ -384,7 +384,7 @@ func (h *history) conflictLocked(x *hold, group []*hold, final bool) bool {
 // h.mu held.
 func (h *history) settleDOALocked() {
 	for _, x := range h.doa {
-		if st := h.stallsLocked(x.call, x.start); st > stallSlack {
+		if st, _ := h.stallsLocked(x.call, x.start); st > stallSlack {
 			h.excused = append(h.excused, fmt.Sprintf("hold #%d of %q lost at its start, in a stall of %v", x.id, x.res, st.Round(time.Millisecond)))
 			continue
 		}
@@ -403,7 +403,7 @@ func (h *history) settleDOALocked() {
 		if over <= 0 || h.serverWideLocked(x.call, x.start) {
 			continue
 		}
-		if st := h.stallsLocked(x.call, x.start); st+stallSlack >= over {
+		if st, _ := h.stallsLocked(x.call, x.start); st+stallSlack >= over {
 			h.excused = append(h.excused, fmt.Sprintf("hold #%d of %q granted %v after its Try was called, in a stall of %v", x.id, x.res, x.start.Sub(x.call).Round(time.Millisecond), st.Round(time.Millisecond)))
 			continue
 		}
@@ -450,7 +450,7 @@ func (h *history) settleConflictsLocked() {
 		group := []*hold{p.x}
 		for _, o := range p.group[1:] {
 			if o.told {
-				st := h.stallsLocked(p.x.start.Add(-h.lease/4), o.toldAt)
+				st, _ := h.stallsLocked(p.x.start.Add(-h.lease/4), o.toldAt)
 				if !o.toldAt.After(p.x.start.Add(st + stallSlack)) {
 					h.excused = append(h.excused, fmt.Sprintf("hold #%d of %q told %v after hold #%d started, within the process's longest stall (%v) and %v",
 						o.id, o.res, o.toldAt.Sub(p.x.start).Round(time.Millisecond), p.x.id, st.Round(time.Millisecond), stallSlack))
@@ -489,28 +489,16 @@ func (h *history) monitorStalls(ctx context.Context) {
 	}
 }
 
-// stallsLocked returns the longest stall that overlapped [from, to].
-// Called with h.mu held.
-func (h *history) stallsLocked(from, to time.Time) time.Duration {
-	var longest time.Duration
+// stallsLocked returns the longest stall that overlapped [from, to], and
+// how long the process stalled in all within it. Called with h.mu held.
+func (h *history) stallsLocked(from, to time.Time) (longest, total time.Duration) {
 	for _, s := range h.stalls {
 		if !s.at.Before(from) && !s.at.Add(-s.d).After(to) {
 			longest = max(longest, s.d)
+			total += s.d
 		}
 	}
-	return longest
-}
-
-// stallSumLocked returns how long the process stalled in all within
-// [from, to]. Called with h.mu held.
-func (h *history) stallSumLocked(from, to time.Time) time.Duration {
-	var sum time.Duration
-	for _, s := range h.stalls {
-		if !s.at.Before(from) && !s.at.Add(-s.d).After(to) {
-			sum += s.d
-		}
-	}
-	return sum
+	return longest, total
 }
 
 // An incident is a conflict that an operator's action may explain: at

@@ -67,7 +67,7 @@ func (h *history) checkLiveness(bound time.Duration) {
 			// call: on a loaded machine each can wait for a CPU. The
 			// time this process stalled within the spell is not the
 			// library's (the server stalls with it).
-			if st := h.stallSumLocked(at, at.Add(gap)); gap-st <= bound {
+			if _, st := h.stallsLocked(at, at.Add(gap)); gap-st <= bound {
 				h.excused = append(h.excused, fmt.Sprintf("%s waiter %s on %q: free for %v, of which the process stalled %v", wt.kind, wt.who, wt.res, gap.Round(time.Millisecond), st.Round(time.Millisecond)))
 				h.mu.Unlock()
 				continue

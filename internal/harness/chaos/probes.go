@@ -418,7 +418,7 @@ func (w *world) probeMargin(x *node) error {
 		return fmt.Errorf("the holder cut off was never told of its loss, although the waiter got the lock at %s", w.hist.since(grantAt))
 	}
 	w.hist.mu.Lock()
-	st := w.hist.stallsLocked(grantAt.Add(-w.cfg.Lease/4), lostAt)
+	st, _ := w.hist.stallsLocked(grantAt.Add(-w.cfg.Lease/4), lostAt)
 	w.hist.mu.Unlock()
 	if late := lostAt.Sub(grantAt); late > st+stallSlack {
 		return fmt.Errorf("exclusion: the holder cut off was told of its loss %v after the waiter got the lock (longest stall %v)", late.Round(time.Millisecond), st.Round(time.Millisecond))
@@ -461,7 +461,7 @@ func (w *world) probeLateTry(n *node) error {
 	_ = m.Unlock(rctx)
 	limit := w.cfg.Lease - w.cfg.Lease/10
 	w.hist.mu.Lock()
-	st := w.hist.stallsLocked(call, ret)
+	st, _ := w.hist.stallsLocked(call, ret)
 	w.hist.mu.Unlock()
 	if over := ret.Sub(call) - limit; over > 0 && st+stallSlack < over {
 		return fmt.Errorf("late grant taken as a hold: a TryLock answered %v after its call (replies delayed %v each way) returned nil, past the lease less the margin (%v)",
