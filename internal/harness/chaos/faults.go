@@ -517,16 +517,16 @@ func holderKeys(res string) []string {
 
 // delKeys deletes every key of res, on the server that owns its slot.
 func (w *world) delKeys(res string) error {
-	srv, err := w.owner("{" + res + "}")
-	if err != nil {
-		return err
-	}
 	// While a slot migrates, its keys are on two masters, and a DEL on
 	// the owner can succeed without touching the keys already moved (the
 	// lock's hash among them): the holds would live on while the oracle
 	// believed them removed. The action is not made then.
 	if _, ok := w.migrating.Load(res); ok {
 		return fmt.Errorf("keys of %q not deleted: its slot is migrating", res)
+	}
+	srv, err := w.owner("{" + res + "}")
+	if err != nil {
+		return err
 	}
 	out, err := srv.Do("KEYS", "sluice:*{"+res+"}*")
 	if err != nil {
