@@ -97,6 +97,13 @@ func (c *Cluster) MigrateSlot(slot int, to *Server, batch int, between func()) e
 		if _, err := to.Do("CLUSTER", "SETSLOT", s, "NODE", toID); err != nil {
 			return fmt.Errorf("redistest: setslot node on %s: %w", to.Addr(), err)
 		}
+		// A config epoch above every other node's, so that gossip from the
+		// old owner (still claiming the slot until its own SETSLOT below)
+		// cannot win the slot back; a node that loses a slot that way
+		// drops its keys (seen on Valkey 8 under load).
+		if _, err := to.Do("CLUSTER", "BUMPEPOCH"); err != nil {
+			return fmt.Errorf("redistest: bumpepoch on %s: %w", to.Addr(), err)
+		}
 		_, err := from.Do("CLUSTER", "SETSLOT", s, "NODE", toID)
 		if err == nil {
 			break
