@@ -91,6 +91,10 @@ type Report struct {
 	Schedule   []string       // the faults in order, with times
 	CloseTook  time.Duration  // the longest Close of a node
 	Violations []string
+
+	// Prims counts the finished holds by primitive (lanes.go): mutex.plain,
+	// mutex.fair, read, write, multi, permit.plain, permit.fair.
+	Prims map[string]int
 }
 
 // Summary is a one-line account of the run.
@@ -99,8 +103,8 @@ func (r Report) Summary() string {
 	for _, n := range r.Ops {
 		ops += n
 	}
-	return fmt.Sprintf("seed %d: %d operations %v, holds %v, faults %v, longest Close %v, %d violations",
-		r.Seed, ops, r.Ops, r.Holds, r.Faults, r.CloseTook.Round(time.Millisecond), len(r.Violations))
+	return fmt.Sprintf("seed %d: %d operations %v, holds %v, holds by primitive %v, faults %v, longest Close %v, %d violations",
+		r.Seed, ops, r.Ops, r.Holds, r.Prims, r.Faults, r.CloseTook.Round(time.Millisecond), len(r.Violations))
 }
 
 const (
@@ -125,6 +129,7 @@ type world struct {
 	admin    *node // no proxy: the operator's ForceUnlock
 
 	inflight inflight
+	ln       *laneState // the lanes' records (lanes.go)
 
 	capacitySet atomic.Bool // a SetCapacity was sent (faults.go)
 	races       int         // expiry races staged (race.go), by the partition stream only
@@ -152,6 +157,7 @@ type node struct {
 	once        sync.Once
 	cuts        atomic.Int32 // blackholes in force on proxy (faults.go)
 	longHolds   atomic.Int32 // long holds in progress (longHolder)
+	x           laneNode     // the lanes' own Managers (lanes.go)
 }
 
 // Run runs one seed and returns its report. The caller fails the test on
@@ -172,7 +178,7 @@ func Run(t testing.TB, cfg Config) Report {
 	if cfg.Client == nil {
 		cfg.Client = rueidisClient
 	}
-	w := &world{cfg: cfg, hist: newHistory(cfg.Lease), lim: newLimitLog(), ops: map[string]int{}}
+	w := &world{cfg: cfg, hist: newHistory(cfg.Lease), lim: newLimitLog(), ops: map[string]int{}, ln: newLaneState()}
 	if cfg.Cluster {
 		redistest.Skip(t)
 		cl, err := redistest.StartCluster(3)
@@ -182,7 +188,9 @@ func Run(t testing.TB, cfg Config) Report {
 		t.Cleanup(cl.Stop)
 		w.cl = cl
 	} else {
-		w.srv = redistest.NewServer(t, "--enable-debug-command", "local")
+		// A replica (replicas.go) syncs at once, also after a restart.
+		w.srv = redistest.NewServer(t, "--enable-debug-command", "local", "--repl-diskless-sync-delay", "0")
+		w.startReplica(t)
 	}
 	for i := range semNames {
 		w.hist.capacity["s"+strconv.Itoa(i)] = semCap
@@ -222,6 +230,12 @@ func Run(t testing.TB, cfg Config) Report {
 		wg.Go(func() { w.hotSemaphore(ctx, n, rand.New(rand.NewPCG(hot, 0x5e3))) })
 		wg.Go(func() { w.httpClient(ctx, n, rand.New(rand.NewPCG(client, 0x4177))) })
 	}
+	pollCtx, stopPoll := context.WithCancel(context.Background())
+	var pollWG sync.WaitGroup
+	if err := w.startLanes(ctx, pollCtx, &wg, &pollWG, rng); err != nil {
+		stopPoll()
+		t.Fatal(err)
+	}
 	var opFaults, partFaults map[string]int
 	var ow sync.WaitGroup
 	ow.Go(func() { opFaults = w.inject(ctx, opSched, true) })
@@ -234,6 +248,8 @@ func Run(t testing.TB, cfg Config) Report {
 		}
 	}
 	wg.Wait()
+	stopPoll()
+	pollWG.Wait()
 	w.heal()
 	var probes sync.WaitGroup
 	probes.Go(w.probeSeams)
@@ -262,9 +278,11 @@ func Run(t testing.TB, cfg Config) Report {
 	w.probePolicies()
 	w.lim.check(w.hist)
 	w.lim.checkWindows(w.hist)
+	prims := w.checkLanes()
 
 	r := Report{Seed: cfg.Seed, Ops: w.ops, Holds: w.hist.holdsBy(), Faults: faults,
 		Schedule: slices.Concat(sched.lines(w.cl != nil), opSched.lines(w.cl != nil), partSched.lines(w.cl != nil)), CloseTook: w.closeTook}
+	r.Prims = prims
 	w.hist.mu.Lock()
 	r.Violations = append(r.Violations, w.hist.viol...)
 	w.hist.mu.Unlock()
@@ -317,6 +335,7 @@ func (w *world) newNode(t testing.TB, i int, proxied bool) *node {
 		w.lim.limits[algoName(spec.algo)] = spec
 	}
 	w.newRoutes(t, n)
+	w.newLaneNode(t, n)
 	return n
 }
 
@@ -363,6 +382,7 @@ func (n *node) closeOnce() (took time.Duration) {
 	wg.Go(n.fair.Close)
 	wg.Go(n.sems.Close)
 	wg.Go(n.fairSems.Close)
+	n.x.close(&wg)
 	wg.Wait()
 	took = time.Since(start)
 	n.closeClient()

@@ -40,6 +40,9 @@ type hold struct {
 	owed    bool
 	owedWhy string
 	owedAt  time.Time
+	// expect names a loss the workload caused on purpose (a hold left to
+	// expire, a client crashed): no fault need explain it.
+	expect string
 }
 
 // lost reports whether x's loss signal has closed.
@@ -568,7 +571,7 @@ func (h *history) end(x *hold, told bool, how string) {
 		x.tellLocked(how, x.end) // the release was called at x.end
 	}
 	h.events = append(h.events, event{at: time.Now(), hold: x.id, what: fmt.Sprintf("%s %s end: told=%v %s", x.kind, x.res, x.told, how)})
-	if x.told && !x.owed && x.toldHow != "" && !h.setLossExplainedLocked(x, time.Now()) {
+	if x.told && !x.owed && x.expect == "" && x.toldHow != "" && !h.setLossExplainedLocked(x, time.Now()) {
 		// A loss nothing explains: a false loss is no safety violation,
 		// but it is a bug (a batch renewal that failed for another's
 		// key, say), and it makes holders give up work for nothing.
