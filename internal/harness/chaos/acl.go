@@ -62,7 +62,7 @@ func (w *world) aclLane(ctx context.Context, rng *rand.Rand) {
 	seq := 0
 	for ctx.Err() == nil {
 		seq++
-		sleep(ctx, time.Duration((0.1+0.2*rng.Float64())*float64(w.cfg.Lease)))
+		sleep(ctx, time.Duration((0.05+0.1*rng.Float64())*float64(w.cfg.Lease)))
 		if ctx.Err() != nil || w.createACLUser() != nil {
 			continue
 		}
@@ -137,7 +137,7 @@ func (w *world) aclPair(ctx context.Context, locks *mutex.Locker, name string) {
 	if err == nil {
 		err = m.Unlock(lctx)
 	}
-	if err != nil && ctx.Err() == nil && !w.hist.faultNear(call, time.Now(), 0) {
+	if err != nil && ctx.Err() == nil && !w.hist.unavailableNear(call, time.Now(), -1) {
 		w.hist.violation("ACL user without channel access: an uncontended Lock and Unlock of %q (called %s) failed: %v", name, w.hist.since(call), err)
 	}
 }
@@ -157,7 +157,7 @@ func (w *world) aclContended(ctx context.Context, what string, call func(context
 		rctx, rcancel := w.releaseCtx()
 		defer rcancel()
 		at := time.Now()
-		if err := release(rctx); err != nil && !w.hist.faultNear(at, time.Now(), 0) {
+		if err := release(rctx); err != nil && !w.hist.unavailableNear(at, time.Now(), -1) {
 			w.hist.violation("ACL lane: the admin's release after the ACL user's refused %s failed: %v", what, err)
 		}
 	}()
@@ -167,7 +167,8 @@ func (w *world) aclContended(ctx context.Context, what string, call func(context
 	start := time.Now()
 	err = call(actx)
 	took := time.Since(start)
-	if w.hist.faultNear(start, time.Now(), 0) || ctx.Err() != nil {
+	// Its client has no fault proxy: only a fault of the server excuses.
+	if w.hist.unavailableNear(start, time.Now(), -1) || ctx.Err() != nil {
 		return
 	}
 	switch {

@@ -1,10 +1,15 @@
 package chaos
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sluicekit/sluice/mutex"
 )
 
 // Liveness at any time of the run: a lane waiter must be served within a
@@ -207,8 +212,15 @@ func (w *world) checkWaitDue(wt *laneWait, views []snap, rounds map[string]map[i
 }
 
 // judgeRun decides a run of views from first to last in which wt was due.
+// A run that a release of the workload began (its hold ended cleanly just
+// before the first view) is held to the wake-up's bound, a quarter lease,
+// whatever the primitive: a release wakes its waiters, and only what
+// frees a resource without a release waits for a poll.
 func (w *world) judgeRun(wt *laneWait, first, last snap, state string, holds []*hold) {
 	bound := w.dueBound(wt.prim)
+	if w.releasedJustBefore(holds, first) {
+		bound = w.cfg.Lease / 4
+	}
 	from, to := first.ret, last.call
 	if to.Sub(from) <= bound {
 		return
@@ -264,6 +276,20 @@ func (w *world) judgeRun(wt *laneWait, first, last snap, state string, holds []*
 	h.noteInvolvedLocked(near[max(0, len(near)-4):]...)
 }
 
+// releasedJustBefore reports whether one of holds ended with a release
+// that returned nil in the poll before view s.
+func (w *world) releasedJustBefore(holds []*hold, s snap) bool {
+	h := w.hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, o := range holds {
+		if !o.told && o.expect == "" && !o.end.After(s.ret) && o.end.After(s.call.Add(-pollGap-fifoSlack)) {
+			return true
+		}
+	}
+	return false
+}
+
 // checkGiveBacks: an acquisition that failed (its context ended, a Try
 // answered too late, a connection error) holds nothing afterwards: "a Lock
 // attempt abandoned that way, or cut off by a connection error, is given
@@ -306,6 +332,64 @@ func (w *world) checkGiveBacks() {
 				h.mu.Unlock()
 				break
 			}
+		}
+	}
+}
+
+// giveBacks makes node n abandon Lock attempts on a lock of its own (lg<i>,
+// plain, and lgf<i>, fair), with contexts of a fraction of a millisecond
+// to three: most end while the attempt is on its way, and the attempt is
+// given back whether Redis granted it or not. A quarter lease later a
+// TryLock of another Mutex must get the lock (the give-back ended the
+// grant, and a fair attempt's queue entry), unless a fault of n's network
+// or the server was in force.
+func (w *world) giveBacks(ctx context.Context, n *node, rng *rand.Rand) {
+	for seq := 1; ctx.Err() == nil && !n.closed.Load(); seq++ {
+		sleep(ctx, time.Duration(rng.Float64()*float64(w.cfg.Lease)/40))
+		lk, name := n.locks, fmt.Sprintf("lg%d", n.i)
+		if seq%2 == 0 {
+			lk, name = n.fair, fmt.Sprintf("lgf%d", n.i)
+		}
+		m, err := lk.NewMutex(name, mutex.WithOwner(fmt.Sprintf("n%dg.%d", n.i, seq)))
+		if err != nil {
+			w.hist.violation("NewMutex: %v", err)
+			return
+		}
+		w.count("lane.giveback")
+		actx, cancel := context.WithTimeout(ctx, time.Duration((0.2+2.8*rng.Float64())*float64(time.Millisecond)))
+		call := time.Now()
+		err = m.Lock(actx)
+		cancel()
+		if err == nil {
+			rctx, rcancel := w.releaseCtx()
+			_ = m.Unlock(rctx) // its own lock: a failed Unlock ends with the lease, and the next TryLock says so
+			rcancel()
+			continue
+		}
+		w.expected("an abandoned Lock", call, err, mutexErrs...)
+		abandoned := err
+		sleep(ctx, w.cfg.Lease/4)
+		if ctx.Err() != nil {
+			return
+		}
+		t, err := lk.NewMutex(name)
+		if err != nil {
+			w.hist.violation("NewMutex: %v", err)
+			return
+		}
+		tctx, tcancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+		tcall := time.Now()
+		err = t.TryLock(tctx)
+		tcancel()
+		if err == nil {
+			rctx, rcancel := w.releaseCtx()
+			_ = t.Unlock(rctx)
+			rcancel()
+			continue
+		}
+		if errors.Is(err, mutex.ErrNotObtained) && ctx.Err() == nil && !w.hist.unavailableNear(call, time.Now(), n.i) {
+			w.hist.violation("give-back: a Lock of %q (%s) abandoned at %s (%v); a TryLock of it %v later, with nobody else using it and no fault in force, was refused: %v",
+				name, m.Owner(), w.hist.since(call), abandoned, tcall.Sub(call).Round(time.Millisecond), err)
 		}
 	}
 }

@@ -23,7 +23,16 @@
 //     nobody), Close returns within its bound, and once the leases have
 //     run out no key is left; goleak (redistest.Main) checks goroutines;
 //   - probes stage once, after the workload, the combinations it meets
-//     only now and then (probes.go), each with its README guarantee.
+//     only now and then (probes.go), each with its README guarantee;
+//   - lanes (lanes.go) give every lock and semaphore a resource of its own
+//     with short holds, so that each primitive makes hundreds of holds a
+//     run, and every promise of their API happens under the run's faults
+//     (fixed leases, Extend, takeovers, crashed clients, ReplicaAcks, an
+//     ACL user without channels); a poller reads what Redis holds for
+//     them, and their oracles check each promise both ways: liveness at
+//     any time, give-backs, FIFO, writer preference, leases, Valid and
+//     HeldUntil, Info and Holders (README.md in this directory has the
+//     table of guarantees, checks and the mutants they kill).
 //
 // A failure prints the seed, the fault schedule and the last events of the
 // holders involved; SLUICE_CHAOS_SEED reruns one seed. The schedule is

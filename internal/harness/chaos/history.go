@@ -43,6 +43,7 @@ type hold struct {
 	// expect names a loss the workload caused on purpose (a hold left to
 	// expire, a client crashed): no fault need explain it.
 	expect string
+	lease  time.Duration // a fixed lease (WithLease); 0: the watchdog's
 }
 
 // lost reports whether x's loss signal has closed.
@@ -400,8 +401,11 @@ func (h *history) settleDOALocked() {
 	// must come back as ErrLate. Unless the process stalled for the time
 	// over, or the attempt was sent again after a NOSCRIPT (a server-wide
 	// fault: SCRIPT FLUSH, a restart, FLUSHALL).
-	limit := h.lease - h.lease/10
 	for _, x := range h.tries {
+		limit := h.lease - h.lease/10
+		if x.lease > 0 {
+			limit = x.lease - margin(x.lease)
+		}
 		over := x.start.Sub(x.call) - limit
 		if over <= 0 || h.serverWideLocked(x.call, x.start) {
 			continue

@@ -73,8 +73,9 @@ type laneWait struct {
 	// cut: the waiter's client crashed then (a mortal); nothing it sent
 	// later reached Redis. Zero if it did not.
 	cut time.Time
-	x   *hold // the hold it got (a MultiMutex: its first member), or nil
-	err error
+	x     *hold // the hold it got (a MultiMutex: its first member), or nil
+	err   error
+	lease time.Duration // a fixed lease, or 0 for the watchdog's
 }
 
 // end is when the wait ended: the grant's return, or the give-up.
@@ -115,8 +116,8 @@ type laneNode struct {
 	// (nil on a cluster, which has none); and more than there are.
 	replLocks  *mutex.Locker
 	replSems   *semaphore.Manager
-	unsatLocks *mutex.Locker
-	unsatSems  *semaphore.Manager
+	unsatLocks [2]*mutex.Locker // a short ReplicaTimeout, one past Close's bound
+	unsatSems  [2]*semaphore.Manager
 	closedAt   atomic.Pointer[time.Time] // when the node's Close began
 }
 
@@ -169,7 +170,7 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		{laneRW, 4, w.rwLaneOp, 20 * time.Millisecond},
 		{"lx", 2, w.multiLaneOp, 20 * time.Millisecond},
 		{lanePSem, 2, w.semLaneOp, 10 * time.Millisecond},
-		{laneFSem, 3, w.fairSemLaneOp, 10 * time.Millisecond},
+		{laneFSem, 4, w.fairSemLaneOp, 10 * time.Millisecond},
 		{laneTake, 1, w.takeContender, 60 * time.Millisecond},
 	}
 	for _, n := range w.nodes {
@@ -178,6 +179,10 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 				seed := rng.Uint64()
 				wg.Go(func() {
 					r := rand.New(rand.NewPCG(seed, uint64(n.i)))
+					// A ramp, not a herd: a few dozen goroutines
+					// starting at once, each opening connections, would
+					// slow the first calls of the whole workload.
+					sleep(ctx, time.Duration(r.Float64()*float64(w.cfg.Lease)/4))
 					seq := 0
 					for ctx.Err() == nil && !n.closed.Load() {
 						seq++
@@ -190,6 +195,8 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		seed := rng.Uint64()
 		wg.Go(func() { w.mortals(ctx, n, rand.New(rand.NewPCG(seed, 0xdead))) })
 		w.replicaLanes(ctx, n, rng.Uint64(), wg.Go)
+		gseed := rng.Uint64()
+		wg.Go(func() { w.giveBacks(ctx, n, rand.New(rand.NewPCG(gseed, 0x9b))) })
 	}
 	seed, aclSeed, faultSeed := rng.Uint64(), rng.Uint64(), rng.Uint64()
 	wg.Go(func() { w.dropReplies(ctx, rand.New(rand.NewPCG(faultSeed, 0xd09))) })
@@ -230,12 +237,17 @@ func (w *world) dropReplies(ctx context.Context, rng *rand.Rand) {
 
 // laneTimeout is how long a lane's acquisition may wait: mostly one to
 // three leases (long enough to wait out an expiry), now and then a short
-// one, which gives up in the queue or leaves an abandoned attempt.
+// one, which gives up in the queue, and now and then a few milliseconds,
+// which ends while the first attempt is on its way: an abandoned attempt,
+// given back whether or not Redis granted it.
 func (w *world) laneTimeout(rng *rand.Rand) time.Duration {
-	if rng.IntN(10) < 7 {
+	switch k := rng.IntN(20); {
+	case k < 13:
 		return time.Duration((1 + 2*rng.Float64()) * float64(w.cfg.Lease))
+	case k < 18:
+		return time.Duration((0.05 + 0.45*rng.Float64()) * float64(w.cfg.Lease))
 	}
-	return time.Duration((0.05 + 0.45*rng.Float64()) * float64(w.cfg.Lease))
+	return time.Duration((0.5 + 4.5*rng.Float64()) * float64(time.Millisecond))
 }
 
 // laneHold is how long a lane's holder keeps what it got: mostly under
@@ -367,7 +379,7 @@ func (w *world) lockLane(ctx context.Context, n *node, rng *rand.Rand, wt *laneW
 	toks := tokens()
 	for i, name := range names {
 		x := &hold{kind: kind, res: name, set: set, owner: wt.owner, node: wt.node, weight: 1, token: toks[i], note: note,
-			call: wt.call, start: wt.ret, lostCh: l.lost(), try: wt.try}
+			call: wt.call, start: wt.ret, lostCh: l.lost(), try: wt.try, lease: wt.lease}
 		w.hist.begin(x)
 		xs = append(xs, x)
 	}
@@ -415,29 +427,33 @@ func (w *world) releaseLane(n *node, xs []*hold, l laneLock, lockRetry bool) {
 		cancel()
 		w.expected(xs[0].kind+" lane release (retried)", call, err, mutexErrs...)
 		if lockRetry && !knew && !lostBefore && errors.Is(err, mutex.ErrNotHeld) && call.Sub(at) < time.Second*9/10 &&
-			w.hist.onlyRepliesDropped(n.i, at.Add(-w.cfg.Lease), time.Now()) {
+			w.hist.onlyRepliesDropped(n.i, at, time.Now()) {
 			w.hist.violation("retried release: the final release of %s hold #%d of %q (node %d) at %s failed (%s), its node's only fault dropping replies, so it reached Redis and released; its retry at %s, %v later, was told %v",
 				xs[0].kind, xs[0].id, xs[0].res, n.i, w.hist.since(at), how, w.hist.since(call), call.Sub(at).Round(time.Millisecond), err)
 		}
 	}
 }
 
-// onlyRepliesDropped reports whether every fault that could touch node's
-// calls in [from, to] dropped replies only (dropreplies on node), and at
-// least one did: its requests all reached Redis.
+// onlyRepliesDropped reports whether node's replies were being dropped at
+// some time in [from, to], and no other fault that could touch node's
+// calls (of its network but latency, or of the server) was in force in
+// [from-lease/2, to], each counted without the lease a span carries after
+// its end: the requests node sent then all reached Redis, in order.
 func (h *history) onlyRepliesDropped(node int, from, to time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	some := false
 	for _, f := range h.faults {
-		if f.from.After(to) || f.to.Before(from) {
+		if f.res != "" || f.node >= 0 && f.node != node {
 			continue
 		}
-		if f.res == "" && f.node == node && f.what == "dropreplies" {
-			some = true
-			continue
-		}
-		if f.res == "" && (f.node < 0 || f.node == node) {
+		end := f.to.Add(-h.lease)
+		switch {
+		case f.from.After(to) || end.Before(from.Add(-h.lease/2)):
+		case f.what == "dropreplies" && f.node == node:
+			some = some || !end.Before(from)
+		case f.what == "latency" && f.node == node:
+		default:
 			return false
 		}
 	}
@@ -529,7 +545,7 @@ func (w *world) mutexLane(ctx context.Context, n *node, rng *rand.Rand, id, res 
 		w.hist.violation("NewMutex: %v", err)
 		return
 	}
-	wt := &laneWait{prim: "mutex", res: res, owner: id, node: n.i, weight: 1, try: rng.IntN(5) == 0}
+	wt := &laneWait{prim: "mutex", res: res, owner: id, node: n.i, weight: 1, try: rng.IntN(5) == 0, lease: fixed}
 	l := mutexLock(m)
 	xs := w.lockLane(ctx, n, rng, wt, l, "mutex", "plain lane", func() []int64 { return []int64{m.Token()} })
 	if xs == nil {
@@ -562,14 +578,14 @@ func (w *world) mutexLane(ctx context.Context, n *node, rng *rand.Rand, id, res 
 }
 
 func (w *world) fairLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
-	plan := w.lanePlan(rng, 40, false)
+	plan := w.lanePlan(rng, 25, false)
 	fixed := plan.fixed
 	m, err := n.fair.NewMutex(laneFair, plan.opts(id)...)
 	if err != nil {
 		w.hist.violation("NewMutex: %v", err)
 		return
 	}
-	wt := &laneWait{prim: "fair", res: laneFair, owner: id, node: n.i, weight: 1, try: rng.IntN(6) == 0}
+	wt := &laneWait{prim: "fair", res: laneFair, owner: id, node: n.i, weight: 1, try: rng.IntN(6) == 0, lease: fixed}
 	l := mutexLock(m)
 	xs := w.lockLane(ctx, n, rng, wt, l, "mutex", "fair lane", func() []int64 { return []int64{m.Token()} })
 	if xs == nil {
@@ -592,12 +608,12 @@ func (w *world) rwLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string
 		w.hist.violation("NewRWMutex: %v", err)
 		return
 	}
-	write := rng.IntN(2) == 0
+	write := rng.IntN(20) < 7
 	prim, kind := "read", "read"
 	if write {
 		prim, kind = "write", "write"
 	}
-	wt := &laneWait{prim: prim, res: laneRW, owner: id, node: n.i, weight: 1, try: rng.IntN(6) == 0}
+	wt := &laneWait{prim: prim, res: laneRW, owner: id, node: n.i, weight: 1, try: rng.IntN(6) == 0, lease: fixed}
 	l := rwLock(rw, write)
 	xs := w.lockLane(ctx, n, rng, wt, l, kind, "lane", func() []int64 { return []int64{rw.Token()} })
 	if xs == nil {
@@ -638,7 +654,7 @@ func (w *world) downgrade(ctx context.Context, n *node, rng *rand.Rand, rw *mute
 		w.releaseLane(n, []*hold{wx}, rwLock(rw, true), true)
 		return
 	}
-	rx := &hold{kind: "read", res: laneRW, owner: wx.owner, node: n.i, weight: 1, note: "lane, downgraded", call: call, start: time.Now(), lostCh: rw.Lost()}
+	rx := &hold{kind: "read", res: laneRW, owner: wx.owner, node: n.i, weight: 1, note: "lane, downgraded", call: call, start: time.Now(), lostCh: rw.Lost(), lease: wx.lease}
 	w.hist.begin(rx)
 	w.releaseLane(n, []*hold{wx}, rwLock(rw, true), true)
 	r := rwLock(rw, false)
@@ -659,7 +675,7 @@ func (w *world) multiLaneOp(ctx context.Context, n *node, rng *rand.Rand, id str
 			w.hist.violation("NewMutex: %v", err)
 			return
 		}
-		wt := &laneWait{prim: "mutex", res: name, owner: id, node: n.i, weight: 1, try: try}
+		wt := &laneWait{prim: "mutex", res: name, owner: id, node: n.i, weight: 1, try: try, lease: fixed}
 		l := mutexLock(m)
 		xs := w.lockLane(ctx, n, rng, wt, l, "mutex", "lane member", func() []int64 { return []int64{m.Token()} })
 		if xs == nil {
@@ -681,7 +697,7 @@ func (w *world) multiLaneOp(ctx context.Context, n *node, rng *rand.Rand, id str
 		return
 	}
 	ordered := mm.Names()
-	wt := &laneWait{prim: "multi", res: ordered[0], names: ordered, owner: id, node: n.i, weight: 1, try: try}
+	wt := &laneWait{prim: "multi", res: ordered[0], names: ordered, owner: id, node: n.i, weight: 1, try: try, lease: fixed}
 	l := multiLock(mm)
 	xs := w.lockLane(ctx, n, rng, wt, l, "set", "lane", mm.Tokens)
 	if xs == nil {
@@ -754,6 +770,9 @@ func (w *world) permitLane(ctx context.Context, n *node, rng *rand.Rand, id stri
 		note = "fair lane"
 	}
 	x := &hold{kind: "permit", res: name, owner: p.ID(), node: n.i, weight: weight, note: note, call: wt.call, start: wt.ret, lostCh: p.Lost(), try: wt.try}
+	if fixed {
+		x.lease = w.fixedSemLease()
+	}
 	w.hist.begin(x)
 	wt.x = x
 	w.ln.add(wt)
@@ -763,7 +782,13 @@ func (w *world) permitLane(ctx context.Context, n *node, rng *rand.Rand, id stri
 		lse.fixed = w.fixedSemLease()
 	}
 	w.holdersListed(ctx, s, p, x, id)
-	w.holdLane(ctx, rng, []*hold{x}, l, &lse, w.laneHold(rng), nil)
+	d := w.laneHold(rng)
+	if fair && weight == 1 {
+		// Light holds that overlap, so that a heavy head waits behind
+		// them and lighter waiters pass it (the 16-pass bound).
+		d += time.Duration((0.02 + 0.03*rng.Float64()) * float64(w.cfg.Lease))
+	}
+	w.holdLane(ctx, rng, []*hold{x}, l, &lse, d, nil)
 	if fixed && rng.IntN(2) == 0 {
 		w.abandonLane([]*hold{x}, l, lse)
 		return
@@ -806,7 +831,7 @@ func primitiveOf(x *hold) string {
 // per second that the server was up: with no fault the lanes make 10 to 30
 // a second of each, and a run's faults (a partition in the middle of a
 // hand-off, a lease a crashed client left) cost some of them.
-const minHoldsPerSecond = 4
+const minHoldsPerSecond = 3
 
 // checkCounts reports a primitive whose holds fell short of the minimum:
 // the oracles saw too little of it for the run to count. The time the
@@ -886,7 +911,10 @@ func (w *world) newLaneNode(t testing.TB, n *node) {
 func (x *laneNode) close(wg *sync.WaitGroup) {
 	now := time.Now()
 	x.closedAt.Store(&now)
-	cs := []func(){x.fixedSems.Close, x.fixedFairSems.Close, x.unsatLocks.Close, x.unsatSems.Close}
+	cs := []func(){x.fixedSems.Close, x.fixedFairSems.Close}
+	for i := range x.unsatLocks {
+		cs = append(cs, x.unsatLocks[i].Close, x.unsatSems[i].Close)
+	}
 	if x.replLocks != nil {
 		cs = append(cs, x.replLocks.Close, x.replSems.Close)
 	}

@@ -65,7 +65,7 @@ func (w *world) takeover(ctx context.Context, rng *rand.Rand, a, b *node, id str
 	ret := time.Now()
 	if err != nil {
 		w.expected("takeover Lock", call, err, mutexErrs...)
-		if errors.Is(err, mutex.ErrNotObtained) && ctx.Err() == nil && !closed(ma.Lost()) && w.quietFor(xa[0], call, ret) && !w.hist.faultNear(call, ret, 0) {
+		if errors.Is(err, mutex.ErrNotObtained) && ctx.Err() == nil && !closed(ma.Lost()) && w.quietFor(xa[0], call, ret) && !w.hist.unavailableNear(call, ret, b.i) {
 			w.hist.violation("takeover: a Lock of %q with owner id %s, which hold #%d held, was refused (%v)", laneTake, id, xa[0].id, err)
 		}
 		w.releaseLane(a, xa, la, true)

@@ -92,10 +92,12 @@ func (w *world) newReplicaNode(t testing.TB, n *node) {
 		must(err)
 	}
 	acks := w.replicas() + 1
-	n.x.unsatLocks, err = mutex.NewLocker(n.sc, mutex.Options{WatchdogLease: lease, ReplicaAcks: acks, ReplicaTimeout: unsatTimeout})
-	must(err)
-	n.x.unsatSems, err = semaphore.NewManager(n.sc, semaphore.Options{WatchdogLease: lease, ReplicaAcks: acks, ReplicaTimeout: unsatTimeout})
-	must(err)
+	for i, timeout := range []time.Duration{timeout, unsatTimeout} {
+		n.x.unsatLocks[i], err = mutex.NewLocker(n.sc, mutex.Options{WatchdogLease: lease, ReplicaAcks: acks, ReplicaTimeout: timeout})
+		must(err)
+		n.x.unsatSems[i], err = semaphore.NewManager(n.sc, semaphore.Options{WatchdogLease: lease, ReplicaAcks: acks, ReplicaTimeout: timeout})
+		must(err)
+	}
 }
 
 // replicaLane takes, with ReplicaAcks 1, the lock lr or a permit of lrs
@@ -164,10 +166,17 @@ func (w *world) notReplicated(n *node, wt *laneWait, err, sentinel error) {
 }
 
 // unsatLane asks, over and over, for a lock (lu<node>) or a permit
-// (lus<node>) with more replica acks than there are replicas.
-func (w *world) unsatLane(ctx context.Context, n *node, rng *rand.Rand, id string) {
+// (lus<node>) with more replica acks than there are replicas, in turn
+// with a quarter lease's ReplicaTimeout (many calls a run) and with one
+// past Close's bound (a WAIT in flight most of the time, for Close).
+func (w *world) unsatLane(ctx context.Context, n *node, seq int, id string) {
 	w.count("lane.unsatisfiable")
-	lctx, cancel := context.WithTimeout(ctx, unsatTimeout+w.cfg.Lease)
+	slow := seq / 2 % 2
+	timeout := w.cfg.Lease / 4
+	if slow == 1 {
+		timeout = unsatTimeout
+	}
+	lctx, cancel := context.WithTimeout(ctx, timeout+2*w.cfg.Lease)
 	defer cancel()
 	name := "lu" + strconv.Itoa(n.i)
 	call := time.Now()
@@ -175,9 +184,9 @@ func (w *world) unsatLane(ctx context.Context, n *node, rng *rand.Rand, id strin
 	var what string
 	var give func(context.Context) error
 	var retry func(context.Context) error
-	if rng.IntN(2) == 0 {
+	if seq%2 == 0 {
 		what = "Lock"
-		m, e := n.x.unsatLocks.NewMutex(name, mutex.WithOwner(id))
+		m, e := n.x.unsatLocks[slow].NewMutex(name, mutex.WithOwner(id))
 		if e != nil {
 			w.hist.violation("NewMutex: %v", e)
 			return
@@ -196,7 +205,7 @@ func (w *world) unsatLane(ctx context.Context, n *node, rng *rand.Rand, id strin
 	} else {
 		what = "Acquire"
 		name = "lus" + strconv.Itoa(n.i)
-		s, e := n.x.unsatSems.NewSemaphore(name, 1)
+		s, e := n.x.unsatSems[slow].NewSemaphore(name, 1)
 		if e != nil {
 			w.hist.violation("NewSemaphore: %v", e)
 			return
@@ -242,7 +251,7 @@ func (w *world) unsatLane(ctx context.Context, n *node, rng *rand.Rand, id strin
 	rctx, rcancel := context.WithTimeout(context.Background(), w.cfg.Lease/2)
 	defer rcancel()
 	tcall := time.Now()
-	if terr := retry(rctx); terr != nil && !w.hist.faultNear(call, time.Now(), 0) {
+	if terr := retry(rctx); terr != nil && !w.hist.unavailableNear(call, time.Now(), n.i) {
 		w.hist.violation("ReplicaAcks: after a %s of %q was refused (%v) at %s, the admin's Try at %s failed: %v",
 			what, name, err, w.hist.since(ret), w.hist.since(tcall), terr)
 	}
@@ -250,15 +259,18 @@ func (w *world) unsatLane(ctx context.Context, n *node, rng *rand.Rand, id strin
 
 // replicaLanes starts the replica lanes of node n.
 func (w *world) replicaLanes(ctx context.Context, n *node, seed uint64, start func(func())) {
-	for k, lane := range []func(context.Context, *node, *rand.Rand, string){w.replicaLane, w.unsatLane} {
-		start(func() {
-			r := rand.New(rand.NewPCG(seed, uint64(k)))
-			seq := 0
-			for ctx.Err() == nil && !n.closed.Load() {
-				seq++
-				lane(ctx, n, r, fmt.Sprintf("n%dr%d.%d", n.i, k, seq))
-				sleep(ctx, time.Duration(r.Float64()*float64(w.cfg.Lease)/8))
-			}
-		})
-	}
+	start(func() {
+		r := rand.New(rand.NewPCG(seed, 0))
+		for seq := 1; ctx.Err() == nil && !n.closed.Load(); seq++ {
+			w.replicaLane(ctx, n, r, fmt.Sprintf("n%dr.%d", n.i, seq))
+			sleep(ctx, time.Duration(r.Float64()*float64(w.cfg.Lease)/8))
+		}
+	})
+	start(func() {
+		r := rand.New(rand.NewPCG(seed, 1))
+		for seq := int(r.Int64N(4)); ctx.Err() == nil && !n.closed.Load(); seq++ {
+			w.unsatLane(ctx, n, seq, fmt.Sprintf("n%du.%d", n.i, seq))
+			sleep(ctx, time.Duration(r.Float64()*float64(w.cfg.Lease)/8))
+		}
+	})
 }
