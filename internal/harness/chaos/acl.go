@@ -137,8 +137,8 @@ func (w *world) aclPair(ctx context.Context, locks *mutex.Locker, name string) {
 	if err == nil {
 		err = m.Unlock(lctx)
 	}
-	if err != nil && ctx.Err() == nil && !w.hist.unavailableNear(call, time.Now(), -1) {
-		w.hist.violation("ACL user without channel access: an uncontended Lock and Unlock of %q (called %s) failed: %v", name, w.hist.since(call), err)
+	if err != nil && ctx.Err() == nil {
+		w.suspect(call, time.Now(), nil, "", "ACL user without channel access: an uncontended Lock and Unlock of %q (called %s) failed: %v", name, w.hist.since(call), err)
 	}
 }
 
@@ -157,8 +157,8 @@ func (w *world) aclContended(ctx context.Context, what string, call func(context
 		rctx, rcancel := w.releaseCtx()
 		defer rcancel()
 		at := time.Now()
-		if err := release(rctx); err != nil && !w.hist.unavailableNear(at, time.Now(), -1) {
-			w.hist.violation("ACL lane: the admin's release after the ACL user's refused %s failed: %v", what, err)
+		if err := release(rctx); err != nil {
+			w.suspect(at, time.Now(), nil, "", "ACL lane: the admin's release after the ACL user's refused %s failed: %v", what, err)
 		}
 	}()
 	wait := w.cfg.Lease
@@ -168,15 +168,16 @@ func (w *world) aclContended(ctx context.Context, what string, call func(context
 	err = call(actx)
 	took := time.Since(start)
 	// Its client has no fault proxy: only a fault of the server excuses.
-	if w.hist.unavailableNear(start, time.Now(), -1) || ctx.Err() != nil {
+	if ctx.Err() != nil {
 		return
 	}
+	end := time.Now()
 	switch {
 	case err == nil:
-		w.hist.violation("ACL user without channel access: a %s of a held resource returned nil (called %s)", what, w.hist.since(start))
+		w.suspect(start, end, nil, "", "ACL user without channel access: a %s of a held resource returned nil (called %s)", what, w.hist.since(start))
 	case !errors.Is(err, mutex.ErrSubscribe) && !errors.Is(err, semaphore.ErrSubscribe):
-		w.hist.violation("ACL user without channel access: a %s that had to wait returned %v after %v, not ErrSubscribe", what, err, took.Round(time.Millisecond))
+		w.suspect(start, end, nil, "", "ACL user without channel access: a %s that had to wait returned %v after %v, not ErrSubscribe", what, err, took.Round(time.Millisecond))
 	case took > wait/2:
-		w.hist.violation("ACL user without channel access: a %s that had to wait returned ErrSubscribe only after %v", what, took.Round(time.Millisecond))
+		w.suspect(start, end, nil, "", "ACL user without channel access: a %s that had to wait returned ErrSubscribe only after %v", what, took.Round(time.Millisecond))
 	}
 }

@@ -79,12 +79,14 @@ func due(wt *laneWait, s snap, views map[string]snap) (bool, string) {
 	case "write":
 		return s.owner == "" && s.readers == 0, "no writer, no reader"
 	case "permit":
-		return s.used+wt.weight <= laneCap, fmt.Sprintf("%d of %d used", s.used, laneCap)
+		c := laneCapacity(wt.res)
+		return s.used+wt.weight <= c, fmt.Sprintf("%d of %d used", s.used, c)
 	case "fairpermit":
-		if s.used+wt.weight > laneCap {
+		c := laneCapacity(wt.res)
+		if s.used+wt.weight > c {
 			return false, ""
 		}
-		text := fmt.Sprintf("%d of %d used, queue %s", s.used, laneCap, queueText(s))
+		text := fmt.Sprintf("%d of %d used, queue %s", s.used, c, queueText(s))
 		if h, ok := s.head(); ok {
 			return h.owner == wt.owner, text
 		}
@@ -387,8 +389,8 @@ func (w *world) giveBacks(ctx context.Context, n *node, rng *rand.Rand) {
 			rcancel()
 			continue
 		}
-		if errors.Is(err, mutex.ErrNotObtained) && ctx.Err() == nil && !w.hist.unavailableNear(call, time.Now(), n.i) {
-			w.hist.violation("give-back: a Lock of %q (%s) abandoned at %s (%v); a TryLock of it %v later, with nobody else using it and no fault in force, was refused: %v",
+		if errors.Is(err, mutex.ErrNotObtained) && ctx.Err() == nil {
+			w.suspect(call, time.Now(), []int{n.i}, "", "give-back: a Lock of %q (%s) abandoned at %s (%v); a TryLock of it %v later, with nobody else using it and no fault in force, was refused: %v",
 				name, m.Owner(), w.hist.since(call), abandoned, tcall.Sub(call).Round(time.Millisecond), err)
 		}
 	}

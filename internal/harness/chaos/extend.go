@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -194,14 +195,11 @@ func (w *world) extendNotHeld(m *mutex.Mutex) {
 	}
 }
 
-// quietFor reports whether no fault that could touch node's view of res
-// (node's network, the server, an operator on res) was in force around
-// [from, to], and x was not taken away (owed).
-func (w *world) quietFor(x *hold, from, to time.Time) bool {
-	h := w.hist
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return !x.owed && !h.lossExplainedLocked(x.res, from, to, x.node)
+// owedOf reports whether x was taken away behind its holder's back.
+func (w *world) owedOf(x *hold) bool {
+	w.hist.mu.Lock()
+	defer w.hist.mu.Unlock()
+	return x.owed
 }
 
 // infoHeld checks, now and then, that Info names the holder of a held
@@ -219,11 +217,11 @@ func (w *world) infoHeld(ctx context.Context, m *mutex.Mutex, x *hold) {
 		w.expected("Mutex.Info", call, err)
 		return
 	}
-	if closed(m.Lost()) || !w.quietFor(x, call, time.Now()) {
+	if closed(m.Lost()) || w.owedOf(x) {
 		return
 	}
 	if !info.Held || info.Owner != x.owner || info.Token != x.token {
-		w.hist.violation("Info of %q at %s, while hold #%d (owner %s, token %d) held it with no loss: held %v by %q with token %d",
+		w.suspect(call, time.Now(), []int{x.node}, x.res, "Info of %q at %s, while hold #%d (owner %s, token %d) held it with no loss: held %v by %q with token %d",
 			x.res, w.hist.since(call), x.id, x.owner, x.token, info.Held, info.Owner, info.Token)
 	}
 }
@@ -270,7 +268,7 @@ func (w *world) holdersListed(ctx context.Context, s *semaphore.Semaphore, p *se
 		w.expected("Semaphore.Holders", call, err)
 		return
 	}
-	if closed(p.Lost()) || !w.quietFor(x, call, time.Now()) {
+	if closed(p.Lost()) {
 		return
 	}
 	for _, hd := range hs {
@@ -282,7 +280,7 @@ func (w *world) holdersListed(ctx context.Context, s *semaphore.Semaphore, p *se
 			return
 		}
 	}
-	w.hist.violation("Holders of %q at %s leaves out permit #%d (weight %d), held with no loss", x.res, w.hist.since(call), x.id, x.weight)
+	w.suspect(call, time.Now(), []int{x.node}, x.res, "Holders of %q at %s leaves out permit #%d (weight %d), held with no loss", x.res, w.hist.since(call), x.id, x.weight)
 }
 
 // holdersReleased checks, now and then, that Holders no longer lists a
@@ -335,6 +333,48 @@ func (w *world) checkLeaseEnds() {
 					break
 				}
 			}
+		}
+	}
+}
+
+// A suspect is a violation that a fault recorded later may still excuse:
+// a fault's span is written when it begins and again, longer, when it
+// ends (a Close that hangs with the server stopped lasts as long as the
+// Close), so a check made during the run is decided once the run is over.
+type suspect struct {
+	from, to time.Time
+	nodes    []int  // whose network's faults excuse it (the server's always do)
+	res      string // an operator's action on res excuses it too ("": none)
+	msg      string
+}
+
+// suspect records a violation unless a fault of the server, of one of
+// nodes' networks, or an operator's on res was in force within a lease of
+// [from, to] (checkSuspects decides).
+func (w *world) suspect(from, to time.Time, nodes []int, res, format string, args ...any) {
+	msg := fmt.Sprintf("at %s: ", w.hist.since(to)) + fmt.Sprintf(format, args...)
+	w.ln.mu.Lock()
+	w.ln.suspects = append(w.ln.suspects, suspect{from, to, nodes, res, msg})
+	w.ln.mu.Unlock()
+}
+
+func (w *world) checkSuspects() {
+	w.ln.mu.Lock()
+	ss := slices.Clone(w.ln.suspects)
+	w.ln.mu.Unlock()
+	h := w.hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range ss {
+		excused := h.renewalsHitLocked(s.from.Add(-h.lease), s.to.Add(h.lease), -1)
+		for _, n := range s.nodes {
+			excused = excused || h.renewalsHitLocked(s.from.Add(-h.lease), s.to.Add(h.lease), n)
+		}
+		if s.res != "" && h.operatorSinceLocked(s.res, s.from.Add(-h.lease)) {
+			excused = true
+		}
+		if !excused {
+			h.viol = append(h.viol, s.msg)
 		}
 	}
 }

@@ -136,14 +136,20 @@ func (w *world) checkFairMutex() {
 }
 
 func (w *world) checkFairSemaphore() {
-	views := w.ln.poll.views(laneFSem)
+	for _, res := range []string{laneFSem, lanePass} {
+		w.checkFairSemaphoreOf(res)
+	}
+}
+
+func (w *world) checkFairSemaphoreOf(res string) {
+	views := w.ln.poll.views(res)
 	byOwner, waits := w.laneWaits()
 	h := w.hist
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	passes := map[string]map[string]bool{} // A's owner -> the Bs that passed it while it headed the queue
 	for _, b := range waits {
-		if b.res != laneFSem || b.x == nil {
+		if b.res != res || b.x == nil {
 			continue
 		}
 		queued, s, ok := queuedBefore(views, b.call)
@@ -170,7 +176,7 @@ func (w *world) checkFairSemaphore() {
 			}
 			if b.weight >= a.weight {
 				h.violationLocked("fair order: %s (weight %d) got permits of %q (hold #%d, called %s, granted by %s) while %s (weight %d), queued at %s before that call, still waited at %s: only a lighter waiter may pass",
-					b.owner, b.weight, laneFSem, b.x.id, h.since(b.call), h.since(b.x.start), a.owner, a.weight, h.since(s.at()), h.since(after.at()))
+					b.owner, b.weight, res, b.x.id, h.since(b.call), h.since(b.x.start), a.owner, a.weight, h.since(s.at()), h.since(after.at()))
 				h.noteInvolvedLocked(b.x)
 				continue
 			}
@@ -185,10 +191,10 @@ func (w *world) checkFairSemaphore() {
 	for a, bs := range passes {
 		if len(bs) > passBound {
 			h.violationLocked("fair order: %d lighter waiters passed %s (weight %d) while it headed the queue of %q, more than %d",
-				len(bs), a, byOwner[a].weight, laneFSem, passBound)
+				len(bs), a, byOwner[a].weight, res, passBound)
 		}
 	}
-	w.cfg.Logf("%s", passSummary(passes))
+	w.cfg.Logf("%s: %s", res, passSummary(passes))
 }
 
 func passSummary(passes map[string]map[string]bool) string {

@@ -53,7 +53,19 @@ const (
 	lanePSem  = "lps"
 	laneFSem  = "lfs"
 	laneCap   = 3
+	// lfp: a fair semaphore of capacity 2 that light holders keep full
+	// while a heavy waiter heads its queue (passLane).
+	lanePass    = "lfp"
+	lanePassCap = 2
 )
+
+// laneCapacity is the capacity of a lane's semaphore.
+func laneCapacity(res string) int64 {
+	if res == lanePass {
+		return lanePassCap
+	}
+	return laneCap
+}
 
 var laneMulti = []string{"lx0", "lx1", "lx2"}
 
@@ -97,6 +109,8 @@ type laneState struct {
 	byOwner  map[string]*laneWait
 	valids   []validity
 	expiries []expiry
+	suspects []suspect
+	retried  []func() // releaseLane's checks of retried releases
 }
 
 func (ls *laneState) add(wt *laneWait) {
@@ -124,7 +138,7 @@ type laneNode struct {
 // laneResources lists the lanes' resources and how the poller reads them.
 func laneResources() map[string]pollKind {
 	r := map[string]pollKind{laneMutex: pollMutex, laneFair: pollMutex, laneRW: pollRW, laneTake: pollMutex,
-		lanePSem: pollSem, laneFSem: pollSem}
+		lanePSem: pollSem, laneFSem: pollSem, lanePass: pollSem}
 	for _, n := range laneMulti {
 		r[n] = pollMutex
 	}
@@ -153,6 +167,7 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	w.hist.mu.Lock()
 	w.hist.capacity[lanePSem] = laneCap
 	w.hist.capacity[laneFSem] = laneCap
+	w.hist.capacity[lanePass] = lanePassCap
 	w.hist.capacity[laneReplSem] = 2
 	w.hist.mu.Unlock()
 	pollWG.Go(func() {
@@ -172,6 +187,7 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		{lanePSem, 2, w.semLaneOp, 10 * time.Millisecond},
 		{laneFSem, 4, w.fairSemLaneOp, 10 * time.Millisecond},
 		{laneTake, 1, w.takeContender, 60 * time.Millisecond},
+		{lanePass, 2, w.passLight, 0},
 	}
 	for _, n := range w.nodes {
 		for _, l := range lanes {
@@ -202,6 +218,8 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	wg.Go(func() { w.dropReplies(ctx, rand.New(rand.NewPCG(faultSeed, 0xd09))) })
 	wg.Go(func() { w.takeovers(ctx, rand.New(rand.NewPCG(seed, 0x7a6e))) })
 	wg.Go(func() { w.aclLane(ctx, rand.New(rand.NewPCG(aclSeed, 0xac1))) })
+	passSeed := rng.Uint64()
+	wg.Go(func() { w.passHeavy(ctx, rand.New(rand.NewPCG(passSeed, 0x16))) })
 	return nil
 }
 
@@ -426,10 +444,17 @@ func (w *world) releaseLane(n *node, xs []*hold, l laneLock, lockRetry bool) {
 		err = l.unlock(rctx)
 		cancel()
 		w.expected(xs[0].kind+" lane release (retried)", call, err, mutexErrs...)
-		if lockRetry && !knew && !lostBefore && errors.Is(err, mutex.ErrNotHeld) && call.Sub(at) < time.Second*9/10 &&
-			w.hist.onlyRepliesDropped(n.i, at, time.Now()) {
-			w.hist.violation("retried release: the final release of %s hold #%d of %q (node %d) at %s failed (%s), its node's only fault dropping replies, so it reached Redis and released; its retry at %s, %v later, was told %v",
-				xs[0].kind, xs[0].id, xs[0].res, n.i, w.hist.since(at), how, w.hist.since(call), call.Sub(at).Round(time.Millisecond), err)
+		if lockRetry && !knew && !lostBefore && errors.Is(err, mutex.ErrNotHeld) && call.Sub(at) < time.Second*9/10 {
+			// Decided after the run, when every fault's span is known.
+			ret := time.Now()
+			w.ln.mu.Lock()
+			w.ln.retried = append(w.ln.retried, func() {
+				if w.hist.onlyRepliesDropped(n.i, at, ret) {
+					w.hist.violation("retried release: the final release of %s hold #%d of %q (node %d) at %s failed (%s), its node's only fault dropping replies, so it reached Redis and released; its retry at %s, %v later, was told %v",
+						xs[0].kind, xs[0].id, xs[0].res, n.i, w.hist.since(at), how, w.hist.since(call), call.Sub(at).Round(time.Millisecond), err)
+				}
+			})
+			w.ln.mu.Unlock()
 		}
 	}
 }
@@ -797,6 +822,54 @@ func (w *world) permitLane(ctx context.Context, n *node, rng *rand.Rand, id stri
 	w.holdersReleased(ctx, s, p, x)
 }
 
+// passLight keeps the fair semaphore lfp full: a permit of weight 1 held
+// for 2 to 6 hundredths of a lease, then again at once. A heavy waiter
+// (passHeavy) that heads its queue is passed by them, at most 16 times:
+// then the permits freed are kept for it (checkFairSemaphore counts).
+func (w *world) passLight(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	w.passHold(ctx, n, rng, id, 1, time.Duration((0.02+0.04*rng.Float64())*float64(w.cfg.Lease)))
+}
+
+// passHeavy asks, every half lease to a lease, from a node drawn at
+// random, for all of lfp and gives it back at once.
+func (w *world) passHeavy(ctx context.Context, rng *rand.Rand) {
+	for seq := 1; ctx.Err() == nil; seq++ {
+		sleep(ctx, time.Duration((0.5+0.5*rng.Float64())*float64(w.cfg.Lease)))
+		open := w.openNodes()
+		if len(open) == 0 || ctx.Err() != nil {
+			return
+		}
+		n := open[rng.IntN(len(open))]
+		w.passHold(ctx, n, rng, fmt.Sprintf("n%dheavy.%d", n.i, seq), lanePassCap, 0)
+	}
+}
+
+func (w *world) passHold(ctx context.Context, n *node, rng *rand.Rand, id string, weight int64, d time.Duration) {
+	s, err := n.fairSems.NewSemaphore(lanePass, lanePassCap, semaphore.WithOwner(id))
+	if err != nil {
+		w.hist.violation("NewSemaphore: %v", err)
+		return
+	}
+	wt := &laneWait{prim: "fairpermit", res: lanePass, owner: id, node: n.i, weight: weight}
+	w.count("lane.pass")
+	var p *semaphore.Permit
+	err = w.acquireLane(ctx, wt, 3*w.cfg.Lease, func(actx context.Context) (err error) {
+		p, err = s.Acquire(actx, weight)
+		return err
+	})
+	if err != nil {
+		w.expected("fairpermit lane acquisition", wt.call, err, semErrs...)
+		w.ln.add(wt)
+		return
+	}
+	x := &hold{kind: "permit", res: lanePass, owner: p.ID(), node: n.i, weight: weight, note: "fair lane", call: wt.call, start: wt.ret, lostCh: p.Lost()}
+	w.hist.begin(x)
+	wt.x = x
+	w.ln.add(wt)
+	sleep(ctx, d)
+	w.releasePermit(n, x, p)
+}
+
 // releasePermit releases a lane's permit, retrying as release does.
 func (w *world) releasePermit(n *node, x *hold, p *semaphore.Permit) {
 	w.release(x, p.Release, func() bool { return p.Err() != nil }, semErrs)
@@ -932,6 +1005,13 @@ func (w *world) checkLanes() map[string]int {
 	w.checkWriterPreference()
 	w.checkValidity()
 	w.checkLeaseEnds()
+	w.checkSuspects()
+	w.ln.mu.Lock()
+	retried := slices.Clone(w.ln.retried)
+	w.ln.mu.Unlock()
+	for _, check := range retried {
+		check()
+	}
 	counts := w.hist.primitiveCounts()
 	w.checkCounts(counts)
 	return counts

@@ -58,9 +58,12 @@ type mortalPart struct {
 }
 
 func (w *world) mortal(ctx context.Context, rng *rand.Rand, id string) {
+	call := time.Now()
 	sc, closeClient, err := w.cfg.Client(ctx, w.addrs(), w.cl != nil)
 	if err != nil {
-		w.expected("a mortal's client", time.Now(), err)
+		if ctx.Err() == nil {
+			w.suspect(call, time.Now(), nil, "", "a mortal's client could not be made, with no fault of the server in force: %v", err)
+		}
 		return
 	}
 	w.count("lane.mortal")

@@ -65,8 +65,8 @@ func (w *world) takeover(ctx context.Context, rng *rand.Rand, a, b *node, id str
 	ret := time.Now()
 	if err != nil {
 		w.expected("takeover Lock", call, err, mutexErrs...)
-		if errors.Is(err, mutex.ErrNotObtained) && ctx.Err() == nil && !closed(ma.Lost()) && w.quietFor(xa[0], call, ret) && !w.hist.unavailableNear(call, ret, b.i) {
-			w.hist.violation("takeover: a Lock of %q with owner id %s, which hold #%d held, was refused (%v)", laneTake, id, xa[0].id, err)
+		if errors.Is(err, mutex.ErrNotObtained) && ctx.Err() == nil && !closed(ma.Lost()) && !w.owedOf(xa[0]) {
+			w.suspect(call, ret, []int{a.i, b.i}, laneTake, "takeover: a Lock of %q with owner id %s, which hold #%d held, was refused (%v)", laneTake, id, xa[0].id, err)
 		}
 		w.releaseLane(a, xa, la, true)
 		return

@@ -19,7 +19,7 @@ import (
 // its own, so that WAIT can be satisfied:
 //
 //   - every node has a Locker and a Manager with ReplicaAcks 1 (and a
-//     ReplicaTimeout of a quarter lease); their grants on lr and lrs are
+//     ReplicaTimeout of half a lease); their grants on lr and lrs are
 //     holds like any other, and an ErrNotReplicated with no fault of the
 //     node's network or the server in force is a violation: the replica
 //     was there to confirm;
@@ -84,13 +84,15 @@ func (w *world) newReplicaNode(t testing.TB, n *node) {
 		}
 	}
 	var err error
-	lease, timeout := w.cfg.Lease, w.cfg.Lease/4
+	// Half a lease for a replica on the same loaded machine to confirm.
+	lease, timeout := w.cfg.Lease, w.cfg.Lease/2
 	if w.replicas() > 0 {
 		n.x.replLocks, err = mutex.NewLocker(n.sc, mutex.Options{WatchdogLease: lease, ReplicaAcks: 1, ReplicaTimeout: timeout})
 		must(err)
 		n.x.replSems, err = semaphore.NewManager(n.sc, semaphore.Options{WatchdogLease: lease, ReplicaAcks: 1, ReplicaTimeout: timeout})
 		must(err)
 	}
+	timeout = w.cfg.Lease / 4
 	acks := w.replicas() + 1
 	for i, timeout := range []time.Duration{timeout, unsatTimeout} {
 		n.x.unsatLocks[i], err = mutex.NewLocker(n.sc, mutex.Options{WatchdogLease: lease, ReplicaAcks: acks, ReplicaTimeout: timeout})
@@ -156,12 +158,7 @@ func (w *world) notReplicated(n *node, wt *laneWait, err, sentinel error) {
 	if !errors.Is(err, sentinel) {
 		return
 	}
-	w.hist.mu.Lock()
-	defer w.hist.mu.Unlock()
-	if w.hist.renewalsHitLocked(wt.call.Add(-w.cfg.Lease), wt.ret, n.i) {
-		return
-	}
-	w.hist.violationLocked("ReplicaAcks: %s of %q by node %d (called %s) returned %v, with the replica up and no fault in force",
+	w.suspect(wt.call, wt.ret, []int{n.i}, "", "ReplicaAcks: %s of %q by node %d (called %s) returned %v, with the replica up and no fault in force",
 		wt.prim, wt.res, n.i, w.hist.since(wt.call), err)
 }
 
@@ -251,8 +248,8 @@ func (w *world) unsatLane(ctx context.Context, n *node, seq int, id string) {
 	rctx, rcancel := context.WithTimeout(context.Background(), w.cfg.Lease/2)
 	defer rcancel()
 	tcall := time.Now()
-	if terr := retry(rctx); terr != nil && !w.hist.unavailableNear(call, time.Now(), n.i) {
-		w.hist.violation("ReplicaAcks: after a %s of %q was refused (%v) at %s, the admin's Try at %s failed: %v",
+	if terr := retry(rctx); terr != nil {
+		w.suspect(call, time.Now(), []int{n.i}, "", "ReplicaAcks: after a %s of %q was refused (%v) at %s, the admin's Try at %s failed: %v",
 			what, name, err, w.hist.since(ret), w.hist.since(tcall), terr)
 	}
 }
@@ -261,6 +258,7 @@ func (w *world) unsatLane(ctx context.Context, n *node, seq int, id string) {
 func (w *world) replicaLanes(ctx context.Context, n *node, seed uint64, start func(func())) {
 	start(func() {
 		r := rand.New(rand.NewPCG(seed, 0))
+		sleep(ctx, time.Duration(r.Float64()*float64(w.cfg.Lease)/4))
 		for seq := 1; ctx.Err() == nil && !n.closed.Load(); seq++ {
 			w.replicaLane(ctx, n, r, fmt.Sprintf("n%dr.%d", n.i, seq))
 			sleep(ctx, time.Duration(r.Float64()*float64(w.cfg.Lease)/8))
@@ -268,6 +266,7 @@ func (w *world) replicaLanes(ctx context.Context, n *node, seed uint64, start fu
 	})
 	start(func() {
 		r := rand.New(rand.NewPCG(seed, 1))
+		sleep(ctx, time.Duration(r.Float64()*float64(w.cfg.Lease)/4))
 		for seq := int(r.Int64N(4)); ctx.Err() == nil && !n.closed.Load(); seq++ {
 			w.unsatLane(ctx, n, seq, fmt.Sprintf("n%du.%d", n.i, seq))
 			sleep(ctx, time.Duration(r.Float64()*float64(w.cfg.Lease)/8))
