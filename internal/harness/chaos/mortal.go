@@ -29,8 +29,8 @@ func (w *world) mortalLease() time.Duration { return w.cfg.Lease / 4 }
 
 // leaseOfWaiter is the watchdog lease of wt's Locker or Manager.
 func (w *world) leaseOfWaiter(wt *laneWait) time.Duration {
-	if wt.node == -1 {
-		return w.mortalLease()
+	if wt.node == -1 && wt.lease > 0 {
+		return wt.lease
 	}
 	return w.cfg.Lease
 }
@@ -74,10 +74,14 @@ func (w *world) mortal(ctx context.Context, rng *rand.Rand, id string) {
 		closeClient()
 		return
 	}
+	// A writer's mark lasts min(lease, 2 s): a crashed writer's the
+	// run's full lease, so that it outlives live writers' holds and
+	// releases (their release wakes no reader while a mark runs).
+	rwLocks, _ := mutex.NewLocker(sc, mutex.Options{WatchdogLease: w.cfg.Lease})
 	fair, _ := mutex.NewLocker(sc, mutex.Options{WatchdogLease: ml, Fair: true})
 	sems, _ := semaphore.NewManager(sc, semaphore.Options{WatchdogLease: ml})
 	fairSems, _ := semaphore.NewManager(sc, semaphore.Options{WatchdogLease: ml, Fair: true})
-	part := w.mortalPart(rng, id, locks, fair, sems, fairSems)
+	part := w.mortalPart(rng, id, locks, rwLocks, fair, sems, fairSems)
 
 	type result struct{ xs []*hold }
 	done := make(chan result, 1)
@@ -108,7 +112,7 @@ func (w *world) mortal(ctx context.Context, rng *rand.Rand, id string) {
 	cut := time.Now()
 	part.wt.cut = cut
 	closeAt := time.Now()
-	for _, c := range []func(){locks.Close, fair.Close, sems.Close, fairSems.Close} {
+	for _, c := range []func(){locks.Close, rwLocks.Close, fair.Close, sems.Close, fairSems.Close} {
 		c()
 	}
 	if took := time.Since(closeAt); took > closeBound {
@@ -128,8 +132,8 @@ func (w *world) mortal(ctx context.Context, rng *rand.Rand, id string) {
 // mortalPart draws what the mortal does: hold or wait for a plain or a
 // fair Mutex, a writer or a reader of the read-write lane, a MultiMutex, a
 // permit of the plain or the fair semaphore.
-func (w *world) mortalPart(rng *rand.Rand, id string, locks, fair *mutex.Locker, sems, fairSems *semaphore.Manager) mortalPart {
-	wt := &laneWait{owner: id, node: -1, weight: 1}
+func (w *world) mortalPart(rng *rand.Rand, id string, locks, rwLocks, fair *mutex.Locker, sems, fairSems *semaphore.Manager) mortalPart {
+	wt := &laneWait{owner: id, node: -1, weight: 1, lease: w.mortalLease()}
 	mutexPart := func(l *mutex.Locker, res, prim, note string) mortalPart {
 		m, _ := l.NewMutex(res, mutex.WithOwner(id))
 		wt.prim, wt.res = prim, res
@@ -146,7 +150,8 @@ func (w *world) mortalPart(rng *rand.Rand, id string, locks, fair *mutex.Locker,
 	case 3, 4:
 		// Mostly writers: one that waits behind readers leaves a mark.
 		write := rng.IntN(3) > 0
-		rw, _ := locks.NewRWMutex(laneRW, mutex.WithOwner(id))
+		rw, _ := rwLocks.NewRWMutex(laneRW, mutex.WithOwner(id))
+		wt.lease = w.cfg.Lease
 		kind, acquire := "read", rw.RLock
 		if write {
 			kind, acquire = "write", rw.Lock
