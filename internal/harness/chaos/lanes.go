@@ -50,6 +50,11 @@ const (
 	laneFair  = "lf"
 	laneRW    = "lrw"
 	laneTake  = "lt"
+	// le: a plain Mutex of few contenders (one goroutine a node, resting
+	// between holds), whose holders often leave a long fixed lease
+	// shortened by Extend to expire: with nobody else awake, a waiter that
+	// sleeps past a release or an expiry leaves the lock free for long.
+	laneQuiet = "le"
 	lanePSem  = "lps"
 	laneFSem  = "lfs"
 	laneCap   = 3
@@ -137,7 +142,7 @@ type laneNode struct {
 
 // laneResources lists the lanes' resources and how the poller reads them.
 func laneResources() map[string]pollKind {
-	r := map[string]pollKind{laneMutex: pollMutex, laneFair: pollMutex, laneRW: pollRW, laneTake: pollMutex,
+	r := map[string]pollKind{laneMutex: pollMutex, laneFair: pollMutex, laneRW: pollRW, laneTake: pollMutex, laneQuiet: pollMutex,
 		lanePSem: pollSem, laneFSem: pollSem, lanePass: pollSem}
 	for _, n := range laneMulti {
 		r[n] = pollMutex
@@ -187,6 +192,7 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		{lanePSem, 2, w.semLaneOp, 10 * time.Millisecond},
 		{laneFSem, 4, w.fairSemLaneOp, 10 * time.Millisecond},
 		{laneTake, 1, w.takeContender, 60 * time.Millisecond},
+		{laneQuiet, 1, w.quietLaneOp, 300 * time.Millisecond},
 		{lanePass, 2, w.passLight, 0},
 	}
 	for _, n := range w.nodes {
@@ -550,20 +556,26 @@ func (w *world) abandonLane(xs []*hold, l laneLock, lse leaseOf) {
 }
 
 func (w *world) mutexLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
-	w.mutexLane(ctx, n, rng, id, laneMutex)
+	w.mutexLane(ctx, n, rng, id, laneMutex, 120)
+}
+
+// quietLaneOp takes the quiet lane's lock, a quarter of the time to leave
+// it to expire (half of those after Extend shortened a long lease).
+func (w *world) quietLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	w.mutexLane(ctx, n, rng, id, laneQuiet, 250)
 }
 
 // takeContender contends for the takeover lane's lock (owner.go) with
 // owner ids of its own.
 func (w *world) takeContender(ctx context.Context, n *node, rng *rand.Rand, id string) {
-	w.mutexLane(ctx, n, rng, id, laneTake)
+	w.mutexLane(ctx, n, rng, id, laneTake, 120)
 }
 
 // mutexLane takes the plain Mutex res, with a fixed lease half of the
 // time, and holds it: Extend, Valid, Info; then releases it or leaves it
 // to expire.
-func (w *world) mutexLane(ctx context.Context, n *node, rng *rand.Rand, id, res string) {
-	plan := w.lanePlan(rng, 120, true)
+func (w *world) mutexLane(ctx context.Context, n *node, rng *rand.Rand, id, res string, expire int) {
+	plan := w.lanePlan(rng, expire, true)
 	fixed := plan.fixed
 	m, err := n.locks.NewMutex(res, plan.opts(id)...)
 	if err != nil {
