@@ -455,7 +455,7 @@ func (w *world) releaseLane(n *node, xs []*hold, l laneLock, lockRetry bool) {
 			ret := time.Now()
 			w.ln.mu.Lock()
 			w.ln.retried = append(w.ln.retried, func() {
-				if w.hist.onlyRepliesDropped(n.i, at, ret) {
+				if w.hist.onlyRepliesDropped(n.i, at, ret) && w.onlyHandOffs(xs, at, ret) {
 					w.hist.violation("retried release: the final release of %s hold #%d of %q (node %d) at %s failed (%s), its node's only fault dropping replies, so it reached Redis and released; its retry at %s, %v later, was told %v",
 						xs[0].kind, xs[0].id, xs[0].res, n.i, w.hist.since(at), how, w.hist.since(call), call.Sub(at).Round(time.Millisecond), err)
 				}
@@ -463,6 +463,34 @@ func (w *world) releaseLane(n *node, xs []*hold, l laneLock, lockRetry bool) {
 			w.ln.mu.Unlock()
 		}
 	}
+}
+
+// onlyHandOffs reports whether every hold of xs's resources granted
+// between from and to (after the first try of their release) ended by a
+// release that returned nil, and no acquisition of them failed then (an
+// abandoned attempt's grant, given back, ends otherwise). The README's
+// promise to a retried Unlock holds "however many hand-offs followed"; a
+// hold that ended otherwise (a give-back, a takeover, an expiry) starts a
+// new run of the lock's tokens, and the retry may then be told the hold
+// was lost.
+func (w *world) onlyHandOffs(xs []*hold, from, to time.Time) bool {
+	_, waits := w.laneWaits()
+	h := w.hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, x := range xs {
+		for _, o := range h.done {
+			if o.res == x.res && o != x && o.start.After(from) && o.call.Before(to) && (o.told || o.owed || o.expect != "") {
+				return false
+			}
+		}
+		for _, wt := range waits {
+			if wt.x == nil && slices.Contains(wt.resources(), x.res) && wt.call.Before(to) && wt.ret.After(from) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // onlyRepliesDropped reports whether node's replies were being dropped at
