@@ -352,8 +352,9 @@ type suspect struct {
 }
 
 // suspect records a violation unless a fault of the server, of one of
-// nodes' networks, or an operator's on res was in force within a lease of
-// [from, to] (checkSuspects decides).
+// nodes' networks, or an operator's on res was in force at some time in
+// [from, to] (a fault's span runs a lease past its end already):
+// checkSuspects decides.
 func (w *world) suspect(from, to time.Time, nodes []int, res, format string, args ...any) {
 	msg := fmt.Sprintf("at %s: ", w.hist.since(to)) + fmt.Sprintf(format, args...)
 	w.ln.mu.Lock()
@@ -369,11 +370,11 @@ func (w *world) checkSuspects() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, s := range ss {
-		excused := h.renewalsHitLocked(s.from.Add(-h.lease), s.to.Add(h.lease), -1)
+		excused := h.renewalsHitLocked(s.from, s.to, -1)
 		for _, n := range s.nodes {
-			excused = excused || h.renewalsHitLocked(s.from.Add(-h.lease), s.to.Add(h.lease), n)
+			excused = excused || h.renewalsHitLocked(s.from, s.to, n)
 		}
-		if s.res != "" && h.operatorSinceLocked(s.res, s.from.Add(-h.lease)) {
+		if s.res != "" && h.lossExplainedLocked(s.res, s.from, s.to, -1) {
 			excused = true
 		}
 		if !excused {
