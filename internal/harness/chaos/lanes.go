@@ -62,12 +62,18 @@ const (
 	// while a heavy waiter heads its queue (passLane).
 	lanePass    = "lfp"
 	lanePassCap = 2
+	// lqs: a plain semaphore of capacity 1 and few contenders (one
+	// goroutine a node, resting between holds), the semaphore's le.
+	laneQuietSem = "lqs"
 )
 
 // laneCapacity is the capacity of a lane's semaphore.
 func laneCapacity(res string) int64 {
-	if res == lanePass {
+	switch res {
+	case lanePass:
 		return lanePassCap
+	case laneQuietSem:
+		return 1
 	}
 	return laneCap
 }
@@ -143,7 +149,7 @@ type laneNode struct {
 // laneResources lists the lanes' resources and how the poller reads them.
 func laneResources() map[string]pollKind {
 	r := map[string]pollKind{laneMutex: pollMutex, laneFair: pollMutex, laneRW: pollRW, laneTake: pollMutex, laneQuiet: pollMutex,
-		lanePSem: pollSem, laneFSem: pollSem, lanePass: pollSem}
+		lanePSem: pollSem, laneFSem: pollSem, lanePass: pollSem, laneQuietSem: pollSem}
 	for _, n := range laneMulti {
 		r[n] = pollMutex
 	}
@@ -173,6 +179,7 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	w.hist.capacity[lanePSem] = laneCap
 	w.hist.capacity[laneFSem] = laneCap
 	w.hist.capacity[lanePass] = lanePassCap
+	w.hist.capacity[laneQuietSem] = 1
 	w.hist.capacity[laneReplSem] = 2
 	w.hist.mu.Unlock()
 	pollWG.Go(func() {
@@ -194,6 +201,7 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		{laneTake, 1, w.takeContender, 60 * time.Millisecond},
 		{laneQuiet, 1, w.quietLaneOp, 300 * time.Millisecond},
 		{lanePass, 2, w.passLight, 0},
+		{laneQuietSem, 1, w.quietSemOp, 300 * time.Millisecond},
 	}
 	for _, n := range w.nodes {
 		for _, l := range lanes {
@@ -650,7 +658,7 @@ func (w *world) fairLaneOp(ctx context.Context, n *node, rng *rand.Rand, id stri
 		w.hist.violation("NewMutex: %v", err)
 		return
 	}
-	wt := &laneWait{prim: "fair", res: laneFair, owner: id, node: n.i, weight: 1, try: rng.IntN(6) == 0, lease: fixed}
+	wt := &laneWait{prim: "fair", res: laneFair, owner: id, node: n.i, weight: 1, try: rng.IntN(3) == 0, lease: fixed}
 	l := mutexLock(m)
 	xs := w.lockLane(ctx, n, rng, wt, l, "mutex", "fair lane", func() []int64 { return []int64{m.Token()} })
 	if xs == nil {
@@ -862,12 +870,18 @@ func (w *world) permitLane(ctx context.Context, n *node, rng *rand.Rand, id stri
 	w.holdersReleased(ctx, s, p, x)
 }
 
+// quietSemOp takes the quiet semaphore's permit (watchdog lease), holds it
+// as the lanes do and releases it.
+func (w *world) quietSemOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	w.semHoldLane(ctx, n, n.sems, laneQuietSem, "permit", id, 1, w.laneHold(rng))
+}
+
 // passLight keeps the fair semaphore lfp full: a permit of weight 1 held
 // for 2 to 6 hundredths of a lease, then again at once. A heavy waiter
 // (passHeavy) that heads its queue is passed by them, at most 16 times:
 // then the permits freed are kept for it (checkFairSemaphore counts).
 func (w *world) passLight(ctx context.Context, n *node, rng *rand.Rand, id string) {
-	w.passHold(ctx, n, rng, id, 1, time.Duration((0.02+0.04*rng.Float64())*float64(w.cfg.Lease)))
+	w.semHoldLane(ctx, n, n.fairSems, lanePass, "fairpermit", id, 1, time.Duration((0.02+0.04*rng.Float64())*float64(w.cfg.Lease)))
 }
 
 // passHeavy asks, every half lease to a lease, from a node drawn at
@@ -880,29 +894,35 @@ func (w *world) passHeavy(ctx context.Context, rng *rand.Rand) {
 			return
 		}
 		n := open[rng.IntN(len(open))]
-		w.passHold(ctx, n, rng, fmt.Sprintf("n%dheavy.%d", n.i, seq), lanePassCap, 0)
+		w.semHoldLane(ctx, n, n.fairSems, lanePass, "fairpermit", fmt.Sprintf("n%dheavy.%d", n.i, seq), lanePassCap, 0)
 	}
 }
 
-func (w *world) passHold(ctx context.Context, n *node, rng *rand.Rand, id string, weight int64, d time.Duration) {
-	s, err := n.fairSems.NewSemaphore(lanePass, lanePassCap, semaphore.WithOwner(id))
+// semHoldLane takes weight permits of res through mgr (with the label id),
+// holds them for d and releases them.
+func (w *world) semHoldLane(ctx context.Context, n *node, mgr *semaphore.Manager, res, prim, id string, weight int64, d time.Duration) {
+	s, err := mgr.NewSemaphore(res, laneCapacity(res), semaphore.WithOwner(id))
 	if err != nil {
 		w.hist.violation("NewSemaphore: %v", err)
 		return
 	}
-	wt := &laneWait{prim: "fairpermit", res: lanePass, owner: id, node: n.i, weight: weight}
-	w.count("lane.pass")
+	wt := &laneWait{prim: prim, res: res, owner: id, node: n.i, weight: weight}
+	w.count("lane." + res)
 	var p *semaphore.Permit
 	err = w.acquireLane(ctx, wt, 3*w.cfg.Lease, func(actx context.Context) (err error) {
 		p, err = s.Acquire(actx, weight)
 		return err
 	})
 	if err != nil {
-		w.expected("fairpermit lane acquisition", wt.call, err, semErrs...)
+		w.expected(prim+" lane acquisition", wt.call, err, semErrs...)
 		w.ln.add(wt)
 		return
 	}
-	x := &hold{kind: "permit", res: lanePass, owner: p.ID(), node: n.i, weight: weight, note: "fair lane", call: wt.call, start: wt.ret, lostCh: p.Lost()}
+	note := "plain lane"
+	if prim == "fairpermit" {
+		note = "fair lane"
+	}
+	x := &hold{kind: "permit", res: res, owner: p.ID(), node: n.i, weight: weight, note: note, call: wt.call, start: wt.ret, lostCh: p.Lost()}
 	w.hist.begin(x)
 	wt.x = x
 	w.ln.add(wt)
