@@ -6,10 +6,14 @@
 -- holds it has; the lock is left with one fewer, so a retry after a lost
 -- reply does not remove two. On release f (for the next token) and r (for a
 -- retried final Unlock) stay for a moment, the mark for as long as it runs.
--- The release wakes one waiting writer per subscribed process and, unless a
--- writer-waiting mark runs (readers would be refused), every waiting reader.
--- A message's payload is a wake-up budget (see package notify): 1 wakes one
--- waiter per process, 1000000 all of them.
+--
+-- The release wakes one waiting writer per process and every waiting
+-- reader, also while a writer-waiting mark runs: the readers are refused
+-- again then, and the refusal has each one sleep until the mark ends (a
+-- mark whose writer vanished ends without a message, and a reader that
+-- was refused while this writer held would sleep on until this writer's
+-- lease would have ended). A message's payload is a wake-up budget (see
+-- package notify): 1 wakes one waiter per process, 1000000 all of them.
 --
 -- KEYS[1]  state hash
 -- KEYS[2]  readers' wake-up channel
@@ -39,9 +43,7 @@ if h[1] == ARGV[1] and h[2] == ARGV[3] and (tonumber(h[4]) or 0) > now then
   redis.call('PEXPIRE', KEYS[1], math.max(keep, q - now))
   local pub = ARGV[4] == 's' and 'SPUBLISH' or 'PUBLISH'
   redis.call(pub, KEYS[3], '1')
-  if q <= now then
-    redis.call(pub, KEYS[2], '1000000')
-  end
+  redis.call(pub, KEYS[2], '1000000')
   return 0
 end
 if h[3] == ARGV[1] .. ' ' .. ARGV[3] then
