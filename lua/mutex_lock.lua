@@ -36,9 +36,16 @@
 -- w. Nothing clears it while the hash lives (a waiter one wake-up did not
 -- reach still waits on the next release); the hash, and w with it, ends
 -- only by expiry, once the lock has stayed free for the keep time or a
--- holder's lease ran out. A hash that is not there takes no w: a Lock
--- refused then (a free lock whose fair queue has an earlier waiter) waits
--- for a hand-off, which always publishes.
+-- holder's lease ran out. A waiter sleeps no longer than the lease it was
+-- refused under, so a holder's lease running out needs no wake-up: a
+-- lease shortened later wakes the waiters (mutex_renew). But a release
+-- wakes one waiter per process, and the others of that process may sleep
+-- on an earlier holder's longer lease: the woken one's turn must pass on
+-- even if the hash it was refused on expires. So an unfair Lock that waited
+-- (ARGV[6] "w") sets w on the hash it takes, and its release publishes
+-- (one HSET, when the hash lacks w). A hash that is not there takes no w
+-- from a refusal: a Lock refused then (a free lock whose fair queue has an
+-- earlier waiter) waits for a hand-off, which always publishes.
 --
 -- The owner's client counts its holds and sends the count, so a Lock retried
 -- after a lost reply cannot add a second hold.
@@ -99,7 +106,8 @@
 -- ARGV[4]  attempt id "nonce.seq" of an outermost Lock (ignored when nested)
 -- ARGV[5]  token of the hold a nested Lock joins (ignored when outermost)
 -- ARGV[6]  "f" for a fair Lock, "t" for a fair TryLock (respects the queue
---          but does not join it), else ""
+--          but does not join it), "w" for an unfair Lock's attempt after
+--          it was refused (see w), else ""
 --
 -- Returns  {1, holds, token} when the owner holds the lock now ({2, holds,
 --          token} when it already held it under this attempt id);
@@ -117,7 +125,8 @@
 --          waiters, no abandoned attempts) makes four calls: HMGET, TIME,
 --          HSET, PEXPIRE. Each call costs the server about as much as four
 --          fields read, so fields only rare paths need are read there. A
---          refused Lock adds one HSET, the first time the hash refuses one.
+--          refused Lock adds one HSET, the first time the hash refuses one;
+--          so does the grant of a Lock that waited, on a hash without w.
 local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'k', 'w')
 local holds = tonumber(ARGV[3])
 
@@ -249,6 +258,9 @@ if not known or h[1] then
   end
 else
   redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4])
+end
+if ARGV[6] == 'w' and not h[4] then
+  redis.call('HSET', KEYS[1], 'w', '1') -- a Lock that waited passes its wake-up on
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {1, 1, token}

@@ -215,6 +215,180 @@ func within(t *testing.T, c <-chan error, d time.Duration, what string) error {
 	}
 }
 
+// lockThenUnlock returns a func that locks m within ctx and unlocks it.
+func lockThenUnlock(ctx context.Context, m *mutex.Mutex) func() error {
+	return func() error {
+		if err := m.Lock(ctx); err != nil {
+			return err
+		}
+		return m.Unlock(context.Background())
+	}
+}
+
+// TestExtendShorterWakesWaiter (issue 31 item 2): a waiter refused by a
+// holder with a lease of a minute sleeps on a timer of that minute. The
+// holder shortens its lease with Extend and never unlocks, so the lock's
+// hash expires, and with it the mark (w) that makes a release publish; a
+// third owner then locks and unlocks the new hash without a word to the
+// waiter, which slept on for the rest of the minute. Now an Extend that
+// shortens the lease of a lock a Lock was refused wakes the waiters, and
+// their next refusal gives them a timer of the new lease.
+func TestExtendShorterWakesWaiter(t *testing.T) {
+	for _, tg := range realTargets {
+		t.Run(tg.name, func(t *testing.T) {
+			ctx := context.Background()
+			addrs := tg.addrs(t)
+			name := "extend-wake:" + t.Name()
+			others := newLocker(t, redistest.Client(t, addrs...), mutex.Options{Lease: holderLease})
+			waiters, spy := spiedLocker(t, addrs, mutex.Options{Lease: holderLease})
+			a, b, c := newMutex(t, others, name), newMutex(t, waiters, name), newMutex(t, others, name)
+			if err := a.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithTimeout(ctx, holderLease)
+			defer cancel()
+			bGot := result(lockThenUnlock(wctx, b))
+			spy.waitAsleep(t, b.Owner())
+			if _, err := a.Extend(ctx, 300*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+			waitRedis(t, "A's shortened hold to end", func() bool {
+				in, err := c.Info(ctx)
+				return err == nil && in.Owner != a.Owner()
+			})
+			if err := lockThenUnlock(wctx, c)(); err != nil {
+				t.Fatal(err)
+			}
+			if err := within(t, bGot, signal, "the waiter's Lock, after the holder's shortened lease ran out"); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// briefFirst sets spy up so that the first lock attempt of its Locker
+// after the lock is free finds brief (a Mutex with a short lease, which
+// never unlocks) holding it: brief takes the lock just before the attempt
+// is sent. then, if not nil, runs with the owner of that attempt once it
+// ran. It returns that owner, "" until then.
+func briefFirst(spy *spyClient, brief *mutex.Mutex, then func(owner string)) func() string {
+	var mu sync.Mutex
+	first := ""
+	spy.set(func(keys, args []string) spyAction {
+		mu.Lock()
+		defer mu.Unlock()
+		if _, ok := lockCallOwner(keys, args); ok && first == "" && brief.TryLock(context.Background()) == nil {
+			first = args[0]
+		}
+		return spyPass
+	}, func(keys, args []string) {
+		mu.Lock()
+		owner := first
+		mu.Unlock()
+		if got, ok := lockCallOwner(keys, args); ok && got == owner && then != nil {
+			then(owner)
+		}
+	})
+	return func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return first
+	}
+}
+
+// TestWaitingGrantPassesWakeOn (issue 31, a sibling of item 2): two Locks
+// of one process wait on a holder with a lease of a minute; its release
+// wakes one of them, but an owner with a short lease gets in first and
+// never unlocks. The woken Lock's timer covers that short lease; the other
+// one's is the first holder's minute. When the short hold's hash expired,
+// the woken Lock took the lock on a new hash, which no refused Lock had
+// marked (w), so its Unlock published nothing and the other Lock slept on
+// for the rest of the minute. Now a Lock that waited marks the hash it
+// takes, so its release passes the wake-up on.
+func TestWaitingGrantPassesWakeOn(t *testing.T) {
+	for _, tg := range realTargets {
+		t.Run(tg.name, func(t *testing.T) {
+			ctx := context.Background()
+			addrs := tg.addrs(t)
+			name := "wake-chain:" + t.Name()
+			others := newLocker(t, redistest.Client(t, addrs...), mutex.Options{Lease: holderLease})
+			waiters, spy := spiedLocker(t, addrs, mutex.Options{Lease: holderLease})
+			a := newMutex(t, others, name)
+			brief := newMutex(t, others, name, mutex.WithLease(500*time.Millisecond))
+			if err := a.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithTimeout(ctx, holderLease)
+			defer cancel()
+			var got []<-chan error
+			for range 2 {
+				b := newMutex(t, waiters, name)
+				got = append(got, result(lockThenUnlock(wctx, b)))
+				spy.waitAsleep(t, b.Owner())
+			}
+			first := briefFirst(spy, brief, nil)
+			if err := a.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for i := range got {
+				if err := within(t, got[i], signal, "a waiter's Lock"); err != nil {
+					t.Fatalf("waiter %d: %v", i+1, err)
+				}
+			}
+			if first() == "" {
+				t.Fatal("the brief holder never got in before a woken waiter")
+			}
+		})
+	}
+}
+
+// TestWokenWaiterLeavingPassesWakeOn (issue 31, a sibling of item 2): as
+// TestWaitingGrantPassesWakeOn, but the woken Lock, refused by the brief
+// holder, gives up. Its timer was the only one of its process that covered
+// the short hold; the other Lock's is the first holder's minute, and when
+// the short hold's hash expired the lock stayed free while it slept. Now an
+// unfair Lock that gives up after it was woken passes a wake-up on to the
+// next local waiter.
+func TestWokenWaiterLeavingPassesWakeOn(t *testing.T) {
+	for _, tg := range realTargets {
+		t.Run(tg.name, func(t *testing.T) {
+			ctx := context.Background()
+			addrs := tg.addrs(t)
+			name := "wake-leave:" + t.Name()
+			others := newLocker(t, redistest.Client(t, addrs...), mutex.Options{Lease: holderLease})
+			waiters, spy := spiedLocker(t, addrs, mutex.Options{Lease: holderLease})
+			a := newMutex(t, others, name)
+			brief := newMutex(t, others, name, mutex.WithLease(500*time.Millisecond))
+			if err := a.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var b []*mutex.Mutex
+			var got []<-chan error
+			cancels := map[string]context.CancelFunc{}
+			for range 2 {
+				m := newMutex(t, waiters, name)
+				wctx, cancel := context.WithTimeout(ctx, holderLease)
+				defer cancel()
+				cancels[m.Owner()] = cancel
+				b, got = append(b, m), append(got, result(lockThenUnlock(wctx, m)))
+				spy.waitAsleep(t, m.Owner())
+			}
+			// The woken waiter's Lock gives up once the brief holder refused
+			// it.
+			first := briefFirst(spy, brief, func(owner string) { cancels[owner]() })
+			if err := a.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for i, m := range b {
+				err := within(t, got[i], signal, "a waiter's Lock")
+				if gaveUp := m.Owner() == first(); gaveUp != (err != nil) {
+					t.Fatalf("waiter %d (gave up: %v): %v", i+1, gaveUp, err)
+				}
+			}
+		})
+	}
+}
+
 // rwProbe returns an RWMutex of name, in a Locker of its own, to read the
 // lock's state with.
 func rwProbe(t *testing.T, addrs []string, name string) *mutex.RWMutex {
