@@ -18,11 +18,11 @@
 -- withdraws the mark its Lock call left if the attempt was refused, in
 -- case the attempt reached Redis before an "m" sent after it.
 --
--- A write hold given back wakes every waiting reader, as rwmutex_unlock's
--- release does. A withdrawal wakes the readers when it ends the mark, or
--- brings its end forward (another waiting writer's mark, shorter, still
--- runs): readers refused until the withdrawn mark's end would sleep
--- through the other's.
+-- A write hold given back is listed in c (see rwmutex_lock), and its
+-- release wakes every waiting reader, as rwmutex_unlock's does. A
+-- withdrawal wakes the readers when it ends the mark, or brings its end
+-- forward (another waiting writer's mark, shorter, still runs): readers
+-- refused until the withdrawn mark's end would sleep through the other's.
 --
 -- Wake-up payloads as in rwmutex_unlock.
 --
@@ -42,7 +42,8 @@
 --
 -- Returns  1 if something was released or withdrawn, else 0.
 -- Complexity: O(log R + log W) for R readers and W waiting writers, plus at
---          most 16 removals and the publishes.
+--          most 16 removals and the publishes; a write hold given back
+--          reads and writes c (two more calls).
 local function num(x) return string.format('%.0f', x) end
 local nonce = string.match(ARGV[2], '^(.*)%.%d+$')
 if not nonce then
@@ -108,7 +109,23 @@ if ARGV[3] == 'w' then
     return 0
   end
   withdraw(false)
+  -- The hold ends otherwise than by its owner's Unlock: c lists its token
+  -- (see rwmutex_lock).
+  local fc = redis.call('HMGET', KEYS[1], 'f', 'c')
+  local c = {}
+  for x in string.gmatch(fc[2] or '', '%d+') do
+    c[#c + 1] = x
+  end
+  if #c == 0 then
+    c[1] = num(tonumber(fc[1]) + 1)
+  else
+    c[#c + 1] = fc[1]
+    if #c > 17 then
+      c[1] = num(tonumber(table.remove(c, 2)) + 1)
+    end
+  end
   redis.call('HDEL', KEYS[1], 'o', 'n', 'a', 'e')
+  redis.call('HSET', KEYS[1], 'c', table.concat(c, ' '))
   redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ARGV[5]), q - now))
   redis.call(pub, KEYS[5], '1')
   redis.call(pub, KEYS[4], '1000000')
