@@ -7,6 +7,7 @@ package mutex_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
@@ -111,7 +112,7 @@ func TestFairUnlockRetryAfterGiveBackHandOff(t *testing.T) {
 // long as at most 16 of them ended otherwise; and the holds that ended
 // otherwise are told -1.
 func TestScriptUnlockRetryPastOtherEndings(t *testing.T) {
-	r := newScriptRig(t, "retry-past-endings")
+	r := newScriptRig(t, "retry-past-endings:"+strconv.Itoa(rand.IntN(1e9)))
 	a := r.take("A", "a.1", "")
 	r.take("W", "w.1", "f")
 	r.take("X", "x.1", "f")
@@ -230,7 +231,7 @@ func TestScriptRWUnlockRetryAfterExpiry(t *testing.T) {
 	}
 	lock, _ := sc.Script("rwmutex_lock")
 	unlock, _ := sc.Script("rwmutex_unlock")
-	name := "rw-retry-expiry"
+	name := "rw-retry-expiry:" + strconv.Itoa(rand.IntN(1e9))
 	lockKeys := []string{rwKey(name, "h"), rwKey(name, "z"), rwKey(name, "t"), rwKey(name, "m")}
 	unlockKeys := []string{rwKey(name, "h"), rwKey(name, "rd"), rwKey(name, "wr")}
 	take := func(owner, attempt, leaseMs string) []int64 {
