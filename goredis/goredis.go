@@ -48,6 +48,13 @@
 // Either way the primitive treats a call cut short as of unknown outcome,
 // as it does with rueidis, and no script call is sent twice.
 //
+// go-redis's ErrPoolTimeout and ErrPoolExhausted, which mean that every
+// pooled connection is busy (as they are while calls wait for a server
+// that stopped answering), come back marked as scriptcache.ErrUnavailable,
+// so that ratelimit.Unavailable counts them as an outage and a fallback
+// answers; the text stays go-redis's. ErrClosed, a client its owner
+// closed, is not marked.
+//
 // Keys and arguments go into go-redis commands as *string (no allocation
 // per argument), so a hook that prints a command (cmd.String, tracing)
 // shows them as addresses.
@@ -402,9 +409,30 @@ func reply(cmd *redis.Cmd) scriptcache.Reply {
 	case isServerError(err):
 		return scriptcache.NewReply(nil, err, true)
 	default:
-		return scriptcache.NewReply(nil, err, false)
+		return scriptcache.NewReply(nil, classify(err), false)
 	}
 }
+
+// classify returns err, marked as scriptcache.ErrUnavailable if it is one
+// of go-redis's own errors that mean the server cannot answer now (see
+// scriptcache.ErrUnavailable): ErrPoolTimeout (every pooled connection
+// stayed busy for PoolTimeout, as they do while calls wait for a server
+// that stopped answering) and ErrPoolExhausted (MaxActiveConns reached,
+// the same). Its text is err's. ErrClosed is not marked: a client its
+// owner closed is a programming error, and no fallback answers for it.
+// The standard library's errors (timeouts, failed connections) and the
+// server's error replies need no mark.
+func classify(err error) error {
+	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
+		return unavailableError{err}
+	}
+	return err
+}
+
+// unavailableError is err marked as scriptcache.ErrUnavailable.
+type unavailableError struct{ error }
+
+func (e unavailableError) Unwrap() []error { return []error{e.error, scriptcache.ErrUnavailable} }
 
 // isServerError reports whether err is an error reply from the server.
 func isServerError(err error) bool {
@@ -491,6 +519,7 @@ func (c *Client) EvalWait(ctx context.Context, sha, body string, keys, args []st
 		}
 		var err error
 		if node, err = c.cluster.MasterForKey(ctx, key); err != nil {
+			err = classify(err)
 			return scriptcache.ErrorReply(err), 0, err
 		}
 	}
@@ -527,6 +556,9 @@ func evalWaitOn(ctx context.Context, node *redis.Client, asking bool, sha, body 
 	if asking {
 		cmd := redis.NewStatusCmd(ctx, "asking")
 		if err := conn.Process(ctx, cmd); err != nil {
+			if !isServerError(err) {
+				err = classify(err)
+			}
 			return scriptcache.NewReply(nil, err, isServerError(err)), 0, err
 		}
 	}
@@ -543,7 +575,7 @@ func evalWaitOn(ctx context.Context, node *redis.Client, asking bool, sha, body 
 	timeout = max(timeout.Truncate(time.Millisecond), time.Millisecond)
 	acks, err := conn.Wait(ctx, int(replicas), timeout).Result()
 	if err != nil {
-		return r, 0, fmt.Errorf("goredis: wait: %w", err)
+		return r, 0, fmt.Errorf("goredis: wait: %w", classify(err))
 	}
 	return r, acks, nil
 }
@@ -587,7 +619,7 @@ func (c *Client) LoadScripts(ctx context.Context, bodies ...string) error {
 	if err := awaitFunc(ctx, func() { errc <- c.loadScripts(ctx, bodies...) }); err != nil {
 		return err
 	}
-	return <-errc
+	return classify(<-errc)
 }
 
 func (c *Client) loadScripts(ctx context.Context, bodies ...string) error {
@@ -661,7 +693,7 @@ func (c *Client) Subscribe(ctx context.Context, channel string, sharded bool, su
 			if isServerError(err) && !scriptcache.Retryable(err.Error()) {
 				return fmt.Errorf("%w: subscribe %q: %w", scriptcache.ErrRefused, channel, err)
 			}
-			return fmt.Errorf("goredis: subscribe %q: %w", channel, err)
+			return fmt.Errorf("goredis: subscribe %q: %w", channel, classify(err))
 		}
 		switch m := msg.(type) {
 		case *redis.Subscription:
