@@ -43,8 +43,14 @@ type Client interface {
 	// EvalWait sends the same call followed by WAIT replicas timeout on one
 	// connection that no other caller uses, and returns the script's reply,
 	// how many replicas acknowledged and an error for the pair. When ctx
-	// ends mid-call, the connection is closed, so nothing sent on it can
-	// still run afterwards.
+	// ends mid-call, it returns at once with an error wrapping ctx.Err()
+	// (and the script's reply, if the client has it), and sends nothing
+	// more for the call: no WAIT after a script whose reply came too late.
+	// A script cut short so is of unknown outcome, as with Eval: closing a
+	// connection does not take back what was sent on it. A client that
+	// can close the call's connection then does (rueidis), so WAIT does
+	// not block it on the server; one that cannot (go-redis) leaves the
+	// call to its own timeouts.
 	EvalWait(ctx context.Context, sha, body string, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error)
 
 	// LoadScripts sends SCRIPT LOAD of every body to every node the client
