@@ -493,13 +493,7 @@ func testEvalWaitCancel(t *testing.T, e *env) {
 			done <- result{r, acks, err}
 		}()
 		waitBlocked(t, srv, before)
-		resume := func() {}
-		if stop {
-			if err := srv.Pause(); err != nil {
-				t.Fatal(err)
-			}
-			resume = srv.Resumer(t)
-		}
+		resume := pauseIf(t, srv, stop)
 		start := time.Now()
 		cancel()
 		var got result
@@ -553,6 +547,19 @@ func waitBlocked(t testing.TB, srv *redistest.Server, n int) {
 	if !redistest.WaitFor(context.Background(), signal, func() bool { return blocked(t, srv) > n }) {
 		t.Fatalf("%s: no more than %d clients blocked after %v", srv.Addr(), n, signal)
 	}
+}
+
+// pauseIf stops srv (SIGSTOP) if stop is set, and returns what resumes it
+// (also when the test ends).
+func pauseIf(t testing.TB, srv *redistest.Server, stop bool) (resume func()) {
+	t.Helper()
+	if !stop {
+		return func() {}
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	return srv.Resumer(t)
 }
 
 // sub runs Subscribe in a goroutine and reports what it calls.

@@ -743,13 +743,7 @@ func testCloseDuringReplicaWait(t *testing.T, e *env) {
 				before := blocked(t, srv)
 				go func() { done <- acquire(ctx) }()
 				waitBlocked(t, srv, before)
-				resume := func() {}
-				if stop {
-					if err := srv.Pause(); err != nil {
-						t.Fatal(err)
-					}
-					resume = srv.Resumer(t)
-				}
+				resume := pauseIf(t, srv, stop)
 				cancel()
 				select {
 				case err := <-done:
