@@ -54,13 +54,10 @@ func TestPoolExhaustedUnavailable(t *testing.T) {
 				t.Fatal(err)
 			}
 			proxy.Blackhole(true)
-			// The one connection goes to a call that waits for its reply
-			// (a context that cannot end: go-redis's ReadTimeout ends it).
+			// The one connection goes to a command of the application's
+			// that waits for its reply (go-redis's ReadTimeout ends it).
 			held := make(chan error, 1)
-			go func() {
-				_, err := l.Allow(context.Background(), "holder")
-				held <- err
-			}()
+			go func() { held <- rdb.Get(context.Background(), "holder").Err() }()
 			t.Cleanup(func() {
 				proxy.Blackhole(false)
 				<-held
