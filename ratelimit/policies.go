@@ -103,7 +103,7 @@ func NewPolicies(ps ...Policy) (*Policies, error) {
 		// Names hold no ';' or ',', so the text is unambiguous. The state
 		// key is derived from it: it must not change between versions
 		// that share the state's format, so that they count together.
-		fmt.Fprintf(&id, "%s;%s;%s;%s,", pol.Name, c.code, c.arg0, c.arg1)
+		fmt.Fprintf(&id, "%s;%s;%s;%s,", pol.Name, c.code, c.arg0, c.idArg1)
 	}
 	p.id = id.String()
 	for i, pol := range ps {

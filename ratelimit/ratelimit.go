@@ -139,7 +139,11 @@ type Limit struct {
 	Rate int
 	// Period is the window (FixedWindow, SlidingWindow) or the time the GCRA
 	// bucket takes to refill Rate tokens. Required, between 1ms and 366
-	// days.
+	// days, and kept as given to the precision of the algorithm's clock,
+	// never cut: a whole number of milliseconds for FixedWindow (its
+	// window is a Redis TTL), of microseconds for SlidingWindow (it
+	// counts on Redis TIME); any for GCRA. Another is refused
+	// (ErrInvalidLimit).
 	Period time.Duration
 	// Burst is the GCRA bucket size: how many requests may arrive at once
 	// after a quiet spell. 0 means Rate. The window algorithms allow Rate per
@@ -342,6 +346,7 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 type compiled struct {
 	capacity   int    // most cost one call can be allowed: Rate or Burst
 	arg0, arg1 string // the script's first two arguments
+	idArg1     string // arg1 as the state key of Policies names it
 	script     string // single-limit script
 	code       string // algorithm code of ratelimit_multi
 	suffix     string // key suffix, so algorithms never share a key
@@ -366,10 +371,29 @@ func compile(algo Algorithm, lim Limit) (compiled, error) {
 		}
 		c.capacity = lim.Rate
 		c.arg0 = strconv.Itoa(lim.Rate)
-		c.arg1 = strconv.FormatInt(lim.Period.Milliseconds(), 10)
 		if algo == FixedWindow {
+			// The window is the counter's TTL, which Redis keeps in
+			// milliseconds: a finer Period cannot be kept, and cutting
+			// it would change the rate (1.999ms would run as 1ms).
+			if lim.Period%time.Millisecond != 0 {
+				return c, fmt.Errorf("%w: fixed window period %v is not a whole number of milliseconds, the precision of the TTL that is its window (SlidingWindow and GCRA take microseconds)", ErrInvalidLimit, lim.Period)
+			}
+			c.arg1 = strconv.FormatInt(lim.Period.Milliseconds(), 10)
+			c.idArg1 = c.arg1
 			c.script, c.code, c.suffix, c.unit = "ratelimit_fixed", "f", ":f", time.Millisecond
 		} else {
+			// Windows are counted on Redis TIME, in microseconds.
+			if lim.Period%time.Microsecond != 0 {
+				return c, fmt.Errorf("%w: sliding window period %v is not a whole number of microseconds, the precision of the Redis TIME it counts on", ErrInvalidLimit, lim.Period)
+			}
+			c.arg1 = strconv.FormatInt(lim.Period.Microseconds(), 10)
+			// The state key of Policies names a whole number of
+			// milliseconds as versions that sent milliseconds did, so
+			// that they count together (see NewPolicies).
+			c.idArg1 = strconv.FormatInt(lim.Period.Milliseconds(), 10)
+			if lim.Period%time.Millisecond != 0 {
+				c.idArg1 = c.arg1 + "us"
+			}
 			c.script, c.code, c.suffix, c.unit = "ratelimit_sliding", "s", ":s", time.Microsecond
 		}
 	case GCRA:
@@ -378,7 +402,10 @@ func compile(algo Algorithm, lim Limit) (compiled, error) {
 			burst = lim.Rate
 		}
 		c.capacity = burst
-		interval := float64(lim.Period.Microseconds()) / float64(lim.Rate)
+		// The whole Period, to the nanosecond: the interval may be
+		// fractional. (Exact for whole microseconds: the same text as
+		// from Period.Microseconds(), which cut finer periods.)
+		interval := float64(lim.Period) / float64(time.Microsecond) / float64(lim.Rate)
 		if interval*float64(burst) > float64(maxPeriod.Microseconds()) {
 			return c, fmt.Errorf("%w: burst %d at %v takes longer than %v to refill", ErrInvalidLimit, burst, lim, maxPeriod)
 		}
@@ -387,6 +414,7 @@ func compile(algo Algorithm, lim Limit) (compiled, error) {
 		// embedded Lua interpreters (miniredis's) do not.
 		c.arg0 = strconv.FormatFloat(interval, 'f', -1, 64)
 		c.arg1 = strconv.Itoa(burst)
+		c.idArg1 = c.arg1
 		c.script, c.code, c.suffix, c.unit = "ratelimit_gcra", "g", ":g", time.Microsecond
 	default:
 		return c, fmt.Errorf("%w: %d", ErrInvalidAlgorithm, int(algo))
