@@ -51,6 +51,13 @@
 // Either way the primitive treats a call cut short as of unknown outcome,
 // as it does with rueidis, and no script call is sent twice.
 //
+// On a client of one server (not a cluster), script calls are coalesced:
+// at most four are under way at once (fewer if PoolSize is smaller), and
+// those that come meanwhile go out together, as one pipeline, when one of
+// them ends. Under load that is one round trip for many calls; a queued
+// call also returns when its context ends, and is never sent twice. A hook
+// on the go-redis client sees those calls as a pipeline.
+//
 // go-redis's ErrPoolTimeout and ErrPoolExhausted, which mean that every
 // pooled connection is busy (as they are while calls wait for a server
 // that stopped answering), come back marked as scriptcache.ErrUnavailable,
@@ -103,6 +110,7 @@ type Client struct {
 	// deadlines: the client's ContextTimeoutEnabled, with which go-redis
 	// puts a call's context deadline on its connection's reads and writes.
 	deadlines bool
+	co        coalescer // the calls waiting for a pipeline; not on a cluster
 }
 
 var _ scriptcache.Client = (*Client)(nil)
@@ -117,7 +125,7 @@ func Wrap(c redis.UniversalClient) (*Client, error) {
 		if x == nil {
 			return nil, ErrNilClient
 		}
-		return &Client{single: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled}, nil
+		return &Client{single: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled, co: coalescer{max: min(maxInFlight, x.Options().PoolSize)}}, nil
 	case *redis.ClusterClient:
 		if x == nil {
 			return nil, ErrNilClient
@@ -299,16 +307,26 @@ func storeSha(sha string) any {
 // Eval sends EVALSHA or EVAL. When ctx can end, the call runs in a
 // goroutine of its own and Eval returns ctx.Err() once ctx ends, leaving
 // the call to finish, unless go-redis bounds it by ctx's deadline itself
-// (see the package doc).
+// (see the package doc). On a client of one server, a call that comes
+// while maxInFlight others are under way waits for the next pipeline
+// instead (see coalesce.go), and also returns when ctx ends.
 func (c *Client) Eval(ctx context.Context, sha, body string, keys, args []string) scriptcache.Reply {
+	if err := ctx.Err(); err != nil {
+		return scriptcache.ErrorReply(err)
+	}
 	cmd := evalCmd(ctx, sha, body, keys, args)
+	if q, now := c.co.enter(cmd); !now {
+		rc, err := awaitQueued(ctx, q)
+		if err != nil {
+			return scriptcache.ErrorReply(err)
+		}
+		return reply(rc)
+	}
 	if c.deadlines {
 		if d, ok := ctx.Deadline(); ok {
 			// go-redis ends the call at the deadline, in this goroutine.
-			if err := ctx.Err(); err != nil {
-				return scriptcache.ErrorReply(err) // as await: nothing sent
-			}
 			_ = c.cmd.Process(ctx, cmd)
+			c.leave()
 			if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) && !isServerError(err) && !time.Now().Before(d) {
 				// Its connection's deadline passed, which may be a
 				// moment before ctx's own timer fires: report it as
@@ -328,18 +346,17 @@ func (c *Client) Eval(ctx context.Context, sha, body string, keys, args []string
 // so the goroutine never waits for the caller, and reused (calls) when
 // the caller saw it through.
 type call struct {
-	ctx context.Context
-	cmd redis.Cmder
-	p   interface {
-		Process(context.Context, redis.Cmder) error
-	}
+	ctx  context.Context
+	cmd  redis.Cmder
+	c    *Client
 	done chan struct{}
 }
 
 var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 func (cl *call) run() {
-	_ = cl.p.Process(cl.ctx, cl.cmd)
+	_ = cl.c.cmd.Process(cl.ctx, cl.cmd)
+	cl.c.leave()
 	cl.done <- struct{}{}
 }
 
@@ -350,13 +367,11 @@ func (cl *call) run() {
 func (c *Client) await(ctx context.Context, cmd redis.Cmder) error {
 	if ctx.Done() == nil {
 		_ = c.cmd.Process(ctx, cmd)
+		c.leave()
 		return nil
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	cl := calls.Get().(*call)
-	cl.ctx, cl.cmd, cl.p = ctx, cmd, c.cmd
+	cl.ctx, cl.cmd, cl.c = ctx, cmd, c
 	go cl.run()
 	select {
 	case <-cl.done:

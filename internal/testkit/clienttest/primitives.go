@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -25,6 +26,7 @@ const signal = 10 * time.Second
 
 var primitiveTests = []test{
 	{"CacheScripts", testCacheScripts},
+	{"CacheConcurrent", testCacheConcurrent},
 	{"MutexBasics", testMutexBasics},
 	{"MutexWakeUp", testMutexWakeUp},
 	{"MutexForceUnlock", testMutexForceUnlock},
@@ -700,6 +702,57 @@ func testAbandonedAttempt(t *testing.T, e *env) {
 	}
 	if err := a.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// testCacheConcurrent runs many script calls at once through a cache,
+// with the scripts flushed from every node midway: each call must get its
+// own reply (a client that coalesces calls into pipelines must not mix
+// them up), a NOSCRIPT among many must be reloaded for each, and every
+// call must run exactly once.
+func testCacheConcurrent(t *testing.T, e *env) {
+	ctx := context.Background()
+	sc := cache(t, e.client, scriptcache.WithFS(testFS))
+	incr, err := sc.Script("incr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo, err := sc.Script("echo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const goroutines, calls = 32, 40
+	tag := name(t, "cc")
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Go(func() {
+			k := key(t, tag, fmt.Sprint(g)) // one slot per tag: a cluster sees one node, others see theirs
+			for i := range calls {
+				if g == 0 && i == calls/2 {
+					for _, n := range e.nodes {
+						if err := n.FlushScripts(); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}
+				arg := fmt.Sprintf("%d/%d", g, i)
+				if s, err := echo.Exec(ctx, []string{k}, []string{arg}).ToString(); err != nil || s != k+arg {
+					errs <- fmt.Errorf("goroutine %d call %d: echo = %q, %w; want %q", g, i, s, err, k+arg)
+					return
+				}
+				if n, err := incr.Exec(ctx, []string{k}, nil).AsInt64(); err != nil || n != int64(i+1) {
+					errs <- fmt.Errorf("goroutine %d call %d: incr = %d, %w; want %d (each call once)", g, i, n, err, i+1)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
 
