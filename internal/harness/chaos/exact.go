@@ -355,7 +355,7 @@ type exactKey struct {
 	key    string
 	born   time.Time
 	models []*algoModel
-	what   string // for reports
+	what   string   // for reports
 	log    []string // the last answers, for reports
 }
 
