@@ -667,16 +667,20 @@ func (w *world) exactWait(ctx context.Context, k *exactKey, l *ratelimit.Limiter
 		w.count("exact." + op + ".gaveup")
 		a := call.UnixMicro()
 		var latest int64 // when the most loaded state lets it pass
+		var vs []verdict
+		now := true
 		for _, m := range k.models {
 			v := m.judge(a, a, cost)
-			if v.mustAllow {
-				w.hist.violation("exact limit: %s of cost %d for %s gave up (%v) where the algorithm allows it at once (model: %s)", op, cost, k.key, err, k.describe([]verdict{v}))
-				k.forget()
-				return
-			}
+			vs = append(vs, v)
+			now = now && v.mustAllow
 			if !v.pess.allowed {
 				latest = max(latest, v.pess.retry)
 			}
+		}
+		if now {
+			w.hist.violation("exact limit: %s of cost %d for %s gave up (%v) where the algorithm allows it at once (model: %s)", op, cost, k.key, err, k.describe(vs))
+			k.forget()
+			return
 		}
 		spare := deadline.Sub(call.Add(us(latest)))
 		w.hist.mu.Lock()
