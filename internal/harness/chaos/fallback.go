@@ -372,7 +372,7 @@ func (r *rateRoute) errNear(from, to time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, e := range r.errs {
-		if !e.After(to) && !e.Add(ratelimit.DefaultLocalHold+100*time.Millisecond).Before(from) {
+		if !e.After(to) && !e.Add(localSpan).Before(from) {
 			return true
 		}
 	}
@@ -635,3 +635,8 @@ func (w *world) startLimits(ctx context.Context, wg *sync.WaitGroup, n *node) {
 	wg.Go(func() { w.exactWorker(ctx, n, 1, rand.New(rand.NewPCG(exact2, 0xe8ac8))) })
 	wg.Go(func() { w.grpcWorker(ctx, n, rand.New(rand.NewPCG(g, 0x6a9c))) })
 }
+
+// localSpan is how long after an OnError a Local fallback may still
+// decide locally: LocalHold, then the probe that asks Redis again waits
+// up to Timeout while the others stay local, and a margin.
+const localSpan = ratelimit.DefaultLocalHold + ratelimit.DefaultTimeout + 100*time.Millisecond

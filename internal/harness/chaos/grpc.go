@@ -81,7 +81,7 @@ func (g *grpcNode) errNear(from, to time.Time) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, e := range g.errs {
-		if !e.After(to) && !e.Add(ratelimit.DefaultLocalHold+100*time.Millisecond).Before(from) {
+		if !e.After(to) && !e.Add(localSpan).Before(from) {
 			return true
 		}
 	}
