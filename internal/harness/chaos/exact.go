@@ -560,6 +560,7 @@ func (w *world) exactWorker(ctx context.Context, n *node, g int, rng *rand.Rand)
 			capacity = min(capacity, m.capacity())
 		}
 		steps := 6 + rng.IntN(14)
+		denied := false // the last answer: a Reset then must clear the deny cache too
 		for range steps {
 			if ctx.Err() != nil || n.closed.Load() || !k.known() {
 				break
@@ -574,13 +575,14 @@ func (w *world) exactWorker(ctx context.Context, n *node, g int, rng *rand.Rand)
 				cost = 1 + rng.IntN(capacity)
 			}
 			switch r := rng.IntN(20); {
-			case r == 0:
+			case r == 0 || denied && r < 7:
 				w.exactReset(k, l, ps, policies)
+				cost = 1 // at once, where a stale local denial would answer
 			case r < 3 && cost > 0:
 				w.exactWait(ctx, k, l, ps, policies, cost, time.Duration((0.2+rng.Float64()*0.8)*float64(period)))
-			default:
-				w.exactAllow(k, l, ps, policies, cost)
+				continue
 			}
+			denied = !w.exactAllow(k, l, ps, policies, cost)
 			sleep(ctx, pause(rng, period))
 		}
 		if policies {
@@ -589,7 +591,9 @@ func (w *world) exactWorker(ctx context.Context, n *node, g int, rng *rand.Rand)
 	}
 }
 
-func (w *world) exactAllow(k *exactKey, l *ratelimit.Limiter, ps *ratelimit.Policies, policies bool, cost int) {
+// exactAllow asks for a request of cost for k and judges the answer; it
+// reports whether the request was allowed (false on an error).
+func (w *world) exactAllow(k *exactKey, l *ratelimit.Limiter, ps *ratelimit.Policies, policies bool, cost int) bool {
 	actx, cancel := context.WithTimeout(context.Background(), w.cfg.Lease/4)
 	defer cancel()
 	call := time.Now()
@@ -612,9 +616,10 @@ func (w *world) exactAllow(k *exactKey, l *ratelimit.Limiter, ps *ratelimit.Poli
 	if err != nil {
 		w.expected("exact AllowN", call, err)
 		k.forget() // the script may have run
-		return
+		return false
 	}
 	w.judge(k, call, ret, cost, allowed, results, map[bool]string{true: "AllowPolicies", false: "AllowN"}[policies])
+	return allowed
 }
 
 // checkDecisionRetry: a Decision's RetryAfter is the longest of its

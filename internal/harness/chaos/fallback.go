@@ -122,7 +122,9 @@ func (w *world) newLimitNode(t testing.TB, n *node) {
 			header: ratelimit.XRealIP, byIP: true},
 		{name: "r-local", spec: limiterSpec{ratelimit.GCRA, ratelimit.Limit{Rate: 5, Period: period, Burst: 3}}, fallback: ratelimit.FallbackLocal,
 			header: ratelimit.Forwarded, byIP: true, problem: true},
-		{name: "r-apikey", spec: limiterSpec{ratelimit.GCRA, ratelimit.Limit{Rate: 4, Period: period, Burst: 2}}, fallback: apikeyMode, plans: true},
+		// A burst of two and a half periods' refill: RateLimit-Policy's w
+		// (3) is not the Period.
+		{name: "r-apikey", spec: limiterSpec{ratelimit.GCRA, ratelimit.Limit{Rate: 2, Period: period, Burst: 5}}, fallback: apikeyMode, plans: true},
 	}
 	for _, r := range ln.routes {
 		r.prefix = "sluice:rl:" + r.name + ":"
