@@ -50,7 +50,7 @@ type rateRoute struct {
 	h        http.Handler
 
 	mu   sync.Mutex
-	errs []time.Time // OnError calls: a Local route decided locally around each
+	errs []time.Time // OnError calls (its own, and the stacked concurrency middleware's)
 }
 
 // limitNode is what the limits workload adds to a node: its routes, a
@@ -156,7 +156,7 @@ func (w *world) newLimitNode(t testing.TB, n *node) {
 		var inner http.Handler = http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
 		if r.conc {
 			conc, err := ratelimit.NewConcurrencyMiddleware(ln.mgr, ratelimit.ConcurrencyOptions{Limit: concRouteLimit, PolicyName: concRouteName,
-				TrustedProxies: trustedProxies, ClientIPHeader: r.header, OnError: func(*http.Request, error) {}})
+				TrustedProxies: trustedProxies, ClientIPHeader: r.header, OnError: func(*http.Request, error) { r.mu.Lock(); r.errs = append(r.errs, time.Now()); r.mu.Unlock() }})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -491,7 +491,9 @@ func (w *world) judgeRoute(n *node, r *rateRoute, k *exactKey, local *localCount
 			w.checkLocalBound(where, k, local)
 		}
 	}
-	ms := w.checkHeaders(where, r, k, h, rec, allowed, !w.hist.unavailableNear(call, ret, n.i))
+	// The concurrency middleware's fallback serves without its policy: only
+	// after an error it told (an exhausted pool needs no injected fault).
+	ms := w.checkHeaders(where, r, k, h, rec, allowed, !w.hist.unavailableNear(call, ret, n.i) && !r.errNear(call, ret))
 	if r.fallback == ratelimit.FallbackLocal && (out || r.errNear(call, ret)) {
 		k.forget() // maybe decided locally: the model is Redis's
 		return
