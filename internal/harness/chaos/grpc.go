@@ -38,7 +38,8 @@ type grpcNode struct {
 	served sync.WaitGroup
 
 	mu   sync.Mutex
-	errs []time.Time // OnError: the local fallback may have decided around each
+	errs     []time.Time // OnError: the local fallback may have decided around each
+	timeouts []time.Time // OnError for a timeout
 }
 
 func (w *world) newGRPC(t testing.TB, n *node) {
@@ -49,7 +50,14 @@ func (w *world) newGRPC(t testing.TB, n *node) {
 		t.Fatal(err)
 	}
 	ic, err := grpclimit.New(l, grpclimit.Options{MetadataKey: "x-client", Fallback: ratelimit.FallbackLocal,
-		OnError: func(context.Context, string, error) { g.mu.Lock(); g.errs = append(g.errs, time.Now()); g.mu.Unlock() }})
+		OnError: func(_ context.Context, _ string, err error) {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			g.errs = append(g.errs, time.Now())
+			if errors.Is(err, context.DeadlineExceeded) {
+				g.timeouts = append(g.timeouts, time.Now())
+			}
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +229,8 @@ func (w *world) grpcSemantic(ctx context.Context, n *node, g *grpcNode, c client
 	call := time.Now()
 	err := g.call(ctx, c.apikey, false)
 	ret := time.Now()
-	if code := status.Code(err); code != codes.Internal && !n.closed.Load() && !w.hist.unavailableNear(call, ret, n.i) && !w.wipedSince(setAt, ret) {
+	if code := status.Code(err); code != codes.Internal && !n.closed.Load() && !w.hist.unavailableNear(call, ret, n.i) && !w.wipedSince(setAt, ret) &&
+		!timedOut(&g.mu, g.timeouts, call, ret) {
 		w.hist.violation("gRPC unary for a client whose counter holds a string (called %s): %v, want Internal: a semantic error is never the fallback", w.hist.since(call), err)
 	}
 }
@@ -244,7 +253,10 @@ func (w *world) checkerSequence(ctx context.Context, n *node, c client, rng *ran
 		call := time.Now()
 		_, err := ln.checker.Check(context.Background(), c.apikey, nil)
 		ret := time.Now()
-		if (err == nil || ratelimit.Unavailable(err)) && !n.closed.Load() && !w.hist.unavailableNear(call, ret, n.i) && !w.wipedSince(setAt, ret) {
+		// A timeout is an outage, fault or not; any other error Unavailable
+		// counts is the semantic error sent to a fallback.
+		timeout := errors.Is(err, context.DeadlineExceeded)
+		if (err == nil || ratelimit.Unavailable(err) && !timeout) && !n.closed.Load() && !w.hist.unavailableNear(call, ret, n.i) && !w.wipedSince(setAt, ret) {
 			w.hist.violation("Checker for a key whose counter holds a string (called %s): %v, want an error Unavailable does not count as an outage", w.hist.since(call), err)
 		}
 		return
