@@ -37,7 +37,7 @@ type grpcNode struct {
 	health healthpb.HealthClient
 	served sync.WaitGroup
 
-	mu   sync.Mutex
+	mu       sync.Mutex
 	errs     []time.Time // OnError: the local fallback may have decided around each
 	timeouts []time.Time // OnError for a timeout
 }
