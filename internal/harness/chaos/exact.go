@@ -295,9 +295,9 @@ func (m *algoModel) record(a, b int64, n int, got outcome) string {
 			count := m.spec.limit.Rate - got.rem
 			switch {
 			case count == n && m.lo.count+n != n:
-				restartLo, restartHi = true, true
+				restartLo = true
 			case count == m.lo.count+n:
-				restartLo, restartHi = false, false
+				restartLo = false
 			default:
 				m.unknown = true
 				return fmt.Sprintf("the answer's count %d fits neither a new window (%d) nor the current one (%d)", count, n, m.lo.count+n)
