@@ -123,7 +123,7 @@ func (w *world) newLimitNode(t testing.TB, n *node) {
 		client = sc.Client()
 	}
 	var err error
-	if ln.sc, err = scriptcache.NewFrom(context.Background(), client, scriptcache.WithObserver(w.metrics.obs)); err != nil {
+	if ln.sc, err = scriptcache.NewFrom(context.Background(), client, scriptcache.WithObserver(w.metrics)); err != nil {
 		t.Fatal(err)
 	}
 	ln.mgr, err = semaphore.NewManager(ln.sc, semaphore.Options{WatchdogLease: w.cfg.Lease})
@@ -519,7 +519,7 @@ func (w *world) judgeRoute(n *node, r *rateRoute, k *exactKey, local *localCount
 	// The concurrency middleware's fallback serves without its policy: only
 	// after an error it told (an exhausted pool needs no injected fault).
 	ms := w.checkHeaders(where, r, k, h, rec, allowed, !w.hist.unavailableNear(call, ret, n.i) && !r.errNear(call, ret))
-	if r.fallback == ratelimit.FallbackLocal && (out || r.errNear(call, ret)) {
+	if r.fallback == ratelimit.FallbackLocal && (out || w.metrics.localWithin(r.obsName(k), call, ret)) {
 		k.forget() // maybe decided locally: the model is Redis's
 		return
 	}
@@ -669,3 +669,12 @@ func (w *world) startLimits(ctx context.Context, wg *sync.WaitGroup, n *node) {
 // decide locally: LocalHold, then the probe that asks Redis again waits
 // up to Timeout while the others stay local, and a margin.
 const localSpan = ratelimit.DefaultLocalHold + ratelimit.DefaultTimeout + 100*time.Millisecond
+
+// obsName is the Event.Name of r's decisions for k: the Limiter's prefix,
+// or the gold plan's policy names.
+func (r *rateRoute) obsName(k *exactKey) string {
+	if len(k.models) > 1 {
+		return strings.Join(goldNames, ",")
+	}
+	return r.prefix
+}

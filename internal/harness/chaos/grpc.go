@@ -38,7 +38,6 @@ type grpcNode struct {
 	served sync.WaitGroup
 
 	mu       sync.Mutex
-	errs     []time.Time // OnError: the local fallback may have decided around each
 	timeouts []time.Time // OnError for a timeout
 }
 
@@ -53,7 +52,6 @@ func (w *world) newGRPC(t testing.TB, n *node) {
 		OnError: func(_ context.Context, _ string, err error) {
 			g.mu.Lock()
 			defer g.mu.Unlock()
-			g.errs = append(g.errs, time.Now())
 			if errors.Is(err, context.DeadlineExceeded) {
 				g.timeouts = append(g.timeouts, time.Now())
 			}
@@ -83,17 +81,6 @@ func (g *grpcNode) close() {
 	_ = g.conn.Close()
 	g.srv.Stop()
 	g.served.Wait()
-}
-
-func (g *grpcNode) errNear(from, to time.Time) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, e := range g.errs {
-		if !e.After(to) && !e.Add(localSpan).Before(from) {
-			return true
-		}
-	}
-	return false
 }
 
 // grpcWorker sends sequences of calls, one client key at a time (a third
@@ -179,7 +166,7 @@ func (w *world) judgeGRPC(ctx context.Context, n *node, g *grpcNode, k *exactKey
 		k.forget()
 		return
 	}
-	if g.errNear(call, ret) || w.outage(n.i, call, ret) {
+	if w.metrics.localWithin(g.prefix, call, ret) || w.outage(n.i, call, ret) {
 		k.forget() // maybe decided locally
 		return
 	}

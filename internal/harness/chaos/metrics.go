@@ -4,12 +4,15 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	sluiceotel "github.com/sluicekit/sluice/otel"
+	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // metricsCheck is the OpenTelemetry observer (Options.Names on) of the
@@ -18,14 +21,42 @@ import (
 // limit (a Limiter's prefix, a set's policy names), never a client's key;
 // so the series are bounded by the names configured, whatever the number
 // of clients, which the workload makes in the hundreds.
+//
+// It also keeps when each limit's local fallback decided (an
+// EventDecision from SourceLocal, by Event.Name): an answer decided then
+// may be the local bucket's, not Redis's.
 type metricsCheck struct {
 	reader   *sdkmetric.ManualReader
 	provider *sdkmetric.MeterProvider
 	obs      *sluiceotel.Observer
+
+	mu    sync.Mutex
+	local map[string][]time.Time // local decisions by Event.Name
+}
+
+// Observe passes e to the OpenTelemetry observer and notes local
+// decisions. It implements scriptcache.Observer.
+func (m *metricsCheck) Observe(e scriptcache.Event) {
+	m.obs.Observe(e)
+	if e.Kind == scriptcache.EventDecision && e.Source == scriptcache.SourceLocal {
+		m.mu.Lock()
+		m.local[e.Name] = append(m.local[e.Name], time.Now())
+		m.mu.Unlock()
+	}
+}
+
+// localWithin reports whether a local fallback decided under name within
+// [from, to].
+func (m *metricsCheck) localWithin(name string, from, to time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ts := m.local[name]
+	i, _ := slices.BinarySearchFunc(ts, from, func(t, from time.Time) int { return t.Compare(from) })
+	return i < len(ts) && !ts[i].After(to)
 }
 
 func newMetricsCheck() (*metricsCheck, error) {
-	m := &metricsCheck{reader: sdkmetric.NewManualReader()}
+	m := &metricsCheck{reader: sdkmetric.NewManualReader(), local: map[string][]time.Time{}}
 	m.provider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(m.reader))
 	var err error
 	m.obs, err = sluiceotel.New(m.provider, sluiceotel.Options{Names: true})
