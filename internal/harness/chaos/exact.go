@@ -206,6 +206,16 @@ func (m *algoModel) judge(a, b int64, n int) verdict {
 	v := verdict{mustAllow: pess.allowed, mustDeny: !opt.allowed, pess: pess, opt: opt, zero: m.eval(m.lo, b+slackUS, 0)}
 	v.lo, v.hi = pess, pess
 	v.widen(opt)
+	if m.spec.algo == ratelimit.FixedWindow {
+		// The time left of the window, E - s, is least at the least
+		// loaded state's end and the latest time, and comes as near 0
+		// as you like when the window may end within the interval.
+		v.widen(m.eval(m.lo, m.earliest(a), n))
+		v.widen(m.eval(m.hi, b+slackUS, n))
+		if m.expired(m.lo, b+slackUS) != m.expired(m.hi, m.earliest(a)) {
+			v.lo.reset = 0
+		}
+	}
 	if m.spec.algo == ratelimit.SlidingWindow {
 		// The figures are a sawtooth in time: at each window boundary
 		// within the interval they jump back.
