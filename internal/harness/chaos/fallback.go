@@ -413,6 +413,13 @@ func (w *world) routeWorker(ctx context.Context, n *node, rng *rand.Rand) {
 	period := w.cfg.Lease / 2
 	for ctx.Err() == nil && !n.closed.Load() {
 		r := ln.routes[rng.IntN(len(ln.routes))]
+		// While the node is cut off, a burst at the Local route: its
+		// bucket must refuse what passes its capacity.
+		now := time.Now()
+		burst := w.outage(n.i, now, now)
+		if burst {
+			r = ln.routes[2]
+		}
 		c := ln.newClient(n, rng, r.byIP)
 		plan := ""
 		if r.plans && rng.IntN(2) == 0 {
@@ -449,7 +456,9 @@ func (w *world) routeWorker(ctx context.Context, n *node, rng *rand.Rand) {
 			r.h.ServeHTTP(rec, req)
 			ret := time.Now()
 			w.judgeRoute(n, r, k, local, call, ret, rec)
-			sleep(ctx, pause(rng, period))
+			if !burst {
+				sleep(ctx, pause(rng, period))
+			}
 		}
 	}
 }
