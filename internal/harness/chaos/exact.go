@@ -675,7 +675,12 @@ func (w *world) exactWait(ctx context.Context, k *exactKey, l *ratelimit.Limiter
 			k.forget()
 			return
 		}
-		// Every try was denied: nothing was counted.
+		// Every try was denied: nothing was counted, and the deny cache
+		// may keep a denial of any try, its figures early by up to the
+		// whole call.
+		for _, m := range k.models {
+			m.cacheSlack = max(m.cacheSlack, ret.UnixMicro()-call.UnixMicro()+slackUS+earlyUS)
+		}
 		if !k.known() || w.wipedSince(k.born, ret) {
 			return
 		}
