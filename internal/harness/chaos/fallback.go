@@ -51,8 +51,8 @@ type rateRoute struct {
 
 	mu   sync.Mutex
 	errs []time.Time // OnError calls (its own, and the stacked concurrency middleware's)
-	// timeouts are the OnError calls for a timeout: an outage with no
-	// fault injected (a loaded machine, an exhausted pool).
+	// timeouts are the OnError calls for an outage (outageErr), which
+	// needs no fault injected: a loaded machine, an exhausted pool.
 	timeouts []time.Time
 }
 
@@ -61,9 +61,25 @@ func (r *rateRoute) told(err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.errs = append(r.errs, time.Now())
-	if errors.Is(err, context.DeadlineExceeded) {
+	if outageErr(err) {
 		r.timeouts = append(r.timeouts, time.Now())
 	}
+}
+
+// outageErr reports whether err is an outage (as Unavailable counts them)
+// and not the reply of a server that ran the script on a counter holding
+// a string: a timeout of a loaded machine, an exhausted pool, need no
+// injected fault.
+func outageErr(err error) bool {
+	if !ratelimit.Unavailable(err) {
+		return false
+	}
+	for _, s := range []string{"WRONGTYPE", "not an integer", "arithmetic", "script"} {
+		if strings.Contains(err.Error(), s) {
+			return false
+		}
+	}
+	return true
 }
 
 // timedOut reports whether a timeout was told within [from, to].
@@ -666,12 +682,14 @@ func (w *world) delKey(key string) {
 func (w *world) startLimits(ctx context.Context, wg *sync.WaitGroup, n *node) {
 	rng := rand.New(rand.NewPCG(w.cfg.Seed, 0x11a175+uint64(n.i)))
 	exact, r1, r2, g, r3, exact2 := rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64()
-	wg.Go(func() { w.exactWorker(ctx, n, 0, rand.New(rand.NewPCG(exact, 0xe8ac7))) })
-	wg.Go(func() { w.routeWorker(ctx, n, rand.New(rand.NewPCG(r1, 0x70de))) })
-	wg.Go(func() { w.routeWorker(ctx, n, rand.New(rand.NewPCG(r2, 0x70df))) })
-	wg.Go(func() { w.routeWorker(ctx, n, rand.New(rand.NewPCG(r3, 0x70e0))) })
-	wg.Go(func() { w.exactWorker(ctx, n, 1, rand.New(rand.NewPCG(exact2, 0xe8ac8))) })
-	wg.Go(func() { w.grpcWorker(ctx, n, rand.New(rand.NewPCG(g, 0x6a9c))) })
+	// They start once every node has loaded its scripts and settled.
+	start := func(f func()) { wg.Go(func() { sleep(ctx, w.cfg.Lease/8); f() }) }
+	start(func() { w.exactWorker(ctx, n, 0, rand.New(rand.NewPCG(exact, 0xe8ac7))) })
+	start(func() { w.routeWorker(ctx, n, rand.New(rand.NewPCG(r1, 0x70de))) })
+	start(func() { w.routeWorker(ctx, n, rand.New(rand.NewPCG(r2, 0x70df))) })
+	start(func() { w.routeWorker(ctx, n, rand.New(rand.NewPCG(r3, 0x70e0))) })
+	start(func() { w.exactWorker(ctx, n, 1, rand.New(rand.NewPCG(exact2, 0xe8ac8))) })
+	start(func() { w.grpcWorker(ctx, n, rand.New(rand.NewPCG(g, 0x6a9c))) })
 }
 
 // localSpan is how long after an OnError a Local fallback may still

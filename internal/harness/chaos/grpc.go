@@ -38,7 +38,7 @@ type grpcNode struct {
 	served sync.WaitGroup
 
 	mu       sync.Mutex
-	timeouts []time.Time // OnError for a timeout
+	timeouts []time.Time // OnError for an outage (outageErr)
 }
 
 func (w *world) newGRPC(t testing.TB, n *node) {
@@ -52,7 +52,7 @@ func (w *world) newGRPC(t testing.TB, n *node) {
 		OnError: func(_ context.Context, _ string, err error) {
 			g.mu.Lock()
 			defer g.mu.Unlock()
-			if errors.Is(err, context.DeadlineExceeded) {
+			if outageErr(err) {
 				g.timeouts = append(g.timeouts, time.Now())
 			}
 		}})
@@ -240,10 +240,10 @@ func (w *world) checkerSequence(ctx context.Context, n *node, c client, rng *ran
 		call := time.Now()
 		_, err := ln.checker.Check(context.Background(), c.apikey, nil)
 		ret := time.Now()
-		// A timeout is an outage, fault or not; any other error Unavailable
-		// counts is the semantic error sent to a fallback.
-		timeout := errors.Is(err, context.DeadlineExceeded)
-		if (err == nil || ratelimit.Unavailable(err) && !timeout) && !n.closed.Load() && !w.hist.unavailableNear(call, ret, n.i) && !w.wipedSince(setAt, ret) {
+		// An outage (a timeout, an exhausted pool) needs no fault
+		// injected; a server's reply that Unavailable counts as one is
+		// the semantic error sent to a fallback.
+		if (err == nil || ratelimit.Unavailable(err) && !outageErr(err)) && !n.closed.Load() && !w.hist.unavailableNear(call, ret, n.i) && !w.wipedSince(setAt, ret) {
 			w.hist.violation("Checker for a key whose counter holds a string (called %s): %v, want an error Unavailable does not count as an outage", w.hist.since(call), err)
 		}
 		return
