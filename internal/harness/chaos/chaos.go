@@ -16,7 +16,12 @@
 //   - a semaphore's permits held by holders not told of a loss never weigh
 //     more than its capacity;
 //   - rate limits: allowed cost in any span of one period within each
-//     algorithm's documented bound;
+//     algorithm's documented bound; on keys one goroutine alone uses, an
+//     exact model of each algorithm says what must be allowed and what
+//     must be refused, and the figures and header fields of each answer,
+//     through the Limiters, the middlewares with each Fallback, the
+//     Checker and the gRPC interceptors (exact.go, fallback.go,
+//     headers.go, grpc.go; README.md in this directory lists the checks);
 //   - every error is one of the documented sentinels or a context error,
 //     unless a fault was in force around the call; nothing panics;
 //   - after the workload, no lock or permit is left held (renewed for

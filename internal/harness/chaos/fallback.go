@@ -570,20 +570,20 @@ func short(k string) string {
 	return k
 }
 
-// checkLocalBound: FallbackLocal's bucket per key passes at most its
-// capacity at once and Rate per Period after.
+// checkLocalBound: FallbackLocal's bucket per key (one per policy of a
+// set) passes at most its capacity at once and Rate per Period after.
 func (w *world) checkLocalBound(where string, k *exactKey, local *localCount) {
-	spec := k.models[0].spec
-	for i := range k.models {
-		spec = k.models[i].spec // the set's any policy bounds it: use the last
+	span := local.allowed[len(local.allowed)-1].Sub(local.allowed[0])
+	bound, spec := -1, k.models[0].spec
+	for _, m := range k.models {
+		b := m.capacity() + int(float64(m.spec.limit.Rate)*float64(span)/float64(m.spec.limit.Period)) + 1
+		if bound < 0 || b < bound {
+			bound, spec = b, m.spec
+		}
 	}
-	capacity := newModel(spec).capacity()
-	from := local.allowed[0]
-	span := local.allowed[len(local.allowed)-1].Sub(from)
-	bound := capacity + int(float64(spec.limit.Rate)*float64(span)/float64(spec.limit.Period)) + 1
 	if len(local.allowed) > bound {
 		w.hist.violation("%s: %d requests passed in %v of an outage under Fallback local, whose bucket (%v, capacity %d) passes at most %d",
-			where, len(local.allowed), span.Round(time.Millisecond), spec.limit, capacity, bound)
+			where, len(local.allowed), span.Round(time.Millisecond), spec.limit, newModel(spec).capacity(), bound)
 		local.allowed = nil
 	}
 }
