@@ -476,6 +476,9 @@ func (w *world) routeWorker(ctx context.Context, n *node, rng *rand.Rand) {
 				sleep(ctx, pause(rng, period))
 			}
 		}
+		if burst {
+			sleep(ctx, period/4) // one burst, not a spin for the whole outage
+		}
 	}
 }
 
