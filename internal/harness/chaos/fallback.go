@@ -441,7 +441,7 @@ func (w *world) routeWorker(ctx context.Context, n *node, rng *rand.Rand) {
 		if r.plans && rng.IntN(2) == 0 {
 			plan = goldName
 		}
-		if plan == "" && rng.IntN(20) == 0 {
+		if plan == "" && rng.IntN(10) == 0 {
 			w.routeSemantic(ctx, n, r, c, rng)
 			continue
 		}
