@@ -617,10 +617,12 @@ func (w *world) outage(node int, call, ret time.Time) bool {
 
 // routeSemantic stages a semantic error: the client's counter holds a
 // string, which every Fallback must answer with 500, never with itself,
-// unless an outage kept Redis from answering.
+// unless the route told OnError of an outage (Redis did not answer): a
+// fault near is no excuse, a reply is a reply.
 func (w *world) routeSemantic(ctx context.Context, n *node, r *rateRoute, c client, rng *rand.Rand) {
 	suffix := map[ratelimit.Algorithm]string{ratelimit.FixedWindow: ":f", ratelimit.SlidingWindow: ":s", ratelimit.GCRA: ":g"}[r.spec.algo]
 	rkey := keyspace.Key(r.prefix, c.key, suffix)
+	setAt := time.Now()
 	if !w.setString(rkey) {
 		return
 	}
@@ -630,7 +632,7 @@ func (w *world) routeSemantic(ctx context.Context, n *node, r *rateRoute, c clie
 	call := time.Now()
 	r.h.ServeHTTP(rec, r.request(ctx, c, rng))
 	ret := time.Now()
-	if rec.Code != http.StatusInternalServerError && !n.closed.Load() && !w.hist.unavailableNear(call, ret, n.i) && !timedOut(&r.mu, r.timeouts, call, ret) {
+	if rec.Code != http.StatusInternalServerError && !n.closed.Load() && !timedOut(&r.mu, r.timeouts, call, ret) && !w.wipedSince(setAt, ret) {
 		w.hist.violation("route %s (Fallback %v): %d for a client whose counter holds a string (called %s): a semantic error is a 500, never the fallback",
 			r.name, r.fallback, rec.Code, w.hist.since(call))
 	}

@@ -216,8 +216,7 @@ func (w *world) grpcSemantic(ctx context.Context, n *node, g *grpcNode, c client
 	call := time.Now()
 	err := g.call(ctx, c.apikey, false)
 	ret := time.Now()
-	if code := status.Code(err); code != codes.Internal && !n.closed.Load() && !w.hist.unavailableNear(call, ret, n.i) && !w.wipedSince(setAt, ret) &&
-		!timedOut(&g.mu, g.timeouts, call, ret) {
+	if code := status.Code(err); code != codes.Internal && !n.closed.Load() && !w.wipedSince(setAt, ret) && !timedOut(&g.mu, g.timeouts, call, ret) {
 		w.hist.violation("gRPC unary for a client whose counter holds a string (called %s): %v, want Internal: a semantic error is never the fallback", w.hist.since(call), err)
 	}
 }
@@ -243,7 +242,7 @@ func (w *world) checkerSequence(ctx context.Context, n *node, c client, rng *ran
 		// An outage (a timeout, an exhausted pool) needs no fault
 		// injected; a server's reply that Unavailable counts as one is
 		// the semantic error sent to a fallback.
-		if (err == nil || ratelimit.Unavailable(err) && !outageErr(err)) && !n.closed.Load() && !w.hist.unavailableNear(call, ret, n.i) && !w.wipedSince(setAt, ret) {
+		if (err == nil || ratelimit.Unavailable(err) && !outageErr(err)) && !n.closed.Load() && !w.wipedSince(setAt, ret) {
 			w.hist.violation("Checker for a key whose counter holds a string (called %s): %v, want an error Unavailable does not count as an outage", w.hist.since(call), err)
 		}
 		return
