@@ -632,7 +632,10 @@ func (w *world) routeSemantic(ctx context.Context, n *node, r *rateRoute, c clie
 	call := time.Now()
 	r.h.ServeHTTP(rec, r.request(ctx, c, rng))
 	ret := time.Now()
-	if rec.Code != http.StatusInternalServerError && !n.closed.Load() && !timedOut(&r.mu, r.timeouts, call, ret) && !w.wipedSince(setAt, ret) {
+	// A Local route still deciding locally after an earlier outage does
+	// not ask Redis, and never sees the string.
+	local := r.fallback == ratelimit.FallbackLocal && w.metrics.localWithin(r.prefix, call, ret)
+	if rec.Code != http.StatusInternalServerError && !n.closed.Load() && !timedOut(&r.mu, r.timeouts, call, ret) && !w.wipedSince(setAt, ret) && !local {
 		w.hist.violation("route %s (Fallback %v): %d for a client whose counter holds a string (called %s): a semantic error is a 500, never the fallback",
 			r.name, r.fallback, rec.Code, w.hist.since(call))
 	}
