@@ -73,8 +73,9 @@ for i = 1, n do
     if msgpack then
       s1, s2, s3 = msgpack.unpack(v)
     else
-      local it = string.gmatch(v, '%S+')
-      s1, s2, s3 = tonumber(it() or ''), tonumber(it() or ''), tonumber(it() or '')
+      local st = {}
+      for x in string.gmatch(v, '%S+') do st[#st + 1] = tonumber(x) end
+      s1, s2, s3 = st[1], st[2], st[3]
     end
   end
   -- Per counter: room for the cost; remaining and reset now, and after
