@@ -359,3 +359,33 @@ func TestCheckCountersLocal(t *testing.T) {
 		t.Fatalf("local decisions %v, want %v (alice's denials cost the organisation nothing)", got, want)
 	}
 }
+
+// TestCountersOnEmbedded runs every kind of counter on miniredis, which
+// keeps states in text rather than MessagePack, with its clock stopped:
+// the second call reads the first one's state (it failed on gopher-lua's
+// gmatch before the fix), and an aligned window ends at a whole multiple
+// of its period, not a period after its first request.
+func TestCountersOnEmbedded(t *testing.T) {
+	for _, k := range counterKinds {
+		t.Run(k.name, func(t *testing.T) {
+			l, mr := newFrozenLimiter(t, Options{Limit: PerSecond(1), DisableDenyCache: true}, window10s.Add(4*time.Second))
+			c := Counter{Key: "k", Policy: Policy{Algorithm: k.algo, Limit: Limit{Rate: 2, Period: 10 * time.Second}}, Aligned: k.aligned}
+			var got []bool
+			for range 3 {
+				got = append(got, allowCounters(t, l, "g", c).Allowed)
+			}
+			if fmt.Sprint(got) != "[true true false]" {
+				t.Fatalf("three calls against 2 per 10s: %v", got)
+			}
+			if k.aligned {
+				if d := allowCounters(t, l, "g", c); d.RetryAfter != 6*time.Second {
+					t.Fatalf("aligned window: RetryAfter %v, want 6s (the window ends at 10s)", d.RetryAfter)
+				}
+				mr.SetTime(window10s.Add(10 * time.Second))
+				if d := allowCounters(t, l, "g", c); !d.Allowed || d.Results[0].Remaining != 1 {
+					t.Fatalf("next aligned window: %+v", d)
+				}
+			}
+		})
+	}
+}
