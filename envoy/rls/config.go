@@ -63,15 +63,15 @@ type keyed struct {
 }
 
 type node struct {
-	rule     *Rule  // nil when the entry sets no rate_limit
+	rule     *rule  // nil when the entry sets no rate_limit
 	children *level // nil when nothing is nested
 	parts    []string
 	pattern  string // the value, for a wildcard
 	share    bool   // share_threshold: one counter for every match
 }
 
-// Rule is the rate limit a descriptor matched.
-type Rule struct {
+// rule is the rate limit a descriptor matched.
+type rule struct {
 	// Name is the rate_limit's name (for replaces), or "".
 	Name string
 	// Replaces lists the names of the rules this one replaces when both
@@ -92,7 +92,7 @@ type Rule struct {
 	Unit            rlspb.RateLimitResponse_RateLimit_Unit
 	// Algorithm is the counting method (extension; default the window
 	// aligned on the epoch that envoyproxy/ratelimit counts in).
-	Algorithm Algorithm
+	Algorithm algorithm
 	// Burst is GCRA's bucket (extension; 0 means RequestsPerUnit).
 	Burst int
 	// period is the unit as a duration (times unit_multiplier, for a
@@ -100,33 +100,33 @@ type Rule struct {
 	period time.Duration
 }
 
-// Algorithm is a rule's counting method, the extension key "algorithm".
-type Algorithm int
+// algorithm is a rule's counting method, the extension key "algorithm".
+type algorithm int
 
 const (
-	// FixedWindow ("fixed_window", the default) counts requests per window
+	// algoFixed ("fixed_window", the default) counts requests per window
 	// of the unit aligned on the Unix epoch (a minute's window starts at
 	// every whole minute, a day's at midnight UTC), as envoyproxy/ratelimit
 	// does.
-	FixedWindow Algorithm = iota
-	// SlidingWindow ("sliding_window") weighs the previous window's count by
+	algoFixed algorithm = iota
+	// algoSliding ("sliding_window") weighs the previous window's count by
 	// how much of it the sliding window still covers.
-	SlidingWindow
-	// GCRA ("gcra") is a token bucket of Burst tokens refilled at
+	algoSliding
+	// algoGCRA ("gcra") is a token bucket of Burst tokens refilled at
 	// RequestsPerUnit per unit.
-	GCRA
+	algoGCRA
 )
 
-var algorithmNames = map[string]Algorithm{"fixed_window": FixedWindow, "sliding_window": SlidingWindow, "gcra": GCRA}
+var algorithmNames = map[string]algorithm{"fixed_window": algoFixed, "sliding_window": algoSliding, "gcra": algoGCRA}
 
 // String returns the name the configuration uses.
-func (a Algorithm) String() string {
+func (a algorithm) String() string {
 	for name, v := range algorithmNames {
 		if v == a {
 			return name
 		}
 	}
-	return fmt.Sprintf("Algorithm(%d)", int(a))
+	return fmt.Sprintf("algorithm(%d)", int(a))
 }
 
 // unitPeriods are the units' lengths as envoyproxy/ratelimit counts them
@@ -143,15 +143,15 @@ var unitPeriods = map[rlspb.RateLimitResponse_RateLimit_Unit]time.Duration{
 
 // policy is the rule's limit for package ratelimit; ok is false for a
 // rule of 0 requests, which denies without counting.
-func (r *Rule) policy() (p ratelimit.Policy, aligned, ok bool) {
+func (r *rule) policy() (p ratelimit.Policy, aligned, ok bool) {
 	if r.RequestsPerUnit == 0 {
 		return p, false, false
 	}
 	p.Limit = ratelimit.Limit{Rate: int(r.RequestsPerUnit), Period: r.period}
 	switch r.Algorithm {
-	case GCRA:
+	case algoGCRA:
 		p.Algorithm, p.Limit.Burst = ratelimit.GCRA, r.Burst
-	case SlidingWindow:
+	case algoSliding:
 		p.Algorithm = ratelimit.SlidingWindow
 	default:
 		p.Algorithm, aligned = ratelimit.FixedWindow, true
@@ -161,8 +161,8 @@ func (r *Rule) policy() (p ratelimit.Policy, aligned, ok bool) {
 
 // capacity is the most requests the rule allows at once: its burst for
 // GCRA, else its requests per unit.
-func (r *Rule) capacity() int {
-	if r.Algorithm == GCRA && r.Burst > 0 {
+func (r *rule) capacity() int {
+	if r.Algorithm == algoGCRA && r.Burst > 0 {
 		return r.Burst
 	}
 	return int(r.RequestsPerUnit)
@@ -212,7 +212,7 @@ func Parse(files ...File) (*Config, error) {
 		dec := yaml.NewDecoder(bytes.NewReader(f.Data))
 		dec.KnownFields(true) // an unknown key is an error, as there
 		if err := dec.Decode(&y); err != nil && !errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%w: %s: %v", ErrConfig, f.Name, err)
+			return nil, fmt.Errorf("%w: %s: %w", ErrConfig, f.Name, err)
 		}
 		if y.Domain == "" {
 			return nil, fmt.Errorf("%w: %s: the domain is empty", ErrConfig, f.Name)
@@ -270,8 +270,8 @@ func buildLevel(ds []descYAML, parent string) (*level, error) {
 			k = &keyed{exact: make(map[string]*node)}
 			lvl.keys[d.Key] = k
 		}
-		switch {
-		case d.Value == "":
+		switch d.Value {
+		case "":
 			if k.any != nil {
 				return nil, fmt.Errorf("%s: the key appears twice without a value at one level", path)
 			}
@@ -290,17 +290,17 @@ func buildLevel(ds []descYAML, parent string) (*level, error) {
 	return lvl, nil
 }
 
-func buildRule(d descYAML, path string) (*Rule, error) {
+func buildRule(d descYAML, path string) (*rule, error) {
 	y := d.RateLimit
-	r := &Rule{Name: y.Name, Metric: path, Unlimited: y.Unlimited, Shadow: d.ShadowMode, RequestsPerUnit: y.RequestsPerUnit}
+	r := &rule{Name: y.Name, Metric: path, Unlimited: y.Unlimited, Shadow: d.ShadowMode, RequestsPerUnit: y.RequestsPerUnit}
 	if y.Name != "" {
 		r.Metric = y.Name
 	}
 	for _, rep := range y.Replaces {
-		switch {
-		case rep.Name == "":
+		switch rep.Name {
+		case "":
 			return nil, fmt.Errorf("%s: a replaces entry has no name", path)
-		case rep.Name == y.Name:
+		case y.Name:
 			return nil, fmt.Errorf("%s: the rule replaces itself (%q)", path, rep.Name)
 		}
 		r.Replaces = append(r.Replaces, rep.Name)
@@ -328,7 +328,7 @@ func buildRule(d descYAML, path string) (*Rule, error) {
 		}
 		r.Algorithm = a
 	}
-	if y.Burst != 0 && r.Algorithm != GCRA {
+	if y.Burst != 0 && r.Algorithm != algoGCRA {
 		return nil, fmt.Errorf("%s: burst needs algorithm gcra", path)
 	}
 	if y.Burst < 0 || y.Burst > math.MaxInt32 {
@@ -348,7 +348,7 @@ func buildRule(d descYAML, path string) (*Rule, error) {
 // match is the rule a descriptor's entries select, and for each entry
 // matched by a share_threshold wildcard, its pattern.
 type match struct {
-	rule   *Rule
+	rule   *rule
 	shared map[int]string
 }
 

@@ -20,7 +20,7 @@ const ScopeName = "github.com/sluicekit/sluice/envoy/rls"
 //	sluice.envoy.reloads      counter  configuration loads  {result}
 //
 // code is ok, over_limit or error; outcome is the Outcome's name; rule is
-// the Rule's Metric: its name, or its path of configured keys and values,
+// the rule's name, or its path of configured keys and values,
 // never a value from a request (values are user data, without bound).
 // domain is the request's domain, which Envoy's configuration sets.
 type Metrics struct {

@@ -126,8 +126,9 @@ type Options struct {
 }
 
 // Recorder is told about each decision of a Service: the request's domain
-// and code, and for each descriptor with a rule, the rule's Metric name
-// and what happened to it. It is called synchronously; keep it fast.
+// and code (the domain empty when it is not configured), and for each
+// descriptor with a rule, the rule's name (or its path of configured keys
+// and values) and what happened to it. It is called synchronously; keep it fast.
 type Recorder interface {
 	Request(domain string, code Code)
 	Descriptor(domain, rule string, outcome Outcome)
@@ -192,8 +193,6 @@ type Service struct {
 	opts    Options
 	log     *slog.Logger
 	config  atomic.Pointer[Config]
-	// local reports an outage the local fallback answered.
-	onLocal func(context.Context, error)
 }
 
 // New returns a Service deciding with l under cfg.
@@ -245,7 +244,7 @@ func (s *Service) Config() *Config { return s.config.Load() }
 // where its answer goes.
 type limited struct {
 	index   int // in the request
-	rule    *Rule
+	rule    *rule
 	counter int // in the call's counters; -1 for a rule of 0 requests
 	shadow  bool
 }
@@ -445,7 +444,7 @@ func (s *Service) decide(ctx context.Context, req *rlspb.RateLimitRequest) (*rls
 }
 
 // record tells the Recorder about one descriptor.
-func (s *Service) record(domain string, r *Rule, o Outcome) {
+func (s *Service) record(domain string, r *rule, o Outcome) {
 	if s.opts.Metrics != nil {
 		s.opts.Metrics.Descriptor(domain, r.Metric, o)
 	}
@@ -519,7 +518,7 @@ func overrideRule(o *rlcommon.RateLimitDescriptor_RateLimitOverride, entries []e
 	if !ok {
 		return match{}, status.Errorf(codes.InvalidArgument, "limit override unit %v", o.GetUnit())
 	}
-	r := &Rule{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: unit, period: unitPeriods[unit]}
+	r := &rule{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: unit, period: unitPeriods[unit]}
 	if m := o.GetUnitMultiplier(); m != nil && m.GetValue() > 1 {
 		r.period *= time.Duration(m.GetValue())
 	}

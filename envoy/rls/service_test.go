@@ -67,7 +67,14 @@ func start(t *testing.T, addrs []string, yaml string, opts rls.Options, prefix .
 
 func startConfig(t *testing.T, addrs []string, cfg *rls.Config, opts rls.Options, prefix ...string) *env {
 	t.Helper()
-	e := &env{raw: redistest.Client(t, addrs...)}
+	return startLimiter(t, redistest.Client(t, addrs...), cfg, opts, ratelimit.Options{}, prefix...)
+}
+
+// startLimiter is startConfig on a client of the caller's, with the
+// Limiter's options (Limit and Prefix are set here).
+func startLimiter(t *testing.T, client rueidis.Client, cfg *rls.Config, opts rls.Options, lopts ratelimit.Options, prefix ...string) *env {
+	t.Helper()
+	e := &env{raw: client}
 	if len(prefix) > 0 {
 		e.prefix = prefix[0]
 	} else {
@@ -77,7 +84,8 @@ func startConfig(t *testing.T, addrs []string, cfg *rls.Config, opts rls.Options
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := ratelimit.New(sc, ratelimit.Options{Limit: ratelimit.PerSecond(1), Prefix: e.prefix})
+	lopts.Limit, lopts.Prefix = ratelimit.PerSecond(1), e.prefix
+	l, err := ratelimit.New(sc, lopts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +110,7 @@ func serve(t *testing.T, svc *rls.Service) rlspb.RateLimitServiceClient {
 	gs := grpc.NewServer()
 	rlspb.RegisterRateLimitServiceServer(gs, svc)
 	done := make(chan struct{})
-	go func() { defer close(done); gs.Serve(lis) }() //nolint:errcheck // ends with Stop
+	go func() { defer close(done); gs.Serve(lis) }()
 	t.Cleanup(func() { gs.Stop(); <-done })
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"context"
 	"crypto/tls"
 	_ "embed"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -250,7 +251,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		gs.Stop()
 		<-stopped
 	}
-	<-served
+	if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
 	log.Info("stopped")
 	return nil
 }

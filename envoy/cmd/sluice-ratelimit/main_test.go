@@ -36,7 +36,7 @@ const (
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
 		ctx, cancel := context.WithCancel(context.Background())
-		go func() { io.Copy(io.Discard, os.Stdin); cancel() }() //nolint:errcheck // EOF ends it
+		go func() { io.Copy(io.Discard, os.Stdin); cancel() }()
 		if err := run(ctx, strings.Split(os.Getenv(childArgsEnv), "\n"), os.Getenv, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -202,7 +202,7 @@ func TestCheck(t *testing.T) {
 		t.Fatalf("-check printed %q", out.String())
 	}
 	dir := t.TempDir()
-	os.WriteFile(dir+"/bad.yaml", []byte("domain: x\nfoo: 1\n"), 0o644) //nolint:errcheck // read below
+	os.WriteFile(dir+"/bad.yaml", []byte("domain: x\nfoo: 1\n"), 0o644)
 	if err := run(context.Background(), []string{"-check", "-config", dir}, func(string) string { return "" }, &out); err == nil || !strings.Contains(err.Error(), "bad.yaml") {
 		t.Fatalf("-check of a bad file: %v", err)
 	}
@@ -232,7 +232,7 @@ func startChild(t *testing.T, args ...string) *child {
 		t.Fatal(err)
 	}
 	c := &child{cmd: cmd, stdin: stdin}
-	t.Cleanup(func() { stdin.Close(); cmd.Wait() }) //nolint:errcheck // ends with its stdin
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		if m := servingRE.FindStringSubmatch(sc.Text()); m != nil {
@@ -243,7 +243,7 @@ func startChild(t *testing.T, args ...string) *child {
 	if c.addr == "" {
 		t.Fatal("child service did not start")
 	}
-	go io.Copy(io.Discard, stdout) //nolint:errcheck // drained until it exits
+	go io.Copy(io.Discard, stdout)
 	return c
 }
 
