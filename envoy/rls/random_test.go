@@ -290,7 +290,7 @@ func counted(t *testing.T, e *env, c string) int {
 	var d *rlcommon.RateLimitDescriptor
 	if kind == "path/user" {
 		var p, u string
-		fmt.Sscanf(val, "%s %s", &p, &u) //nolint:errcheck // the test wrote it
+		fmt.Sscanf(val, "%s %s", &p, &u)
 		d = desc("path", p, "user", u)
 	} else {
 		d = desc(kind, val)
