@@ -33,7 +33,11 @@ func TestReadmeEnvoySnippet(t *testing.T) {
 		t.Fatal("no yaml block in the Envoy section")
 	}
 	body := readme[i+start+len("```yaml\n"):]
-	body = body[:strings.Index(body, "```")]
+	end := strings.Index(body, "```")
+	if end < 0 {
+		t.Fatal("the yaml block does not end")
+	}
+	body = body[:end]
 	var v any
 	if err := yaml.Unmarshal([]byte(body), &v); err != nil {
 		t.Fatal(err)

@@ -245,9 +245,15 @@ func (s *Service) Config() *Config { return s.config.Load() }
 type limited struct {
 	index   int // in the request
 	rule    *rule
-	counter int // in the call's counters; -1 for a rule of 0 requests
+	counter int // in the call's counters, or overAlways or peekZero
 	shadow  bool
 }
+
+// Counters of descriptors decided without Redis.
+const (
+	overAlways = -1 // a rule of 0 requests, or hits above the rule's capacity
+	peekZero   = -2 // hits 0 on a rule of 0 requests
+)
 
 // ShouldRateLimit decides a request. Its gRPC errors:
 //   - codes.InvalidArgument: an empty domain, no descriptors, a
@@ -334,10 +340,10 @@ func (s *Service) decide(ctx context.Context, req *rlspb.RateLimitRequest) (*rls
 		group = req.Domain + "\x00" + shardValue
 	}
 	var (
-		counters []ratelimit.Counter
-		lims     []limited
-		byKey    = make(map[string]int) // counter key and kind: its index in counters
-		zeroDeny bool
+		counters     []ratelimit.Counter
+		lims         []limited
+		byKey        = make(map[string]int) // counter key and kind: its index in counters
+		deniedAtOnce bool
 	)
 	for i, d := range descs {
 		r := matches[i].rule
@@ -355,19 +361,20 @@ func (s *Service) decide(ctx context.Context, req *rlspb.RateLimitRequest) (*rls
 			continue
 		}
 		shadow := r.Shadow || s.opts.ShadowMode
-		pol, aligned, ok := r.policy()
-		if !ok {
-			lims = append(lims, limited{index: i, rule: r, counter: -1, shadow: shadow})
-			zeroDeny = zeroDeny || !shadow
-			continue
-		}
 		cost, peek := hitsOf(req, d)
-		if !peek && cost > r.capacity() && !shadow {
-			// More than the rule could ever allow at once: denied, as
-			// envoyproxy/ratelimit would find it over its limit, and
-			// counted nowhere.
-			lims = append(lims, limited{index: i, rule: r, counter: -1, shadow: shadow})
-			zeroDeny = true
+		pol, aligned, ok := r.policy()
+		switch {
+		case !ok && peek:
+			// A look at a rule of 0 requests: nothing to count, nothing
+			// over.
+			lims = append(lims, limited{index: i, rule: r, counter: peekZero, shadow: shadow})
+			continue
+		case !ok, !peek && cost > r.capacity():
+			// A rule of 0 requests, or more hits than the rule could ever
+			// allow at once: over its limit, as envoyproxy/ratelimit finds
+			// it, without asking Redis; the request is counted nowhere.
+			lims = append(lims, limited{index: i, rule: r, counter: overAlways, shadow: shadow})
+			deniedAtOnce = deniedAtOnce || !shadow
 			continue
 		}
 		key := counterName(entriesOf(d), matches[i].shared)
@@ -395,14 +402,14 @@ func (s *Service) decide(ctx context.Context, req *rlspb.RateLimitRequest) (*rls
 		return nil, CodeError, status.Errorf(codes.InvalidArgument, "%d limited descriptors; at most %d", len(counters), ratelimit.MaxCounters)
 	}
 	var dec ratelimit.Decision
-	if len(counters) > 0 && !zeroDeny {
+	if len(counters) > 0 && !deniedAtOnce {
 		var err error
 		dec, err = s.checker.CheckCounters(ctx, group, counters)
 		if err != nil {
 			return nil, CodeError, s.statusOf(err)
 		}
 	}
-	allowed := !zeroDeny && (len(counters) == 0 || dec.Allowed)
+	allowed := !deniedAtOnce && (len(counters) == 0 || dec.Allowed)
 	for _, lm := range lims {
 		st := &rlspb.RateLimitResponse_DescriptorStatus{
 			Code:         rlspb.RateLimitResponse_OK,
@@ -410,8 +417,10 @@ func (s *Service) decide(ctx context.Context, req *rlspb.RateLimitRequest) (*rls
 		}
 		room := false
 		switch {
-		case lm.counter < 0: // 0 requests: never room
-		case len(dec.Results) == 0: // not asked: a rule of 0 requests denied
+		case lm.counter == peekZero:
+			room = true
+		case lm.counter == overAlways:
+		case len(dec.Results) == 0: // not asked: another descriptor was over at once
 			room = true
 		default:
 			res := dec.Results[lm.counter]

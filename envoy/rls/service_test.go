@@ -92,6 +92,11 @@ func startLimiter(t *testing.T, client rueidis.Client, cfg *rls.Config, opts rls
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Timeout == 0 {
+		// Generous: these tests are not about a slow Redis, and the
+		// machine may be loaded.
+		opts.Timeout = 10 * time.Second
+	}
 	if e.svc, err = rls.New(l, cfg, opts); err != nil {
 		t.Fatal(err)
 	}
@@ -265,6 +270,13 @@ descriptors:
 		}
 		if got := e.allowed(t, req("edge", desc("remote_address", "50.0.0.1")), 1); got != 1 {
 			t.Fatal("another address refused")
+		}
+		// A look (hits 0) at the blocked address adds nothing and is not
+		// over: 0 + 0 is not above 0.
+		peek := desc("remote_address", "50.0.0.5")
+		peek.HitsAddend = wrapperspb.UInt64(0)
+		if resp := e.ask(t, req("edge", peek)); resp.OverallCode != rlspb.RateLimitResponse_OK {
+			t.Fatalf("a look at the blocked address: %v", resp)
 		}
 		if ks := e.keys(t); len(ks) != 1 {
 			t.Fatalf("keys %v, want one (the refused address counted nowhere)", ks)
@@ -505,9 +517,9 @@ func TestGlobalShadowMode(t *testing.T) {
 // slot; with shard_key, a tenant's counters are in the tenant's, and
 // tenants spread over the cluster.
 func TestShardKey(t *testing.T) {
-	addrs := redistest.SharedCluster(t).Addrs()
+	cluster := redistest.SharedCluster(t)
 	yaml := orgConfig + "shard_key: org\n"
-	e := start(t, addrs, yaml, rls.Options{})
+	e := start(t, cluster.Addrs(), yaml, rls.Options{})
 	slots := map[uint16]bool{}
 	for i := range 20 {
 		org := fmt.Sprint("org", i)
@@ -519,14 +531,14 @@ func TestShardKey(t *testing.T) {
 			t.Fatalf("%s's user: %d left, want 3", org, got)
 		}
 	}
-	// Read the keys from every master.
-	for _, a := range addrs {
-		c := redistest.Client(t, a)
-		ks, err := c.Do(context.Background(), c.B().Keys().Pattern(e.prefix+"*").Build()).AsStrSlice()
+	// Read the keys of every master, on a connection of its own (a
+	// cluster client sends KEYS to any node).
+	for _, n := range cluster.Nodes {
+		out, err := n.Do("KEYS", e.prefix+"*")
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, k := range ks {
+		for _, k := range strings.Fields(out) {
 			slots[keyspace.Slot(k)] = true
 		}
 	}
@@ -539,8 +551,8 @@ func TestShardKey(t *testing.T) {
 // failure_mode_deny decides), or with FallbackLocal answered locally.
 func TestOutage(t *testing.T) {
 	srv := redistest.NewServer(t)
-	plain := start(t, []string{srv.Addr()}, orgConfig, rls.Options{Timeout: 100 * time.Millisecond})
-	local := start(t, []string{srv.Addr()}, orgConfig, rls.Options{Timeout: 100 * time.Millisecond, FallbackLocal: true})
+	plain := start(t, []string{srv.Addr()}, orgConfig, rls.Options{Timeout: 2 * time.Second})
+	local := start(t, []string{srv.Addr()}, orgConfig, rls.Options{Timeout: 2 * time.Second, FallbackLocal: true})
 	plain.ask(t, req("api", desc("user", "a")))
 	srv.Kill()
 	_, err := plain.client.ShouldRateLimit(context.Background(), req("api", desc("user", "a")))
@@ -593,10 +605,10 @@ func TestReloadUnderLoad(t *testing.T) {
 	var passed atomic.Int64
 	var mu sync.Mutex
 	cond := sync.NewCond(&mu)
-	answered := 0 // guarded by mu
+	answered, failed := 0, false // guarded by mu
 	waitAnswered := func(n int) {
 		mu.Lock()
-		for answered < n {
+		for answered < n && !failed {
 			cond.Wait()
 		}
 		mu.Unlock()
@@ -614,6 +626,10 @@ func TestReloadUnderLoad(t *testing.T) {
 				resp, err := e.client.ShouldRateLimit(context.Background(), req("api", desc("org", "acme")))
 				if err != nil {
 					t.Error(err)
+					mu.Lock()
+					failed = true
+					cond.Broadcast()
+					mu.Unlock()
 					return
 				}
 				mu.Lock()

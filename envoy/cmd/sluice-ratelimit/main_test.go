@@ -83,7 +83,9 @@ func startInProcess(t *testing.T, args ...string) (string, func() error, context
 	var result error
 	go func() {
 		defer close(ended)
-		result = run(ctx, append([]string{"-grpc-addr", "127.0.0.1:0"}, args...), func(string) string { return "" }, out)
+		// A generous timeout first (a later flag wins): the machine may be
+		// loaded.
+		result = run(ctx, append([]string{"-grpc-addr", "127.0.0.1:0", "-timeout", "10s"}, args...), func(string) string { return "" }, out)
 	}()
 	wait := func() error { <-ended; return result }
 	t.Cleanup(func() { cancel(); <-ended })
@@ -218,7 +220,7 @@ type child struct {
 func startChild(t *testing.T, args ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childArgsEnv+"="+strings.Join(append([]string{"-grpc-addr", "127.0.0.1:0"}, args...), "\n"))
+	cmd.Env = append(os.Environ(), childEnv+"=1", childArgsEnv+"="+strings.Join(append([]string{"-grpc-addr", "127.0.0.1:0", "-timeout", "10s"}, args...), "\n"))
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
