@@ -47,7 +47,7 @@
 --          Remaining and the reset are after the request for a counter
 --          that counted it, and as they are now for one that did not.
 -- Complexity: O(n); reads n keys, writes at most n.
-local floor, ceil, max = math.floor, math.ceil, math.max
+local floor, ceil, max, byte = math.floor, math.ceil, math.max, string.byte
 -- rawget: embedded test servers have no cmsgpack, and raise an error on
 -- reading a global that does not exist.
 local msgpack = rawget(_G, 'cmsgpack')
@@ -59,9 +59,15 @@ local now = (sec - 1704067200) * 1000000 + usec -- GCRA, fixed window
 local abs = sec * 1000000 + usec -- sliding and aligned windows: Unix epoch
 local now_ms = (now - now % 1000) / 1000
 
-local reply = {1}
-local states, ttls = {}, {} -- per counter: the state to write, or false
-local nowf = {} -- per counter: remaining and reset now, for a denial
+-- Tables are made at their final size at once ({byte(s, 1, k)} is the
+-- first k bytes of s as numbers, in one allocation): the reply, 1 + 4n
+-- values; per counter its state to write (up to three numbers, and how
+-- many: 0 for nothing to write) and its TTL; and the figures as they are
+-- now, for a denial.
+local zeros = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
+local reply = {byte(zeros, 1, 1 + 4 * n)}
+local st = {byte(zeros, 1, 5 * n)} -- per counter i: st[5i-4 .. 5i-2] the numbers, st[5i-1] how many, st[5i] the TTL
+local nowf = {byte(zeros, 1, 2 * n)}
 local allowed = 1
 for i = 1, n do
   local a, b, c = argv[3 * i - 2] + 0, argv[3 * i - 1] + 0, argv[3 * i] + 0
@@ -73,13 +79,14 @@ for i = 1, n do
     if msgpack then
       s1, s2, s3 = msgpack.unpack(v)
     else
-      local st = {}
-      for x in string.gmatch(v, '%S+') do st[#st + 1] = tonumber(x) end
-      s1, s2, s3 = st[1], st[2], st[3]
+      local txt = {}
+      for x in string.gmatch(v, '%S+') do txt[#txt + 1] = tonumber(x) end
+      s1, s2, s3 = txt[1], txt[2], txt[3]
     end
   end
   -- Per counter: room for the cost; remaining and reset now, and after
-  -- the request if it is counted; the wait; the state to write.
+  -- the request if it is counted; the wait; how many numbers the state to
+  -- write has (written to st), and its TTL.
   local room, rem, reset, rem_after, reset_after, retry, state, ttl
   retry = 0
   if a > 0 and b > 0 then -- GCRA
@@ -93,7 +100,8 @@ for i = 1, n do
     reset = ceil(ahead)
     if room then
       rem_after, reset_after = floor((tolerance - after) / interval + 1e-9), ceil(after)
-      state, ttl = {now + after}, ceil(after / 1000)
+      state, ttl = 1, ceil(after / 1000)
+      st[5 * i - 4] = now + after
     else
       retry = ceil(after - tolerance)
     end
@@ -108,7 +116,8 @@ for i = 1, n do
     if room then
       rem_after, reset_after = limit - count - c, 0
       if count + c > 0 then reset_after = left end
-      state, ttl = {count + c, window_end}, window_end - now_ms
+      state, ttl = 2, window_end - now_ms
+      st[5 * i - 4], st[5 * i - 3] = count + c, window_end
     else
       retry = left
     end
@@ -131,7 +140,8 @@ for i = 1, n do
       rem_after, reset_after = max(floor(limit - estimate - c), 0), 0
       if cur + c > 0 then reset_after = 2 * window - elapsed elseif prev > 0 then reset_after = window - elapsed end
       reset_after = ceil(reset_after)
-      state, ttl = {idx, cur + c, prev}, ceil((2 * window - elapsed) / 1000)
+      state, ttl = 3, ceil((2 * window - elapsed) / 1000)
+      st[5 * i - 4], st[5 * i - 3], st[5 * i - 2] = idx, cur + c, prev
     elseif cur + c <= limit then
       -- The previous window's share has to shrink to limit - cur - c.
       retry = max(ceil(window - (limit - cur - c) * window / prev - elapsed), 1)
@@ -152,7 +162,8 @@ for i = 1, n do
     if room then
       rem_after, reset_after = limit - count - c, 0
       if count + c > 0 then reset_after = left end
-      state, ttl = {idx, count + c}, ceil(left / 1000)
+      state, ttl = 2, ceil(left / 1000)
+      st[5 * i - 4], st[5 * i - 3] = idx, count + c
     else
       retry = left
     end
@@ -162,10 +173,9 @@ for i = 1, n do
   if room then
     reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 1, rem_after, 0, reset_after
     -- Written only when the request is counted and adds something.
-    if c > 0 then states[i], ttls[i] = state, max(ttl, 1) else states[i] = false end
+    if c > 0 then st[5 * i - 1], st[5 * i] = state, max(ttl, 1) end
   else
     reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 0, rem, retry, reset
-    states[i] = false
   end
   nowf[2 * i - 1], nowf[2 * i] = rem, reset
 end
@@ -173,19 +183,19 @@ reply[1] = allowed
 
 if allowed == 1 then
   for i = 1, n do
-    local st = states[i]
-    if st then
+    local k = st[5 * i - 1]
+    if k > 0 then
       -- %d: some Redis versions would write a round Lua number in exponent
       -- form ("1e+08"), which PX rejects.
       local value
       if msgpack then
-        value = msgpack.pack(unpack(st))
+        value = msgpack.pack(unpack(st, 5 * i - 4, 5 * i - 5 + k))
       else
         local text = {}
-        for k = 1, #st do text[k] = string.format('%.17g', st[k]) end
+        for j = 1, k do text[j] = string.format('%.17g', st[5 * i - 5 + j]) end
         value = table.concat(text, ' ')
       end
-      redis.call('SET', KEYS[i], value, 'PX', string.format('%d', ttls[i]))
+      redis.call('SET', KEYS[i], value, 'PX', string.format('%d', st[5 * i]))
     end
   end
   return reply

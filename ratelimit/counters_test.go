@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/scriptcache"
@@ -384,6 +386,34 @@ func TestCountersOnEmbedded(t *testing.T) {
 				mr.SetTime(window10s.Add(10 * time.Second))
 				if d := allowCounters(t, l, "g", c); !d.Allowed || d.Results[0].Remaining != 1 {
 					t.Fatalf("next aligned window: %+v", d)
+				}
+			}
+		})
+	}
+}
+
+// TestCountersMax decides MaxCounters counters of every kind at once, on
+// a server and on miniredis: the script's tables are sized for them.
+func TestCountersMax(t *testing.T) {
+	cs := make([]Counter, MaxCounters)
+	for i := range cs {
+		k := counterKinds[i%len(counterKinds)]
+		cs[i] = Counter{Key: fmt.Sprint("k", i), Policy: Policy{Algorithm: k.algo, Limit: PerHour(2)}, Aligned: k.aligned}
+	}
+	// The last one a shadow counter full after one call, which the second
+	// call, allowed, must not write.
+	cs[MaxCounters-1].Shadow, cs[MaxCounters-1].Policy.Limit = true, PerHour(1)
+	for name, sc := range map[string]*scriptcache.Cache{
+		"redis":     newCache(t, redistest.Single(t).Addr()),
+		"miniredis": newCache(t, miniredis.RunT(t).Addr()),
+	} {
+		t.Run(name, func(t *testing.T) {
+			l := newLimiter(t, sc, Options{Limit: PerSecond(1), DisableDenyCache: true})
+			for i := range 3 {
+				d := allowCounters(t, l, "g", cs...)
+				if d.Allowed != (i < 2) || len(d.Results) != MaxCounters || d.Results[MaxCounters-2].Remaining != max(1-i, 0) ||
+					d.Results[MaxCounters-1].Allowed != (i == 0) {
+					t.Fatalf("call %d: %+v", i, d)
 				}
 			}
 		})
