@@ -28,9 +28,11 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,9 +65,22 @@ func main() {
 	d := flag.Duration("d", 5*time.Second, "length of one round of one way")
 	rounds := flag.Int("rounds", 3, "rounds of every way")
 	conc := flag.Int("c", 64, "concurrent callers")
+	only := flag.String("only", "", "run only the ways of this comma-separated `list` (grpc, rls, counters, incr-expire)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of this process to `file`")
 	flag.Parse()
-	if err := run(*addr, *d, *rounds, *conc); err != nil {
-		log.Fatal(err)
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if err := run(*addr, *d, *rounds, *conc, *only); err != nil {
+		log.Print(err)
+		return
 	}
 }
 
@@ -79,7 +94,7 @@ type way struct {
 	do          func(ctx context.Context, rng *rand.Rand) error
 }
 
-func run(addr string, d time.Duration, rounds, conc int) error {
+func run(addr string, d time.Duration, rounds, conc int, only string) error {
 	ctx := context.Background()
 	if addr == "" {
 		srv, err := redistest.StartServer()
@@ -107,7 +122,8 @@ func run(addr string, d time.Duration, rounds, conc int) error {
 	if err != nil {
 		return err
 	}
-	svc, err := rls.New(lim, cfg, rls.Options{})
+	// The bench measures throughput, not the fallback: a generous wait.
+	svc, err := rls.New(lim, cfg, rls.Options{Timeout: 5 * time.Second, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
 	}
@@ -181,6 +197,9 @@ func run(addr string, d time.Duration, rounds, conc int) error {
 			}
 			return res[1].Error()
 		}},
+	}
+	if only != "" {
+		ways = slices.DeleteFunc(ways, func(w way) bool { return !slices.Contains(strings.Split(only, ","), w.name) })
 	}
 	results := map[string][]result{}
 	fmt.Fprintf(os.Stderr, "rlsbench: %d rounds of %v per way, %d callers, redis %s\n", rounds, d, conc, addr)
