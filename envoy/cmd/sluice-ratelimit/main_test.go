@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,6 +77,13 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 // startInProcess runs the service in this process with args, and returns
 // its address, a function that waits for run's result, and its cancel.
 func startInProcess(t *testing.T, args ...string) (string, func() error, context.CancelFunc) {
+	addr, wait, cancel, _ := startLogged(t, args...)
+	return addr, wait, cancel
+}
+
+// startLogged is startInProcess that also hands over the log lines that
+// follow the one saying it serves.
+func startLogged(t *testing.T, args ...string) (string, func() error, context.CancelFunc, <-chan string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &lineWriter{lines: make(chan string, 100)}
@@ -93,7 +101,7 @@ func startInProcess(t *testing.T, args ...string) (string, func() error, context
 		select {
 		case line := <-out.lines:
 			if m := servingRE.FindStringSubmatch(line); m != nil {
-				return m[1], wait, cancel
+				return m[1], wait, cancel, out.lines
 			}
 		case <-ended:
 			t.Fatalf("run ended: %v", result)
@@ -155,24 +163,37 @@ func TestGracefulDrain(t *testing.T) {
 	if err := os.WriteFile(dir+"/c.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr, wait, cancel := startInProcess(t, "-redis", proxy.Addr(), "-config", dir, "-timeout", "5s")
+	addr, wait, cancel, lines := startLogged(t, "-redis", proxy.Addr(), "-config", dir, "-timeout", "30s")
 	client := dial(t, addr)
 	r := &rlspb.RateLimitRequest{Domain: "d", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}}
 	if _, err := client.ShouldRateLimit(context.Background(), r); err != nil {
 		t.Fatal(err)
 	}
-	proxy.SetLatency(500*time.Millisecond, 0)
+	// The next call's replies come back 2 s late: once its script has run
+	// in Redis (the server counted one more EVALSHA), the call is in
+	// flight in the service for about 2 s more.
+	evals := func() int {
+		out, _ := srv.Do("INFO", "commandstats")
+		_, rest, _ := strings.Cut(out, "cmdstat_evalsha:calls=")
+		n, _ := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
+		return n
+	}
+	before := evals()
+	proxy.SetLatency(2*time.Second, 0)
 	answered := make(chan error, 1)
-	started := make(chan struct{})
 	go func() {
-		close(started)
 		_, err := client.ShouldRateLimit(context.Background(), r)
 		answered <- err
 	}()
-	<-started
-	// The call is on its way to the slowed Redis when the shutdown starts.
-	time.Sleep(100 * time.Millisecond) //nolint:forbidigo // gives the call a head start; the test holds either way
+	if !redistest.WaitFor(context.Background(), 30*time.Second, func() bool { return evals() > before }) {
+		t.Fatal("the call did not reach Redis")
+	}
 	cancel()
+	for line := range lines {
+		if strings.Contains(line, `msg="shutting down"`) {
+			break
+		}
+	}
 	if err := <-answered; err != nil {
 		t.Fatalf("call in flight at shutdown: %v, want an answer", err)
 	}
