@@ -235,6 +235,7 @@ type Options struct {
 type Limiter struct {
 	script   *scriptcache.Script
 	multi    *scriptcache.Script // ratelimit_multi
+	counters *scriptcache.Script // ratelimit_counters
 	reset    *scriptcache.Script // ratelimit_reset
 	sc       *scriptcache.Cache
 	algo     Algorithm
@@ -321,6 +322,9 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 	}
 	name := c.script
 	if l.multi, err = sc.Script("ratelimit_multi"); err != nil {
+		return nil, fmt.Errorf("ratelimit: %w", err)
+	}
+	if l.counters, err = sc.Script("ratelimit_counters"); err != nil {
 		return nil, fmt.Errorf("ratelimit: %w", err)
 	}
 	if l.reset, err = sc.Script("ratelimit_reset"); err != nil {
