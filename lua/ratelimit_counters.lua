@@ -34,7 +34,7 @@
 --          fixed window: -limit per window (integer <= -1), window in
 --               milliseconds (integer >= 1)
 --          sliding window: -limit (integer <= -1), -window in
---               milliseconds (integer <= -1)
+--               microseconds (integer <= -1000), the precision of TIME
 --          aligned window: limit (integer >= 1), -window in milliseconds
 --               (integer <= -1)
 -- ARGV[3i] counter i's cost (integer >= 0; 0 only peeks); for a shadow
@@ -122,7 +122,7 @@ for i = 1, n do
       retry = left
     end
   elseif a < 0 then -- sliding window
-    local limit, window = -a, -b * 1000
+    local limit, window = -a, -b
     local idx = floor(abs / window)
     local elapsed = abs - idx * window
     local cur, prev = 0, 0
