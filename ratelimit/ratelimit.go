@@ -79,10 +79,13 @@
 // # Keys
 //
 // A key is stored as Prefix + "{" + key + "}" + a suffix naming the
-// algorithm (":g", ":f", ":s"), or for a Policies set ":m:" and a hash of
-// its policies and limits, so keys from user input stay inside the prefix
-// and each key hashes to one cluster slot. Limiters with different limits
-// must use different prefixes; sets need not.
+// algorithm and the limit (":g:" interval ":" burst for GCRA, ":f:" rate
+// ":" window in ms, ":s:" rate ":" window in µs), or for a Policies set
+// ":m:" and a hash of its policies and limits, so keys from user input
+// stay inside the prefix, each key hashes to one cluster slot, and
+// Limiters with different limits never share a counter, whatever their
+// prefixes (a deploy that changes a Limit starts its keys afresh).
+// Limiter.RedisKey tells the key of one client.
 package ratelimit
 
 import (
@@ -218,8 +221,9 @@ type Options struct {
 	// Limit is the rate. Required.
 	Limit Limit
 	// Prefix starts every key. Default DefaultPrefix ("sluice:rl:"). It
-	// must not contain '{' or '}'. Limiters of one algorithm with different
-	// Limits must not share a prefix: they would share counters.
+	// must not contain '{' or '}'. Limiters with different Limits may
+	// share it: the limit is part of each key (see Keys in the package
+	// documentation).
 	Prefix string
 	// DenyCacheSize caps the number of keys the local deny cache holds.
 	// Default DefaultDenyCacheSize (10,000 keys, a few hundred bytes each).
@@ -315,7 +319,7 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 		capacity: c.capacity,
 		arg0:     c.arg0,
 		arg1:     c.arg1,
-		suffix:   c.suffix,
+		suffix:   c.suffix + ":" + c.arg0 + ":" + c.arg1,
 		unit:     c.unit,
 		obs:      sc.Observer(),
 		obsName:  prefix,
@@ -353,7 +357,7 @@ type compiled struct {
 	idArg1     string // arg1 as the state key of Policies names it
 	script     string // single-limit script
 	code       string // algorithm code of ratelimit_multi
-	suffix     string // key suffix, so algorithms never share a key
+	suffix     string // key suffix, so algorithms never share a key (New adds the limit)
 	unit       time.Duration
 }
 
@@ -426,6 +430,11 @@ func compile(algo Algorithm, lim Limit) (compiled, error) {
 	return c, nil
 }
 
+// RedisKey returns the Redis key that holds key's state for this Limiter
+// (without a Policies set): for an operator's look with redis-cli, or a
+// DEL. key is the one Allow takes, which must be a valid key.
+func (l *Limiter) RedisKey(key string) string { return keyspace.Key(l.prefix, key, l.suffix) }
+
 // Limit returns the limiter's Limit, with Burst as configured.
 func (l *Limiter) Limit() Limit { return l.limit }
 
@@ -477,7 +486,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 	if n != 1 {
 		args = []string{l.arg0, l.arg1, strconv.Itoa(n)}
 	}
-	reply, err := l.script.Exec(ctx, []string{keyspace.Key(l.prefix, key, l.suffix)}, args).ToArray()
+	reply, err := l.script.Exec(ctx, []string{l.RedisKey(key)}, args).ToArray()
 	if err != nil {
 		return Result{}, fmt.Errorf("ratelimit: %w", err)
 	}
@@ -566,7 +575,7 @@ func (l *Limiter) Reset(ctx context.Context, key string, sets ...*Policies) erro
 	if err := keyspace.CheckName(key); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
-	keys := []string{keyspace.Key(l.prefix, key, l.suffix)}
+	keys := []string{l.RedisKey(key)}
 	ids := []string{""}
 	for _, ps := range sets {
 		if ps == nil {

@@ -249,7 +249,7 @@ func TestKeysStayInPrefix(t *testing.T) {
 					if res := allow(t, l, key, 1); !res.Allowed {
 						t.Fatalf("%v: first call for %q denied (%+v): keys collide", algo, key, res)
 					}
-					full := keyspace.Key(l.prefix, key, l.suffix)
+					full := l.RedisKey(key)
 					if !strings.HasPrefix(full, l.prefix+"{") {
 						t.Fatalf("key %q outside prefix %q", full, l.prefix)
 					}
@@ -267,7 +267,7 @@ func TestKeysStayInPrefix(t *testing.T) {
 func ttl(t *testing.T, sc *scriptcache.Cache, l *Limiter, key string) time.Duration {
 	t.Helper()
 	c := raw(sc)
-	ms, err := c.Do(context.Background(), c.B().Pttl().Key(keyspace.Key(l.prefix, key, l.suffix)).Build()).AsInt64()
+	ms, err := c.Do(context.Background(), c.B().Pttl().Key(l.RedisKey(key)).Build()).AsInt64()
 	if err != nil {
 		t.Fatalf("PTTL: %v", err)
 	}
@@ -537,4 +537,38 @@ func TestCostAboveLimit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLimitInKey checks both sides of the default keying: Limiters with
+// different limits on one prefix (the default, say) never share a counter,
+// and Limiters with the same limit do, whatever process they are in, so
+// that a fleet counts together.
+func TestLimitInKey(t *testing.T) {
+	forEach(t, func(t *testing.T, sc *scriptcache.Cache, algo Algorithm) {
+		prefix := testPrefix(t)
+		newL := func(lim Limit) *Limiter {
+			return newLimiter(t, sc, Options{Algorithm: algo, Limit: lim, Prefix: prefix, DisableDenyCache: true})
+		}
+		two, twoAgain, three := newL(PerMinute(2)), newL(PerMinute(2)), newL(PerMinute(3))
+		ratesOf := map[*Limiter]string{two: "2/min", twoAgain: "2/min (another Limiter)", three: "3/min"}
+		if two.RedisKey("k") == three.RedisKey("k") {
+			t.Fatalf("limits 2/min and 3/min share the key %q", two.RedisKey("k"))
+		}
+		if two.RedisKey("k") != twoAgain.RedisKey("k") {
+			t.Fatalf("two Limiters of 2/min have keys %q and %q", two.RedisKey("k"), twoAgain.RedisKey("k"))
+		}
+		// 2/min allows two, then refuses; the second Limiter of the same
+		// limit sees those two; 3/min still has all three.
+		for i, c := range []struct {
+			l    *Limiter
+			want bool
+		}{{two, true}, {twoAgain, true}, {two, false}, {twoAgain, false}, {three, true}, {three, true}, {three, true}, {three, false}} {
+			if res := allow(t, c.l, "k", 1); res.Allowed != c.want {
+				t.Fatalf("call %d, %s: allowed %v, want %v (%+v)", i+1, ratesOf[c.l], res.Allowed, c.want, res)
+			}
+		}
+		if got := ttl(t, sc, three, "k"); got <= 0 {
+			t.Fatalf("PTTL of %s = %v, want > 0: RedisKey does not name the key Allow wrote", three.RedisKey("k"), got)
+		}
+	})
 }

@@ -270,8 +270,8 @@ func TestSemanticErrorInternal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The default key of a loopback peer; GCRA keys end in ":g".
-	if _, err := srv.Do("RPUSH", prefix+"{127.0.0.1}:g", "x"); err != nil {
+	// The default key of a loopback peer.
+	if _, err := srv.Do("RPUSH", l.RedisKey("127.0.0.1"), "x"); err != nil {
 		t.Fatal(err)
 	}
 	noKey := func(context.Context, string) (string, error) { return "", ErrNoKey }

@@ -40,6 +40,7 @@ type rateRoute struct {
 	name     string // its PolicyName
 	spec     limiterSpec
 	prefix   string
+	lim      *ratelimit.Limiter
 	fallback ratelimit.Fallback
 	header   ratelimit.ClientIPHeader
 	byIP     bool // the default KeyFunc: the client IP; else X-Api-Key
@@ -103,6 +104,7 @@ type limitNode struct {
 	mgr     *semaphore.Manager
 	checker *ratelimit.Checker
 	chkSpec limiterSpec
+	chkLim  *ratelimit.Limiter // the Checker's
 	grpc    *grpcNode
 	idents  atomic.Int64
 	closers []func()
@@ -173,6 +175,7 @@ func (w *world) newLimitNode(t testing.TB, n *node) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		r.lim = l
 		opts := ratelimit.MiddlewareOptions{PolicyName: r.name, Fallback: r.fallback, TrustedProxies: trustedProxies,
 			ClientIPHeader: r.header, XRateLimitHeaders: r.xrl, ProblemDetails: r.problem,
 			OnError: func(_ *http.Request, err error) { r.told(err) }}
@@ -210,6 +213,7 @@ func (w *world) newLimitNode(t testing.TB, n *node) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ln.chkLim = cl
 	if ln.checker, err = ratelimit.NewChecker(cl, ratelimit.CheckerOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -620,8 +624,7 @@ func (w *world) outage(node int, call, ret time.Time) bool {
 // unless the route told OnError of an outage (Redis did not answer): a
 // fault near is no excuse, a reply is a reply.
 func (w *world) routeSemantic(ctx context.Context, n *node, r *rateRoute, c client, rng *rand.Rand) {
-	suffix := map[ratelimit.Algorithm]string{ratelimit.FixedWindow: ":f", ratelimit.SlidingWindow: ":s", ratelimit.GCRA: ":g"}[r.spec.algo]
-	rkey := keyspace.Key(r.prefix, c.key, suffix)
+	rkey := r.lim.RedisKey(c.key)
 	setAt := time.Now()
 	if !w.setString(rkey) {
 		return

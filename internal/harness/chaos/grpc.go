@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicekit/sluice/grpc/grpclimit"
-	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/ratelimit"
 )
 
@@ -32,6 +31,7 @@ import (
 type grpcNode struct {
 	spec   limiterSpec
 	prefix string
+	lim    *ratelimit.Limiter
 	srv    *grpc.Server
 	conn   *grpc.ClientConn
 	health healthpb.HealthClient
@@ -48,6 +48,7 @@ func (w *world) newGRPC(t testing.TB, n *node) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	g.lim = l
 	ic, err := grpclimit.New(l, grpclimit.Options{MetadataKey: "x-client", Fallback: ratelimit.FallbackLocal,
 		OnError: func(_ context.Context, _ string, err error) {
 			g.mu.Lock()
@@ -209,7 +210,7 @@ func (w *world) judgeGRPC(ctx context.Context, n *node, g *grpcNode, k *exactKey
 // grpcSemantic: a call whose counter holds a string ends with
 // codes.Internal, never with the local fallback.
 func (w *world) grpcSemantic(ctx context.Context, n *node, g *grpcNode, c client) {
-	rkey := keyspace.Key(g.prefix, boundKey("md:"+c.apikey), ":g")
+	rkey := g.lim.RedisKey(boundKey("md:" + c.apikey))
 	setAt := time.Now()
 	if !w.setString(rkey) {
 		return
@@ -233,7 +234,7 @@ func (w *world) checkerSequence(ctx context.Context, n *node, c client, rng *ran
 	key := boundKey(c.apikey)
 	k := &exactKey{key: key, born: time.Now(), what: "Checker", models: []*algoModel{newModel(ln.chkSpec)}}
 	if rng.IntN(20) == 0 {
-		rkey := keyspace.Key("sluice:rl:checker:", key, ":s")
+		rkey := ln.chkLim.RedisKey(key)
 		setAt := time.Now()
 		if !w.setString(rkey) {
 			return
