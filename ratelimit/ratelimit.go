@@ -472,7 +472,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 	start := l.now()
 	var gen uint64
 	if n > 0 && l.deny != nil {
-		if res, ok := l.deny.lookup(key, start, l.capacity); ok {
+		if res, ok := l.cachedDenialOf(key, start, n); ok {
 			if l.obs != nil {
 				l.observe(l.obsName, false, n, scriptcache.SourceDenyCache)
 			}
@@ -547,6 +547,26 @@ func (l *Limiter) cachedDenial(key string, now time.Time) (Result, bool) {
 	res, ok := l.deny.lookup(key, now, l.capacity)
 	if ok && l.obs != nil {
 		l.observe(l.obsName, false, 1, scriptcache.SourceDenyCache)
+	}
+	return res, ok
+}
+
+// cachedDenialOf returns the deny cache's answer for a request of cost n
+// >= 1 for key at now, with that cost's figures, if the entry tells them.
+// An entry is the denial of cost 1 (see denialCoversAll): every cost is
+// denied until it ends, and a larger cost waits longer. A fixed window
+// admits any cost at its end; GCRA admits cost n (n-1) emission intervals
+// after cost 1; a sliding window's wait for n depends on counts the entry
+// does not keep, so such a call asks Redis.
+func (l *Limiter) cachedDenialOf(key string, now time.Time, n int) (Result, bool) {
+	if n > 1 && l.algo == SlidingWindow {
+		return Result{}, false
+	}
+	res, ok := l.deny.lookup(key, now, l.capacity)
+	if ok && n > 1 && l.algo == GCRA {
+		more := time.Duration(n-1) * l.limit.Period / time.Duration(l.limit.Rate)
+		res.RetryAfter += more
+		res.ResetAfter = max(res.ResetAfter, res.RetryAfter)
 	}
 	return res, ok
 }
