@@ -261,11 +261,9 @@ func (m *algoModel) fieldsWrong(v verdict, got outcome, n int) string {
 	if got.retry <= 0 || got.retry > thi {
 		return fmt.Sprintf("RetryAfter %v on a denial, the model's at most %v", us(got.retry), us(thi))
 	}
-	if n == 1 {
-		tlo := v.lo.retry - durTolUS - m.cacheSlack
-		if got.retry < tlo {
-			return fmt.Sprintf("RetryAfter %v on a denial, the model's at least %v", us(got.retry), us(tlo))
-		}
+	tlo := v.lo.retry - durTolUS - m.cacheSlack
+	if got.retry < tlo {
+		return fmt.Sprintf("RetryAfter %v on a denial, the model's at least %v", us(got.retry), us(tlo))
 	}
 	return ""
 }
@@ -437,10 +435,9 @@ func (w *world) judge(k *exactKey, call, ret time.Time, n int, allowed bool, res
 			case got.allowed:
 				// A policy with room in a denied decision: its state
 				// without the request (its cost-0 answer), as Redis last
-				// said it when the deny cache answers. A cached denial of
-				// a cost above 1 reports each policy's room as it was for
-				// the cost-1 request that Redis denied.
-				if vs[i].mustDeny && n == 1 {
+				// said it when the deny cache answers (for cost 1 only: a
+				// larger cost asks Redis).
+				if vs[i].mustDeny {
 					wrong = "reported with room where the model has none"
 				} else if got.rem < 0 || got.rem > vs[i].zero.rem {
 					wrong = fmt.Sprintf("Remaining %d with room, the model's at most %d", got.rem, vs[i].zero.rem)
