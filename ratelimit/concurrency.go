@@ -212,6 +212,10 @@ func (c *concurrency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 		next.ServeHTTP(w, r)
 		return
 	}
+	if se, ok := refusal(err); ok {
+		refuse(w, se)
+		return
+	}
 	var p *semaphore.Permit
 	if err == nil {
 		var sem *semaphore.Semaphore

@@ -137,10 +137,12 @@ const DefaultLocalHold = time.Second
 // means its default; negative or out-of-range values are errors.
 type MiddlewareOptions struct {
 	// KeyFunc returns the limiter key of a request. An empty key with a nil
-	// error lets the request through unlimited (for health checks, say); an
-	// error is told to OnError and then handled as a Redis error is: by
-	// the Fallback if Unavailable(err), by 500 otherwise (ErrNoClientIP,
-	// say: a listener whose peers have no IP address). A key
+	// error lets the request through unlimited (for health checks, say); a
+	// *StatusError answers the request with its client error status (a
+	// request without the header its key comes from); any other error is
+	// told to OnError and then handled as a Redis error is: by the
+	// Fallback if Unavailable(err), by 500 otherwise (ErrNoClientIP, say:
+	// a listener whose peers have no IP address). A key
 	// longer than 1024 bytes, or one that starts with "~#", is counted
 	// under "~#" and its SHA-256, so that a client cannot escape its limit
 	// by sending a long key (which the Limiter itself refuses).
@@ -210,8 +212,8 @@ type MiddlewareOptions struct {
 	// built per request. The request is counted in all of them only when
 	// all have room, and every one is reported in the header fields, as
 	// named policies. A nil set means the Limiter's own Limit; an error is
-	// handled as KeyFunc's is (OnError, then the Fallback if Unavailable,
-	// else 500). Default nil:
+	// handled as KeyFunc's is (a *StatusError answers the request; any
+	// other goes to OnError, then the Fallback if Unavailable, else 500). Default nil:
 	// the Limiter's own Limit for every request.
 	PolicyFunc func(r *http.Request) (*Policies, error)
 	// PolicyName names the policy in the RateLimit-Policy and RateLimit
@@ -315,7 +317,9 @@ func (c *checker) init(l *Limiter, timeout time.Duration, local bool, keys int, 
 			keys = DefaultLocalKeys
 		}
 		c.local = newLocalLimiter(keys)
-		c.localPolicy = []localPolicy{localPolicyOf(l.limit, l.capacity)}
+		if l.script != nil { // else every decision has a Policies set
+			c.localPolicy = []localPolicy{localPolicyOf(l.limit, l.capacity)}
+		}
 		c.hold = hold
 		if c.hold == 0 {
 			c.hold = DefaultLocalHold
@@ -341,6 +345,8 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 		return nil, fmt.Errorf("%w: negative LocalHold %v", ErrInvalidOptions, opts.LocalHold)
 	case opts.Fallback != FallbackLocal && (opts.LocalKeys != 0 || opts.LocalHold != 0):
 		return nil, fmt.Errorf("%w: LocalKeys and LocalHold need Fallback FallbackLocal", ErrInvalidOptions)
+	case l.script == nil && opts.PolicyFunc == nil:
+		return nil, fmt.Errorf("%w: a Limiter without a Limit needs a PolicyFunc", ErrInvalidOptions)
 	}
 	keyFunc, err := requestKeyFunc(opts.KeyFunc, opts.TrustedProxies, opts.ClientIPHeader, opts.IPv4PrefixLen, opts.IPv6PrefixLen)
 	if err != nil {
@@ -362,6 +368,9 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 		name = `"default"`
 	}
 	m.names = []string{name}
+	if l.script == nil {
+		return m, nil // no Limit of its own: PolicyFunc supplies every set
+	}
 	capacity := strconv.Itoa(l.capacity)
 	// The quota is what may be sent at once; the window is how long it
 	// takes to earn it back: the Period for windows (Burst == Rate), Burst
@@ -432,6 +441,10 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		decided, asked = err == nil, true
 	}
 	if !decided {
+		if se, ok := refusal(err); ok && !asked {
+			refuse(w, se)
+			return
+		}
 		m.opts.OnError(r, err)
 		if !Unavailable(err) {
 			// A configuration or semantic error, not an outage: no
@@ -537,6 +550,9 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 // local fallback: it is reported to the observer as refused and returned,
 // and the caller must refuse the request.
 func (m *checker) decide(parent context.Context, key string, ps *Policies, one *[1]Result, report func(error)) (Decision, error) {
+	if ps == nil && m.l.script == nil {
+		return Decision{}, ErrNoLimit // a configuration error: never the fallback
+	}
 	key = boundKey(key, maxKeyLen)
 	// A key the deny cache answers needs no context and no timer: this is
 	// the path a flood from one client takes.

@@ -105,6 +105,10 @@ var (
 	ErrNilCache = errors.New("ratelimit: nil script cache")
 	// ErrInvalidLimit means Options.Limit is out of range.
 	ErrInvalidLimit = errors.New("ratelimit: invalid limit")
+	// ErrNoLimit means a call needs the Limiter's own Limit (Allow, a
+	// middleware or Check without a Policies set), and the Limiter was
+	// made without one, to run Policies sets and counters only.
+	ErrNoLimit = errors.New("ratelimit: limiter has no limit of its own")
 	// ErrInvalidAlgorithm means Options.Algorithm is not one of the
 	// constants.
 	ErrInvalidAlgorithm = errors.New("ratelimit: invalid algorithm")
@@ -164,6 +168,10 @@ func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute} }
 // PerHour returns a limit of rate requests per hour.
 func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour} }
 
+// PerDay returns a limit of rate requests per 24 hours (a rolling day
+// from the first request with FixedWindow, not a calendar day).
+func PerDay(rate int) Limit { return Limit{Rate: rate, Period: 24 * time.Hour} }
+
 // String returns the limit as "RATE/PERIOD", with ", burst N" for a Burst
 // other than 0.
 func (l Limit) String() string {
@@ -218,7 +226,11 @@ const DefaultDenyCacheSize = 10_000
 type Options struct {
 	// Algorithm selects the counting method. Default GCRA.
 	Algorithm Algorithm
-	// Limit is the rate. Required.
+	// Limit is the rate of Allow, AllowN, Wait and of the middlewares and
+	// Check without a Policies set. It may be left zero (with Algorithm)
+	// for a Limiter that runs only Policies sets (a middleware whose
+	// PolicyFunc always returns one, say) and counters: the calls that need
+	// it then return ErrNoLimit.
 	Limit Limit
 	// Prefix starts every key. Default DefaultPrefix ("sluice:rl:"). It
 	// must not contain '{' or '}'. Limiters with different Limits may
@@ -296,9 +308,16 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 	if sc == nil {
 		return nil, ErrNilCache
 	}
-	c, err := compile(opts.Algorithm, opts.Limit)
-	if err != nil {
-		return nil, err
+	own := opts.Limit != Limit{}
+	if !own && opts.Algorithm != GCRA {
+		return nil, fmt.Errorf("%w: Algorithm %v without a Limit", ErrInvalidOptions, opts.Algorithm)
+	}
+	var c compiled
+	var err error
+	if own {
+		if c, err = compile(opts.Algorithm, opts.Limit); err != nil {
+			return nil, err
+		}
 	}
 	prefix := opts.Prefix
 	if prefix == "" {
@@ -334,12 +353,14 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 	if l.reset, err = sc.Script("ratelimit_reset"); err != nil {
 		return nil, fmt.Errorf("ratelimit: %w", err)
 	}
-	s, err := sc.Script(name)
-	if err != nil {
-		return nil, fmt.Errorf("ratelimit: %w", err)
+	if own {
+		s, err := sc.Script(name)
+		if err != nil {
+			return nil, fmt.Errorf("ratelimit: %w", err)
+		}
+		l.script = s
+		l.args1 = []string{l.arg0, l.arg1, "1"}
 	}
-	l.script = s
-	l.args1 = []string{l.arg0, l.arg1, "1"}
 	if !opts.DisableDenyCache {
 		size := opts.DenyCacheSize
 		if size == 0 {
@@ -462,6 +483,8 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 		return Result{}, fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
 	switch {
+	case l.script == nil:
+		return Result{}, ErrNoLimit
 	case n < 0:
 		return Result{}, fmt.Errorf("%w: %d", ErrInvalidCost, n)
 	case n > l.capacity:
@@ -595,8 +618,12 @@ func (l *Limiter) Reset(ctx context.Context, key string, sets ...*Policies) erro
 	if err := keyspace.CheckName(key); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
-	keys := []string{l.RedisKey(key)}
-	ids := []string{""}
+	var keys, ids []string
+	if l.script != nil {
+		keys, ids = []string{l.RedisKey(key)}, []string{""}
+	} else if len(sets) == 0 {
+		return ErrNoLimit
+	}
 	for _, ps := range sets {
 		if ps == nil {
 			return fmt.Errorf("%w: nil *Policies", ErrInvalidOptions)

@@ -480,6 +480,7 @@ func TestLimitString(t *testing.T) {
 	}{
 		{PerSecond(3), "3/1s"},
 		{PerMinute(60), "60/1m0s"},
+		{PerDay(1000), "1000/24h0m0s"},
 		{Limit{Rate: 1, Period: time.Hour, Burst: 5}, "1/1h0m0s, burst 5"},
 	} {
 		if got := tt.l.String(); got != tt.want {

@@ -10,13 +10,13 @@
 //
 // Register a Service on a grpc.Server:
 //
-//	l, err := ratelimit.New(sc, ratelimit.Options{Limit: ratelimit.PerSecond(1), Prefix: "envoy:"})
+//	l, err := ratelimit.New(sc, ratelimit.Options{Prefix: "envoy:"}) // no Limit of its own
 //	cfg, err := rls.Load("config/")
 //	svc, err := rls.New(l, cfg, rls.Options{})
 //	rlspb.RegisterRateLimitServiceServer(grpcServer, svc)
 //
-// The Limiter provides Redis, the key prefix and the deny cache (its own
-// Limit plays no part). Watch reloads the configuration when its files
+// The Limiter provides Redis, the key prefix and the deny cache; it needs
+// no Limit of its own (the rules are the limits). Watch reloads the configuration when its files
 // change. The README's "Envoy" section has the command, sluice-ratelimit,
 // and the Envoy side.
 //

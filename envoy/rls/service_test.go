@@ -84,7 +84,7 @@ func startLimiter(t *testing.T, client rueidis.Client, cfg *rls.Config, opts rls
 	if err != nil {
 		t.Fatal(err)
 	}
-	lopts.Limit, lopts.Prefix = ratelimit.PerSecond(1), e.prefix
+	lopts.Prefix = e.prefix
 	l, err := ratelimit.New(sc, lopts)
 	if err != nil {
 		t.Fatal(err)

@@ -200,12 +200,14 @@ func TestRedisDown(t *testing.T) {
 
 func TestNewValidation(t *testing.T) {
 	l := newLimiter(t, redistest.Single(t).Addr(), ratelimit.Options{Limit: ratelimit.PerHour(1)})
+	setsOnly := newLimiter(t, redistest.Single(t).Addr(), ratelimit.Options{})
 	for _, tt := range []struct {
 		name string
 		l    *ratelimit.Limiter
 		opts Options
 	}{
 		{"nil limiter", nil, Options{}},
+		{"no limit, no PolicyFunc", setsOnly, Options{}},
 		{"negative timeout", l, Options{Timeout: -1}},
 		{"unknown fallback", l, Options{Fallback: 3}},
 		{"local keys without local", l, Options{LocalKeys: 5}},

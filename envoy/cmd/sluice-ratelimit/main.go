@@ -177,7 +177,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	limiter, err := ratelimit.New(sc, ratelimit.Options{Limit: ratelimit.PerSecond(1), Prefix: c.prefix})
+	limiter, err := ratelimit.New(sc, ratelimit.Options{Prefix: c.prefix})
 	if err != nil {
 		return err
 	}

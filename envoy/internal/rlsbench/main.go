@@ -114,7 +114,7 @@ func run(addr string, d time.Duration, rounds, conc int, only string) error {
 		return err
 	}
 	prefix := fmt.Sprintf("rlsbench:%d:", time.Now().UnixNano())
-	lim, err := ratelimit.New(sc, ratelimit.Options{Limit: ratelimit.PerSecond(1), Prefix: prefix})
+	lim, err := ratelimit.New(sc, ratelimit.Options{Prefix: prefix})
 	if err != nil {
 		return err
 	}
