@@ -271,10 +271,10 @@ func NewMiddleware(l *Limiter, opts MiddlewareOptions) (func(http.Handler) http.
 	}, nil
 }
 
-// Middleware is NewMiddleware for handler chains built at start-up: it
-// panics where NewMiddleware returns an error (a nil l or an option out of
-// range), as regexp.MustCompile does.
-func Middleware(l *Limiter, opts MiddlewareOptions) func(http.Handler) http.Handler {
+// MustNewMiddleware is NewMiddleware for handler chains built at start-up:
+// it panics where NewMiddleware returns an error (a nil l or an option out
+// of range), as regexp.MustCompile does for Compile.
+func MustNewMiddleware(l *Limiter, opts MiddlewareOptions) func(http.Handler) http.Handler {
 	mw, err := NewMiddleware(l, opts)
 	if err != nil {
 		panic(err)
