@@ -33,21 +33,21 @@ const DefaultTimeout = 200 * time.Millisecond
 // client choose its own key. Configure the header your proxy writes.
 type ClientIPHeader int
 
-const (
-	// XForwardedFor reads X-Forwarded-For, the comma-separated list a proxy
-	// appends its peer to (nginx $proxy_add_x_forwarded_for, HAProxy
-	// "option forwardfor", AWS and Google load balancers, Envoy). It is
-	// the zero value and the default because it is what most proxies write.
-	XForwardedFor ClientIPHeader = iota
-	// XRealIP reads X-Real-IP, one address a proxy sets to its peer
-	// (nginx "proxy_set_header X-Real-IP $remote_addr"). If the header
-	// appears on several lines, the last is read.
-	XRealIP
-	// Forwarded reads the for= parameters of RFC 7239 Forwarded, one
-	// element per proxy. Obfuscated identifiers ("_hidden") and "unknown"
-	// name no address, so they stop the walk like an unparsable entry.
-	Forwarded
-)
+// XForwardedFor reads X-Forwarded-For, the comma-separated list a proxy
+// appends its peer to (nginx $proxy_add_x_forwarded_for, HAProxy
+// "option forwardfor", AWS and Google load balancers, Envoy). It is
+// the zero value and the default because it is what most proxies write.
+const XForwardedFor ClientIPHeader = 0
+
+// XRealIP reads X-Real-IP, one address a proxy sets to its peer
+// (nginx "proxy_set_header X-Real-IP $remote_addr"). If the header
+// appears on several lines, the last is read.
+const XRealIP ClientIPHeader = 1
+
+// Forwarded reads the for= parameters of RFC 7239 Forwarded, one
+// element per proxy. Obfuscated identifiers ("_hidden") and "unknown"
+// name no address, so they stop the walk like an unparsable entry.
+const Forwarded ClientIPHeader = 2
 
 // String returns the header's name.
 func (h ClientIPHeader) String() string {
@@ -84,32 +84,32 @@ func (h ClientIPHeader) String() string {
 // each key starts from a full bucket when the fallback begins.
 type Fallback int
 
-const (
-	// FallbackOpen passes requests unlimited while Redis fails. It is the
-	// zero value and the default. A request whose client is gone (its
-	// context is done) is never passed unlimited: it gets a 503, since it
-	// may only have half-closed and would read the response.
-	FallbackOpen Fallback = iota
-	// FallbackClosed rejects requests with 503 Service Unavailable (and
-	// UnavailableRetryAfter, if set) while Redis fails.
-	FallbackClosed
-	// FallbackLocal decides requests with an in-process limiter while
-	// Redis fails, and for LocalHold after each failure.
-	//
-	// The local limiter is a GCRA token bucket per key with the Limiter's
-	// Rate, Period and capacity (Burst for GCRA, Rate for the windows),
-	// whatever its algorithm. Its accuracy: per process, each key gets at
-	// most its capacity at once and Rate per Period after, counted from
-	// the first local decision for the key; N processes admit up to N
-	// times that. It holds at most LocalKeys keys; when full, a new key
-	// evicts the least recently used one, which starts from a full bucket
-	// if it comes back. A flooding key is always recently used, so it is
-	// only evicted if more than LocalKeys/16 other keys (of its shard)
-	// arrive between two of its requests; each of those is limited as a
-	// key of its own. A request whose KeyFunc fails with an outage
-	// (Unavailable) gets a 503, since there is no key to limit locally.
-	FallbackLocal
-)
+// FallbackOpen passes requests unlimited while Redis fails. It is the
+// zero value and the default. A request whose client is gone (its
+// context is done) is never passed unlimited: it gets a 503, since it
+// may only have half-closed and would read the response.
+const FallbackOpen Fallback = 0
+
+// FallbackClosed rejects requests with 503 Service Unavailable (and
+// UnavailableRetryAfter, if set) while Redis fails.
+const FallbackClosed Fallback = 1
+
+// FallbackLocal decides requests with an in-process limiter while
+// Redis fails, and for LocalHold after each failure.
+//
+// The local limiter is a GCRA token bucket per key with the Limiter's
+// Rate, Period and capacity (Burst for GCRA, Rate for the windows),
+// whatever its algorithm. Its accuracy: per process, each key gets at
+// most its capacity at once and Rate per Period after, counted from
+// the first local decision for the key; N processes admit up to N
+// times that. It holds at most LocalKeys keys; when full, a new key
+// evicts the least recently used one, which starts from a full bucket
+// if it comes back. A flooding key is always recently used, so it is
+// only evicted if more than LocalKeys/16 other keys (of its shard)
+// arrive between two of its requests; each of those is limited as a
+// key of its own. A request whose KeyFunc fails with an outage
+// (Unavailable) gets a 503, since there is no key to limit locally.
+const FallbackLocal Fallback = 2
 
 // String returns the fallback's name.
 func (f Fallback) String() string {

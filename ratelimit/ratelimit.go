@@ -185,21 +185,21 @@ func (l Limit) String() string {
 // Algorithm selects how a Limiter counts.
 type Algorithm int
 
-const (
-	// GCRA is a token bucket: Burst requests at once, refilled at Rate per
-	// Period. It is the zero value and the default.
-	GCRA Algorithm = iota
-	// FixedWindow allows Rate requests per window of Period that starts with
-	// the first request; up to 2*Rate can pass around a window boundary.
-	FixedWindow
-	// SlidingWindow allows about Rate requests in any Period, estimating the
-	// count from the current and the previous window, weighted as if the
-	// previous window's requests were spread evenly. At most Rate pass in
-	// one aligned window; when the previous window's requests all came at
-	// its very end, up to 2*Rate-1 can pass within one Period across the
-	// boundary (see the package documentation).
-	SlidingWindow
-)
+// GCRA is a token bucket: Burst requests at once, refilled at Rate per
+// Period. It is the zero value and the default.
+const GCRA Algorithm = 0
+
+// FixedWindow allows Rate requests per window of Period that starts with
+// the first request; up to 2*Rate can pass around a window boundary.
+const FixedWindow Algorithm = 1
+
+// SlidingWindow allows about Rate requests in any Period, estimating the
+// count from the current and the previous window, weighted as if the
+// previous window's requests were spread evenly. At most Rate pass in
+// one aligned window; when the previous window's requests all came at
+// its very end, up to 2*Rate-1 can pass within one Period across the
+// boundary (see the package documentation).
+const SlidingWindow Algorithm = 2
 
 // String returns the algorithm's name.
 func (a Algorithm) String() string {
