@@ -2,8 +2,12 @@ package mutex_test
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/rueidis"
 
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/mutex"
@@ -69,5 +73,181 @@ func TestRWLastRUnlockWakesWriter(t *testing.T) {
 	}
 	if err := w.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestExtendAfterTakeoverBySameOwner: a Mutex whose lock was taken over by
+// another value with the same owner id (WithOwner, as a restarted process
+// does) finds the loss at its next Extend, which must neither succeed nor
+// lengthen the new holder's lease. mutex_renew checks the owner and the
+// acquisition's token; with only the owner checked (an outside mutant
+// turned its and into or) the old value's Extend renewed the new holder's
+// lock and reported success, and no test saw it: the other Extend tests
+// end the hold by deleting the key, which fails either check.
+func TestExtendAfterTakeoverBySameOwner(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	oldProc, newProc := newLocker(t, client, mutex.Options{}), newLocker(t, client, mutex.Options{})
+	name := "extend-takeover:" + t.Name()
+	a := newMutex(t, oldProc, name, mutex.WithOwner("worker-7"), mutex.WithLease(time.Minute))
+	b := newMutex(t, newProc, name, mutex.WithOwner("worker-7"), mutex.WithLease(time.Minute))
+	if err := a.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b.Token() <= a.Token() {
+		t.Fatalf("takeover token %d, want greater than the old holder's %d", b.Token(), a.Token())
+	}
+	if until, err := a.Extend(ctx, 5*time.Minute); !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("the old holder's Extend after a takeover = %v, %v; want ErrLost", until, err)
+	}
+	info, err := b.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Held || info.Token != b.Token() || info.Remain > time.Minute {
+		t.Fatalf("Info = %+v after the old holder's Extend, want held with token %d and at most the new holder's minute left", info, b.Token())
+	}
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// listen subscribes to channels on the single server at addr and returns
+// a function that reports how many messages each has received since,
+// probes left out. Each call first publishes a probe on every channel and
+// waits for it: the server delivers one subscriber's messages in order, so
+// whatever was published before the call has arrived by then.
+func listen(t *testing.T, addr string, channels ...string) func() map[string]int {
+	t.Helper()
+	c := redistest.Client(t, addr)
+	ctx, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	counts, probes := map[string]int{}, map[string]int{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Receive(ctx, c.B().Subscribe().Channel(channels...).Build(), func(m rueidis.PubSubMessage) {
+			mu.Lock()
+			defer mu.Unlock()
+			if m.Message == "probe" {
+				probes[m.Channel]++
+			} else {
+				counts[m.Channel]++
+			}
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	pub := redistest.Client(t, addr)
+	sent := 0
+	probe := func() bool {
+		sent++
+		for _, ch := range channels {
+			pub.Do(ctx, pub.B().Publish().Channel(ch).Message("probe").Build())
+		}
+		return redistest.WaitFor(ctx, signal, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, ch := range channels {
+				if probes[ch] < sent {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	// Probes sent before the subscription is up are lost: wait for it.
+	if !redistest.WaitFor(ctx, signal, func() bool {
+		n, err := pub.Do(ctx, pub.B().PubsubNumsub().Channel(channels...).Build()).AsIntMap()
+		if err != nil {
+			return false
+		}
+		for _, ch := range channels {
+			if n[ch] == 0 {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatal("subscription not confirmed")
+	}
+	return func() map[string]int {
+		if !probe() {
+			t.Fatal("a probe message did not come back")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		out := map[string]int{}
+		for _, ch := range channels {
+			out[ch] = counts[ch]
+		}
+		return out
+	}
+}
+
+// TestRWForceUnlockWakesBothSides: ForceUnlock of a write-held lock wakes
+// the writers and the readers, each on its own channel, and a waiting
+// writer then gets the lock; of a lock nobody holds (its only reader's
+// lease ran out) it reports that nothing was held and wakes nobody.
+// Outside the mutation runner's mutants, no test looked at what
+// rwmutex_force publishes, or at its answer for an expired reader: a
+// waiting writer retries on its own within a third of its mark.
+func TestRWForceUnlockWakesBothSides(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*signal)
+	defer cancel()
+	srv := redistest.NewServer(t)
+	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{Lease: time.Minute})
+	name := "rwforce:" + t.Name()
+	heard := listen(t, srv.Addr(), rwKey(name, "wr"), rwKey(name, "rd"))
+	holder, waiter, operator := newRW(t, l, name), newRW(t, l, name), newRW(t, l, name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- waiter.Lock(ctx) }()
+	if !redistest.WaitFor(ctx, signal, func() bool {
+		in, err := operator.Info(ctx)
+		return err == nil && in.WriterWaiting > 0
+	}) {
+		t.Fatal("the waiting writer left no mark")
+	}
+	if ok, err := operator.ForceUnlock(ctx); !ok || err != nil {
+		t.Fatalf("ForceUnlock of a write-held lock = %v, %v; want true", ok, err)
+	}
+	if got := heard(); got[rwKey(name, "wr")] != 1 || got[rwKey(name, "rd")] != 1 {
+		t.Errorf("ForceUnlock published %v, want one wake-up on each channel", got)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("waiting writer's Lock = %v, want the lock", err)
+	}
+	if err := waiter.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if in, err := operator.Info(ctx); err != nil || in.Writer != "" || in.Readers != 0 {
+		t.Fatalf("Info after the release = %+v, %v; want nobody", in, err)
+	}
+
+	// A reader with a fixed lease that runs out: nothing is held then.
+	short := newRW(t, l, name, mutex.WithLease(200*time.Millisecond))
+	if err := short.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !redistest.WaitFor(ctx, signal, func() bool {
+		in, err := operator.Info(ctx)
+		return err == nil && in.Readers == 0
+	}) {
+		t.Fatal("the reader's lease did not run out")
+	}
+	before := heard()
+	if ok, err := operator.ForceUnlock(ctx); ok || err != nil {
+		t.Errorf("ForceUnlock with only an expired reader = %v, %v; want false", ok, err)
+	}
+	if got := heard(); got[rwKey(name, "wr")] != before[rwKey(name, "wr")] || got[rwKey(name, "rd")] != before[rwKey(name, "rd")] {
+		t.Errorf("ForceUnlock of a free lock published %v (before: %v), want nothing", got, before)
+	}
+	if err := short.RUnlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
+		t.Errorf("RUnlock after the lease ran out and a ForceUnlock = %v, want ErrNotHeld", err)
 	}
 }

@@ -147,6 +147,7 @@ func (r *runner) logf(format string, args ...any) {
 func main() {
 	set := flag.String("set", "lua,go", "which mutants: lua, go or both (comma-separated)")
 	pkgFlag := flag.String("pkg", "", "only mutants whose file path contains one of these (comma-separated; e.g. lua/mutex_,scriptcache)")
+	testPkgFlag := flag.String("test-pkgs", "", "run only these packages' tests (comma-separated directories; default: every mutated package's)")
 	only := flag.String("id", "", "only the mutants with these ids (comma-separated)")
 	sample := flag.Int("sample", 0, "run a seeded random sample of this many mutants of each set (0: all)")
 	goSample := flag.Int("go-sample", -1, "the sample size of the Go set, if not -sample's")
@@ -163,6 +164,7 @@ func main() {
 	resume := flag.Bool("resume", false, "reuse the unit-test verdicts an earlier run of this tree recorded (the harness phases run again)")
 	harnessPar := flag.Int("harness-par", 1, "harness runs at once (its oracle allows for a loaded machine, not for two runs sharing two cores: keep 1)")
 	budget := flag.Float64("budget", 90, "seconds of measured test time a mutant's selected tests may take, fastest first (0: no limit)")
+	minScore := flag.Float64("min-score", 0, "exit with status 3 if a set's score (killed / (viable - equivalent)) is below this fraction")
 	list := flag.Bool("list", false, "list the mutants (after -set, -pkg, -sample) and exit")
 	flag.Parse()
 
@@ -206,7 +208,20 @@ func main() {
 	if sets["go"] {
 		bin, err := gremlinsBinary(filepath.Join(r.work, "bin"))
 		check(err)
-		goMs, err = goMutants(r.tree, bin, r.work, goPackages)
+		pkgs := goPackages
+		if *pkgFlag != "" {
+			// Ask gremlins only about the packages -pkg can match.
+			pkgs = nil
+			for _, p := range goPackages {
+				for _, f := range strings.Split(*pkgFlag, ",") {
+					if f != "" && (strings.Contains(p, f) || strings.Contains(f, p)) {
+						pkgs = append(pkgs, p)
+						break
+					}
+				}
+			}
+		}
+		goMs, err = goMutants(r.tree, bin, r.work, pkgs)
 		check(err)
 	}
 	generated := map[string]int{"lua": len(luaMs), "go": len(goMs)}
@@ -262,6 +277,9 @@ func main() {
 	// The test packages: every mutated Go package's, which between them
 	// reach every script.
 	testPkgs := goPackages
+	if *testPkgFlag != "" {
+		testPkgs = strings.Split(*testPkgFlag, ",")
+	}
 	r.logf("building %d test binaries (tagged, with coverage)", len(testPkgs))
 	for _, pkg := range testPkgs {
 		if out, err := buildTest(ctx, r.tree, pkg, r.coverBin(pkg), true); err != nil {
@@ -327,6 +345,17 @@ func main() {
 	}
 	if ctx.Err() != nil {
 		os.Exit(1)
+	}
+	low := false
+	for name, ms := range map[string][]*Mutant{"Lua": luaMs, "Go": goMs} {
+		s := scoreOf(ms)
+		if *minScore > 0 && s.denom() > 0 && float64(s.killed) < *minScore*float64(s.denom()) {
+			r.logf("%s score %d/%d is below -min-score %.2f", name, s.killed, s.denom(), *minScore)
+			low = true
+		}
+	}
+	if low {
+		os.Exit(3)
 	}
 }
 

@@ -313,7 +313,7 @@ func batches(sel []*testInfo, batchSecs float64) [][]*testInfo {
 var (
 	failRe    = regexp.MustCompile(`(?m)^--- FAIL: (\S+)`)
 	timeoutRe = regexp.MustCompile(`(?m)^panic: test timed out after`)
-	runningRe = regexp.MustCompile(`(?m)^running tests:\s*\n\s+(\S+)`)
+	runningRe = regexp.MustCompile(`(?m)^\s*running tests:\s*\n\s+(\S+)`)
 )
 
 // outcome of one batch run.
@@ -415,7 +415,11 @@ func (r *runner) killWithTests(ctx context.Context, m *Mutant, sel []*testInfo, 
 			continue
 		}
 		if o.timeout {
-			m.Status, m.By, m.How = statusTimeout, b[0].Pkg+"."+o.test, o.how
+			who := o.test
+			if who == "" {
+				who = "(one of " + strconv.Itoa(len(b)) + " tests from " + b[0].Name + ")"
+			}
+			m.Status, m.By, m.How = statusTimeout, b[0].Pkg+"."+who, o.how
 			return
 		}
 		if o.test != "" && !strings.Contains(o.how, "goleak") {
