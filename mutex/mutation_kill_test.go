@@ -251,3 +251,59 @@ func TestRWForceUnlockWakesBothSides(t *testing.T) {
 		t.Errorf("RUnlock after the lease ran out and a ForceUnlock = %v, want ErrNotHeld", err)
 	}
 }
+
+// TestReleasedHashKeptBriefly: after a final Unlock the lock's hash stays
+// only for the keep time (at most a second), not for the rest of the
+// holder's lease, as mutex_release promises; a ForceUnlock the same, and
+// both for a read-write lock. Mutants that set the expiry on the wake-up
+// channel's name instead of the hash (mutex_release) or dropped it
+// (rwmutex_force) left it for the whole remaining lease, and no test
+// looked.
+func TestReleasedHashKeptBriefly(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Single(t)
+	client := redistest.Client(t, srv.Addr())
+	l := newLocker(t, client, mutex.Options{})
+	for _, force := range []bool{false, true} {
+		name := "keep:" + t.Name() + map[bool]string{false: ":unlock", true: ":force"}[force]
+		m := newMutex(t, l, name, mutex.WithLease(time.Minute))
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if force {
+			if ok, err := m.ForceUnlock(ctx); !ok || err != nil {
+				t.Fatalf("ForceUnlock = %v, %v", ok, err)
+			}
+		} else if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		pttl, err := client.Do(ctx, client.B().Pttl().Key(lockKey(name)).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pttl > time.Second.Milliseconds() {
+			t.Errorf("force %v: the released hash expires in %d ms, want the keep time (at most 1000 ms), not the lease", force, pttl)
+		}
+
+		// The same for a read-write lock's state hash (no writer waits, so
+		// no mark keeps it longer).
+		rw := newRW(t, l, name, mutex.WithLease(time.Minute))
+		if err := rw.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if force {
+			if ok, err := rw.ForceUnlock(ctx); !ok || err != nil {
+				t.Fatalf("RWMutex.ForceUnlock = %v, %v", ok, err)
+			}
+		} else if err := rw.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		pttl, err = client.Do(ctx, client.B().Pttl().Key(rwKey(name, "h")).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pttl > time.Second.Milliseconds() {
+			t.Errorf("force %v: the released read-write hash expires in %d ms, want the keep time (at most 1000 ms), not the lease", force, pttl)
+		}
+	}
+}

@@ -71,6 +71,7 @@ type Mutant struct {
 	// sampled Lua mutants ("" if not sampled).
 	Alone, AloneBy string
 	Equiv          string // reason, if listed as equivalent
+	Src            string // the original line, trimmed
 }
 
 func (m *Mutant) killed() bool { return m.Status == statusKilled || m.Status == statusTimeout }
@@ -268,6 +269,9 @@ func main() {
 	}
 	all := append(append([]*Mutant{}, luaMs...), goMs...)
 	for _, m := range all {
+		if line, err := r.srcLine(m); err == nil {
+			m.Src = strings.TrimSpace(line)
+		}
 		if reason, ok := equiv[m.ID]; ok {
 			m.Status, m.Equiv = statusEquivalent, reason
 		}
@@ -603,12 +607,14 @@ func (r *runner) runGo(ctx context.Context, k int, m *Mutant) {
 	})
 }
 
-// clusterCode reports whether a Go mutant sits in code only a cluster
-// runs: every test that reaches it has Cluster in its name, or it is in
-// the slot arithmetic.
+// clusterCode reports whether a mutant sits in code only a cluster runs:
+// a script's choice of SPUBLISH; Go that only tests with Cluster in their
+// name reach, or the slot arithmetic.
 func (r *runner) clusterCode(m *Mutant) bool {
-	if m.Lang != "go" {
-		return false
+	if m.Lang == "lua" {
+		// A script's cluster-only code is its choice of SPUBLISH.
+		line, _ := r.srcLine(m)
+		return strings.Contains(line, "SPUBLISH") || strings.Contains(line, "== 's'")
 	}
 	if strings.HasPrefix(m.File, "internal/keyspace/") {
 		return true
@@ -623,6 +629,19 @@ func (r *runner) clusterCode(m *Mutant) bool {
 		}
 	}
 	return true
+}
+
+// srcLine returns the line of the tree's file that m changes.
+func (r *runner) srcLine(m *Mutant) (string, error) {
+	b, err := os.ReadFile(filepath.Join(r.tree, m.File))
+	if err != nil {
+		return "", err
+	}
+	lines := strings.Split(string(b), "\n")
+	if m.Line < 1 || m.Line > len(lines) {
+		return "", fmt.Errorf("%s: no line %d", m.File, m.Line)
+	}
+	return lines[m.Line-1], nil
 }
 
 // harnessSurvivors runs the chaos harness (seed 1, probes on) on every

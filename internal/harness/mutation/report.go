@@ -134,9 +134,9 @@ func (d *reportData) markdown() string {
 		if len(ms) == 0 {
 			return
 		}
-		w("| id | change | %s |\n|---|---|---|\n", "why")
+		w("| id | line | change | %s |\n|---|---|---|---|\n", "why")
 		for _, m := range ms {
-			w("| `%s` | %s | %s |\n", m.ID, change(m), cell(why(m)))
+			w("| `%s` | `%s` | %s | %s |\n", m.ID, cell(clip(m.Src, 90)), change(m), cell(why(m)))
 		}
 	}
 	list("Survivors", "Open: no unit test and no harness run caught them.", func(m *Mutant) bool { return m.Status == statusSurvived },
