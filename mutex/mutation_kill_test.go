@@ -22,57 +22,62 @@ import (
 // nothing. A waiting writer also retries every third of its mark, so
 // without the wake-up it still got in after up to 0.7 s and no test saw
 // the difference: an outside mutant that dropped rwmutex_runlock's
-// PUBLISH escaped. The count of PUBLISH calls on a server of the test's
-// own is what a missing wake-up changes, whatever the machine's speed.
+// PUBLISH escaped, and so did ones that broke its SPUBLISH on a cluster.
+// What the writers' channel hears (SSUBSCRIBE on a cluster, as the
+// primitives listen there) is what a missing wake-up changes, whatever
+// the machine's speed.
 func TestRWLastRUnlockWakesWriter(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*signal)
-	defer cancel()
-	srv := redistest.NewServer(t)
-	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{Lease: time.Minute})
-	name := "rwwake:" + t.Name()
-	newRW := func() *mutex.RWMutex {
-		rw, err := l.NewRWMutex(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rw
-	}
-	r1, r2, w := newRW(), newRW(), newRW()
-	for _, r := range []*mutex.RWMutex{r1, r2} {
-		if err := r.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	done := make(chan error, 1)
-	go func() { done <- w.Lock(ctx) }()
-	if !redistest.WaitFor(ctx, signal, func() bool {
-		in, err := r1.Info(ctx)
-		return err == nil && in.WriterWaiting > 0
-	}) {
-		t.Fatal("the writer's Lock left no writer-waiting mark")
-	}
-	published := func() int64 {
-		c := commandCalls(t, srv)
-		return c["publish"] + c["spublish"]
-	}
-	before := published()
-	if err := r1.RUnlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := published() - before; got != 0 {
-		t.Errorf("an RUnlock that left a reader in published %d wake-ups, want 0", got)
-	}
-	if err := r2.RUnlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := published() - before; got != 1 {
-		t.Errorf("the last reader's RUnlock, with a writer waiting, published %d wake-ups, want 1", got)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("waiting writer's Lock = %v, want the lock", err)
-	}
-	if err := w.Unlock(ctx); err != nil {
-		t.Fatal(err)
+	for _, tg := range []struct {
+		name    string
+		servers func(t *testing.T) []*redistest.Server
+	}{
+		{"single", func(t *testing.T) []*redistest.Server { return []*redistest.Server{redistest.NewServer(t)} }},
+		{"cluster", func(t *testing.T) []*redistest.Server { return redistest.SharedCluster(t).Nodes }},
+	} {
+		t.Run(tg.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*signal)
+			defer cancel()
+			servers := tg.servers(t)
+			var addrs []string
+			for _, s := range servers {
+				addrs = append(addrs, s.Addr())
+			}
+			l := newLocker(t, redistest.Client(t, addrs...), mutex.Options{Lease: time.Minute})
+			name := "rwwake:" + t.Name()
+			r1, r2, w := newRW(t, l, name), newRW(t, l, name), newRW(t, l, name)
+			for _, r := range []*mutex.RWMutex{r1, r2} {
+				if err := r.RLock(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			done := make(chan error, 1)
+			go func() { done <- w.Lock(ctx) }()
+			if !redistest.WaitFor(ctx, signal, func() bool {
+				in, err := r1.Info(ctx)
+				return err == nil && in.WriterWaiting > 0
+			}) {
+				t.Fatal("the writer's Lock left no writer-waiting mark")
+			}
+			heard := listen(t, addrs, rwKey(name, "wr"))
+			if err := r1.RUnlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := heard()[rwKey(name, "wr")]; got != 0 {
+				t.Errorf("an RUnlock that left a reader in published %d wake-ups, want 0", got)
+			}
+			if err := r2.RUnlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := heard()[rwKey(name, "wr")]; got != 1 {
+				t.Errorf("the last reader's RUnlock, with a writer waiting, published %d wake-ups on the writers' channel, want 1", got)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("waiting writer's Lock = %v, want the lock", err)
+			}
+			if err := w.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
@@ -115,39 +120,69 @@ func TestExtendAfterTakeoverBySameOwner(t *testing.T) {
 	}
 }
 
-// listen subscribes to channels on the single server at addr and returns
-// a function that reports how many messages each has received since,
+// listen subscribes to channels, with SSUBSCRIBE on a cluster (as the
+// primitives do there) and SUBSCRIBE on a single server, and returns a
+// function that reports how many messages each has received since,
 // probes left out. Each call first publishes a probe on every channel and
-// waits for it: the server delivers one subscriber's messages in order, so
-// whatever was published before the call has arrived by then.
-func listen(t *testing.T, addr string, channels ...string) func() map[string]int {
+// waits for it: the server delivers one subscriber's messages of a
+// channel in order, so whatever was published before the call has
+// arrived by then.
+func listen(t *testing.T, addrs []string, channels ...string) func() map[string]int {
 	t.Helper()
-	c := redistest.Client(t, addr)
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
 	counts, probes := map[string]int{}, map[string]int{}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = c.Receive(ctx, c.B().Subscribe().Channel(channels...).Build(), func(m rueidis.PubSubMessage) {
-			mu.Lock()
-			defer mu.Unlock()
-			if m.Message == "probe" {
-				probes[m.Channel]++
-			} else {
-				counts[m.Channel]++
-			}
+	pub := redistest.Client(t, addrs...)
+	sharded := len(addrs) > 1
+	var wg sync.WaitGroup
+	for _, ch := range channels {
+		c := redistest.Client(t, addrs...)
+		sub := c.B().Subscribe().Channel(ch).Build()
+		if sharded {
+			sub = c.B().Ssubscribe().Channel(ch).Build()
+		}
+		wg.Go(func() {
+			_ = c.Receive(ctx, sub, func(m rueidis.PubSubMessage) {
+				mu.Lock()
+				defer mu.Unlock()
+				if m.Message == "probe" {
+					probes[m.Channel]++
+				} else {
+					counts[m.Channel]++
+				}
+			})
 		})
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	pub := redistest.Client(t, addr)
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	// Probes sent before the subscription is up are lost: wait for it.
+	if !redistest.WaitFor(ctx, signal, func() bool {
+		for _, ch := range channels {
+			cmd := pub.B().PubsubNumsub().Channel(ch).Build()
+			if sharded {
+				cmd = pub.B().PubsubShardnumsub().Channel(ch).Build()
+			}
+			n, err := pub.Do(ctx, cmd).AsIntMap()
+			if err != nil || n[ch] == 0 {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatal("subscription not confirmed")
+	}
 	sent := 0
-	probe := func() bool {
+	return func() map[string]int {
 		sent++
 		for _, ch := range channels {
-			pub.Do(ctx, pub.B().Publish().Channel(ch).Message("probe").Build())
+			cmd := pub.B().Publish().Channel(ch).Message("probe").Build()
+			if sharded {
+				cmd = pub.B().Spublish().Channel(ch).Message("probe").Build()
+			}
+			if err := pub.Do(ctx, cmd).Error(); err != nil {
+				t.Fatal(err)
+			}
 		}
-		return redistest.WaitFor(ctx, signal, func() bool {
+		if !redistest.WaitFor(ctx, signal, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			for _, ch := range channels {
@@ -156,25 +191,7 @@ func listen(t *testing.T, addr string, channels ...string) func() map[string]int
 				}
 			}
 			return true
-		})
-	}
-	// Probes sent before the subscription is up are lost: wait for it.
-	if !redistest.WaitFor(ctx, signal, func() bool {
-		n, err := pub.Do(ctx, pub.B().PubsubNumsub().Channel(channels...).Build()).AsIntMap()
-		if err != nil {
-			return false
-		}
-		for _, ch := range channels {
-			if n[ch] == 0 {
-				return false
-			}
-		}
-		return true
-	}) {
-		t.Fatal("subscription not confirmed")
-	}
-	return func() map[string]int {
-		if !probe() {
+		}) {
 			t.Fatal("a probe message did not come back")
 		}
 		mu.Lock()
@@ -195,60 +212,70 @@ func listen(t *testing.T, addr string, channels ...string) func() map[string]int
 // rwmutex_force publishes, or at its answer for an expired reader: a
 // waiting writer retries on its own within a third of its mark.
 func TestRWForceUnlockWakesBothSides(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*signal)
-	defer cancel()
-	srv := redistest.NewServer(t)
-	l := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{Lease: time.Minute})
-	name := "rwforce:" + t.Name()
-	heard := listen(t, srv.Addr(), rwKey(name, "wr"), rwKey(name, "rd"))
-	holder, waiter, operator := newRW(t, l, name), newRW(t, l, name), newRW(t, l, name)
-	if err := holder.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- waiter.Lock(ctx) }()
-	if !redistest.WaitFor(ctx, signal, func() bool {
-		in, err := operator.Info(ctx)
-		return err == nil && in.WriterWaiting > 0
-	}) {
-		t.Fatal("the waiting writer left no mark")
-	}
-	if ok, err := operator.ForceUnlock(ctx); !ok || err != nil {
-		t.Fatalf("ForceUnlock of a write-held lock = %v, %v; want true", ok, err)
-	}
-	if got := heard(); got[rwKey(name, "wr")] != 1 || got[rwKey(name, "rd")] != 1 {
-		t.Errorf("ForceUnlock published %v, want one wake-up on each channel", got)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("waiting writer's Lock = %v, want the lock", err)
-	}
-	if err := waiter.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if in, err := operator.Info(ctx); err != nil || in.Writer != "" || in.Readers != 0 {
-		t.Fatalf("Info after the release = %+v, %v; want nobody", in, err)
-	}
+	for _, tg := range []struct {
+		name  string
+		addrs func(t *testing.T) []string
+	}{
+		{"single", func(t *testing.T) []string { return []string{redistest.NewServer(t).Addr()} }},
+		{"cluster", func(t *testing.T) []string { return redistest.SharedCluster(t).Addrs() }},
+	} {
+		t.Run(tg.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*signal)
+			defer cancel()
+			addrs := tg.addrs(t)
+			l := newLocker(t, redistest.Client(t, addrs...), mutex.Options{Lease: time.Minute})
+			name := "rwforce:" + t.Name()
+			heard := listen(t, addrs, rwKey(name, "wr"), rwKey(name, "rd"))
+			holder, waiter, operator := newRW(t, l, name), newRW(t, l, name), newRW(t, l, name)
+			if err := holder.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- waiter.Lock(ctx) }()
+			if !redistest.WaitFor(ctx, signal, func() bool {
+				in, err := operator.Info(ctx)
+				return err == nil && in.WriterWaiting > 0
+			}) {
+				t.Fatal("the waiting writer left no mark")
+			}
+			if ok, err := operator.ForceUnlock(ctx); !ok || err != nil {
+				t.Fatalf("ForceUnlock of a write-held lock = %v, %v; want true", ok, err)
+			}
+			if got := heard(); got[rwKey(name, "wr")] != 1 || got[rwKey(name, "rd")] != 1 {
+				t.Errorf("ForceUnlock published %v, want one wake-up on each channel", got)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("waiting writer's Lock = %v, want the lock", err)
+			}
+			if err := waiter.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if in, err := operator.Info(ctx); err != nil || in.Writer != "" || in.Readers != 0 {
+				t.Fatalf("Info after the release = %+v, %v; want nobody", in, err)
+			}
 
-	// A reader with a fixed lease that runs out: nothing is held then.
-	short := newRW(t, l, name, mutex.WithLease(200*time.Millisecond))
-	if err := short.RLock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if !redistest.WaitFor(ctx, signal, func() bool {
-		in, err := operator.Info(ctx)
-		return err == nil && in.Readers == 0
-	}) {
-		t.Fatal("the reader's lease did not run out")
-	}
-	before := heard()
-	if ok, err := operator.ForceUnlock(ctx); ok || err != nil {
-		t.Errorf("ForceUnlock with only an expired reader = %v, %v; want false", ok, err)
-	}
-	if got := heard(); got[rwKey(name, "wr")] != before[rwKey(name, "wr")] || got[rwKey(name, "rd")] != before[rwKey(name, "rd")] {
-		t.Errorf("ForceUnlock of a free lock published %v (before: %v), want nothing", got, before)
-	}
-	if err := short.RUnlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
-		t.Errorf("RUnlock after the lease ran out and a ForceUnlock = %v, want ErrNotHeld", err)
+			// A reader with a fixed lease that runs out: nothing is held then.
+			short := newRW(t, l, name, mutex.WithLease(200*time.Millisecond))
+			if err := short.RLock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !redistest.WaitFor(ctx, signal, func() bool {
+				in, err := operator.Info(ctx)
+				return err == nil && in.Readers == 0
+			}) {
+				t.Fatal("the reader's lease did not run out")
+			}
+			before := heard()
+			if ok, err := operator.ForceUnlock(ctx); ok || err != nil {
+				t.Errorf("ForceUnlock with only an expired reader = %v, %v; want false", ok, err)
+			}
+			if got := heard(); got[rwKey(name, "wr")] != before[rwKey(name, "wr")] || got[rwKey(name, "rd")] != before[rwKey(name, "rd")] {
+				t.Errorf("ForceUnlock of a free lock published %v (before: %v), want nothing", got, before)
+			}
+			if err := short.RUnlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
+				t.Errorf("RUnlock after the lease ran out and a ForceUnlock = %v, want ErrNotHeld", err)
+			}
+		})
 	}
 }
 
