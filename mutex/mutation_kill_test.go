@@ -334,3 +334,39 @@ func TestReleasedHashKeptBriefly(t *testing.T) {
 		}
 	}
 }
+
+// TestRWUnlockAfterTakeoverBySameOwner: a writer whose lock was taken over
+// by another RWMutex value with the same owner id (WithOwner) must not
+// release the new holder's lock with its Unlock: rwmutex_unlock checks the
+// owner and the token. With either check alone (an and turned into or)
+// the old value's Unlock released the new holder, and every test passed.
+func TestRWUnlockAfterTakeoverBySameOwner(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	oldProc, newProc := newLocker(t, client, mutex.Options{}), newLocker(t, client, mutex.Options{})
+	name := "rw-takeover:" + t.Name()
+	a := newRW(t, oldProc, name, mutex.WithOwner("worker-7"), mutex.WithLease(time.Minute))
+	b := newRW(t, newProc, name, mutex.WithOwner("worker-7"), mutex.WithLease(time.Minute))
+	if err := a.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b.Token() <= a.Token() {
+		t.Fatalf("takeover token %d, want greater than the old writer's %d", b.Token(), a.Token())
+	}
+	if err := a.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
+		t.Fatalf("the old writer's Unlock after a takeover = %v, want ErrNotHeld", err)
+	}
+	in, err := b.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Writer != "worker-7" || in.Token != b.Token() {
+		t.Fatalf("Info = %+v after the old writer's Unlock, want still held with token %d", in, b.Token())
+	}
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
