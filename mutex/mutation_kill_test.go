@@ -370,3 +370,28 @@ func TestRWUnlockAfterTakeoverBySameOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReadersSetExpiresWithLease: the first reader of a read-write lock
+// gives the readers' set an expiry of its lease, so a reader that crashes
+// leaves no key behind once its lease is over. A mutant of rwmutex_rlock
+// without that PEXPIRE left the set forever, and no test looked.
+func TestReadersSetExpiresWithLease(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	l := newLocker(t, client, mutex.Options{})
+	name := "rw-set-ttl:" + t.Name()
+	r := newRW(t, l, name, mutex.WithLease(time.Minute))
+	if err := r.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pttl, err := client.Do(ctx, client.B().Pttl().Key(rwKey(name, "z")).Build()).AsInt64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pttl <= 0 || pttl > time.Minute.Milliseconds() {
+		t.Errorf("the readers' set expires in %d ms, want within the reader's lease (60000 ms)", pttl)
+	}
+	if err := r.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
