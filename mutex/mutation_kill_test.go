@@ -395,3 +395,87 @@ func TestReadersSetExpiresWithLease(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRWWaitingWriterMarks: what a waiting writer leaves in Redis. Its
+// refused attempts must not shorten the holder's lease (rwmutex_lock
+// lengthens the hash's expiry to the mark, never shortens it; a negated
+// test cut a one-minute hold to the two-second mark); its mark goes once
+// it gets the lock (a ZREM on the wrong key left readers refused for the
+// rest of the mark); and an acquisition removes the read acquisitions
+// whose leases ran out (a ZREM on the wrong key kept them). No test looked
+// at any of the three.
+func TestRWWaitingWriterMarks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*signal)
+	defer cancel()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	l := newLocker(t, client, mutex.Options{})
+	name := "rw-marks:" + t.Name()
+	pttl := func(key string) int64 {
+		t.Helper()
+		n, err := client.Do(ctx, client.B().Pttl().Key(key).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	holder := newRW(t, l, name, mutex.WithLease(time.Minute))
+	waiter := newRW(t, l, name, mutex.WithLease(time.Minute))
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- waiter.Lock(ctx) }()
+	if !redistest.WaitFor(ctx, signal, func() bool {
+		in, err := holder.Info(ctx)
+		return err == nil && in.WriterWaiting > 0
+	}) {
+		t.Fatal("the waiting writer left no mark")
+	}
+	if ms := pttl(rwKey(name, "h")); ms < (50 * time.Second).Milliseconds() {
+		t.Fatalf("the holder's hash expires in %d ms once a writer waits, want the holder's minute", ms)
+	}
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("waiting writer's Lock = %v", err)
+	}
+	// Its mark is withdrawn with the grant: the mark would otherwise run
+	// for up to two seconds more, which this check comes well within
+	// unless the machine stalls (then it can only miss the bug).
+	if in, err := waiter.Info(ctx); err != nil || in.WriterWaiting != 0 {
+		t.Errorf("Info after the waiting writer got the lock = %+v, %v; want no writer waiting", in, err)
+	}
+	if err := waiter.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Read acquisitions whose leases ran out are removed by the next
+	// acquisition: one reader stays, one runs out.
+	long := newRW(t, l, name, mutex.WithLease(time.Minute))
+	short := newRW(t, l, name, mutex.WithLease(200*time.Millisecond))
+	for _, r := range []*mutex.RWMutex{long, short} {
+		if err := r.RLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !redistest.WaitFor(ctx, signal, func() bool {
+		in, err := long.Info(ctx)
+		return err == nil && in.Readers == 1
+	}) {
+		t.Fatal("the short reader's lease did not run out")
+	}
+	if err := waiter.TryLock(ctx); !errors.Is(err, mutex.ErrNotObtained) {
+		t.Fatalf("TryLock beside a reader = %v, want ErrNotObtained", err)
+	}
+	n, err := client.Do(ctx, client.B().Zcard().Key(rwKey(name, "z")).Build()).AsInt64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("the readers' set holds %d members after an acquisition, want 1 (the expired reader removed)", n)
+	}
+	if err := long.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
