@@ -70,3 +70,34 @@ func TestPoliciesDeniedReportsIdleSlidingPolicyReset(t *testing.T) {
 		t.Errorf("the idle sliding policy beside a denial = %+v, want room, Remaining 100 and ResetAfter 0", r)
 	}
 }
+
+// TestPoliciesSlidingWeighsPreviousWindow: a sliding-window policy of a
+// Policies set counts the previous window's requests, weighted by its
+// share still inside the sliding window, as the single limiter does. On a
+// frozen clock: 6 of 10 late in one window leave 5.4 one second into the
+// next, so a request of 5 is denied there. Two mutants of ratelimit_multi
+// that dropped the previous window's count (idx - 2 for idx - 1, and the
+// test negated) allowed it, and no test crossed a window with a Policies
+// set.
+func TestPoliciesSlidingWeighsPreviousWindow(t *testing.T) {
+	ctx := context.Background()
+	l, mr := newFrozenLimiter(t, Options{Limit: Limit{Rate: 1, Period: time.Second}}, window10s.Add(9*time.Second))
+	ps, err := NewPolicies(Policy{Name: "sliding", Algorithm: SlidingWindow, Limit: Limit{Rate: 10, Period: 10 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.AllowPolicies(ctx, "k", 6, ps); err != nil || !d.Allowed {
+		t.Fatalf("6 late in a window = %+v, %v; want allowed", d, err)
+	}
+	mr.SetTime(window10s.Add(11 * time.Second))
+	d, err := l.AllowPolicies(ctx, "k", 5, ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed {
+		t.Fatalf("5 one second into the next window = %+v, want denied (the previous 6 still weigh 5.4 of 10)", d)
+	}
+	if r := d.Results[0]; r.Remaining != 4 {
+		t.Errorf("the denial's Remaining = %d, want 4 (10 - 5.4, rounded down)", r.Remaining)
+	}
+}
