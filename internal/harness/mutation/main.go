@@ -166,6 +166,7 @@ func main() {
 	harnessPar := flag.Int("harness-par", 1, "harness runs at once (its oracle allows for a loaded machine, not for two runs sharing two cores: keep 1)")
 	budget := flag.Float64("budget", 90, "seconds of measured test time a mutant's selected tests may take, fastest first (0: no limit)")
 	minScore := flag.Float64("min-score", 0, "exit with status 3 if a set's score (killed / (viable - equivalent)) is below this fraction")
+	units := flag.Bool("units", true, "run the unit tests on the mutants (false: only the harness phases asked for, e.g. -alone)")
 	list := flag.Bool("list", false, "list the mutants (after -set, -pkg, -sample) and exit")
 	flag.Parse()
 
@@ -303,11 +304,13 @@ func main() {
 	luaStart := time.Now()
 	if len(luaMs) > 0 {
 		check(r.luaViable(luaMs))
-		r.runAll(ctx, luaMs, r.runLua)
+		if *units {
+			r.runAll(ctx, luaMs, r.runLua)
+		}
 	}
 	luaTook := time.Since(luaStart)
 	goStart := time.Now()
-	if len(goMs) > 0 {
+	if len(goMs) > 0 && *units {
 		r.runAll(ctx, goMs, r.runGo)
 	}
 	goTook := time.Since(goStart)
@@ -667,7 +670,12 @@ func (r *runner) harnessSurvivors(ctx context.Context, all []*Mutant) {
 		}
 		m.Harness = statusSurvived
 		for _, v := range variants {
-			if caught, how := r.chaos(ctx, bin, v, 1, true, env); caught {
+			caught, how := r.chaos(ctx, bin, v, 1, true, env)
+			if how == interrupted {
+				m.Harness = ""
+				return
+			}
+			if caught {
 				m.Harness, m.HarnessBy = statusKilled, "chaos "+v+" seed 1: "+how
 				m.Status, m.By, m.How = statusKilled, "harness ("+v+", seed 1)", how
 				return
@@ -711,7 +719,9 @@ func (r *runner) harnessAlone(ctx context.Context, ms []*Mutant, n int, seed uin
 	sort.SliceStable(pool, func(i, j int) bool { return pool[i].ID < pool[j].ID })
 	// The unmutated tree first: a run that fails without a mutant makes
 	// the sample's catches worthless.
-	if caught, how := r.chaos(ctx, r.chaosBin, "single", 1, false, nil); caught {
+	if caught, how := r.chaos(ctx, r.chaosBin, "single", 1, false, nil); how == interrupted {
+		return nil
+	} else if caught {
 		r.aloneBaseline = "FAILED on the unmutated tree: " + how
 	} else {
 		r.aloneBaseline = "passed on the unmutated tree"
@@ -725,6 +735,9 @@ func (r *runner) harnessAlone(ctx context.Context, ms []*Mutant, n int, seed uin
 			return
 		}
 		caught, how := r.chaos(ctx, r.chaosBin, "single", 1, false, []string{"SLUICE_MUTATION_LUA_DIR=" + dir})
+		if how == interrupted {
+			return
+		}
 		m.Alone, m.AloneBy = statusSurvived, ""
 		if caught {
 			m.Alone, m.AloneBy = statusKilled, how

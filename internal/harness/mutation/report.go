@@ -92,6 +92,13 @@ func (d *reportData) markdown() string {
 		w("| %s | %d | %d | %d | %d | %d | %d | **%s** (%d/%d) |\n", set.name, s.n, s.notViable, s.equiv, s.byTests, s.killed-s.byTests, s.survived,
 			pct(s.killed, s.denom()), s.killed, s.denom())
 	}
+	var alone []*Mutant
+	for _, m := range d.Alone {
+		if m.Alone != "" {
+			alone = append(alone, m)
+		}
+	}
+	d.Alone = alone
 	if len(d.Alone) > 0 {
 		k := 0
 		for _, m := range d.Alone {

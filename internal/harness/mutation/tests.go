@@ -450,6 +450,9 @@ func (r *runner) killWithTests(ctx context.Context, m *Mutant, sel []*testInfo, 
 	}
 }
 
+// interrupted is chaos's how when the run was stopped: no verdict.
+const interrupted = "interrupted"
+
 // chaos runs the harness's short run of one seed on the variant (single
 // or cluster), probes on or off, with the mutant's environment. It
 // reports whether the run failed (a violation, a panic, goleak) and how.
@@ -464,6 +467,9 @@ func (r *runner) chaos(ctx context.Context, bin string, variant string, seed int
 	}
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		return false, interrupted
+	}
 	if err == nil {
 		return false, ""
 	}
