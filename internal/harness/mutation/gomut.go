@@ -58,7 +58,7 @@ func gremlinsBinary(dir string) (string, error) {
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOWORK=off", "GOFLAGS=")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("installing gremlins: %v\n%s", err, out)
+		return "", fmt.Errorf("installing gremlins: %w\n%s", err, out)
 	}
 	return bin, nil
 }
@@ -83,7 +83,7 @@ func goMutants(tree, bin, work string, pkgs []string) ([]*Mutant, error) {
 		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), "GOWORK="+filepath.Join(tree, "mutation.work"), "GOFLAGS=-run=^$")
 		if b, err := cmd.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("gremlins on %s: %v\n%s", pkg, err, b)
+			return nil, fmt.Errorf("gremlins on %s: %w\n%s", pkg, err, b)
 		}
 		var res struct {
 			Files []struct {

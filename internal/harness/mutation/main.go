@@ -175,6 +175,7 @@ func main() {
 	start := time.Now()
 	root, err := gitRoot()
 	check(err)
+	commit := gitHead(root)
 	r := &runner{root: root, par: max(*par, 1), timeoutScale: *scale, batchSecs: *batch, budget: *budget, harnessPar: max(*harnessPar, 1)}
 	if *work == "" {
 		r.work, err = os.MkdirTemp("", "sluice-mutation-")
@@ -288,7 +289,7 @@ func main() {
 	r.logf("building %d test binaries (tagged, with coverage)", len(testPkgs))
 	for _, pkg := range testPkgs {
 		if out, err := buildTest(ctx, r.tree, pkg, r.coverBin(pkg), true); err != nil {
-			check(fmt.Errorf("building %s: %v\n%s", pkg, err, out))
+			check(fmt.Errorf("building %s: %w\n%s", pkg, err, out))
 		}
 	}
 	r.tests, err = r.mapTests(ctx, testPkgs)
@@ -296,7 +297,7 @@ func main() {
 	if *harness || *alone != 0 {
 		r.chaosBin = filepath.Join(r.work, "bin", "chaos.test")
 		if out, err := buildChaos(ctx, r.tree, r.chaosBin); err != nil {
-			check(fmt.Errorf("building the harness: %v\n%s", err, out))
+			check(fmt.Errorf("building the harness: %w\n%s", err, out))
 		}
 	}
 
@@ -328,7 +329,7 @@ func main() {
 
 	rep := &reportData{
 		Command:   "cd internal/harness && go run ./mutation " + strings.Join(os.Args[1:], " "),
-		Commit:    gitHead(root),
+		Commit:    commit,
 		Started:   start,
 		Took:      time.Since(start),
 		MapTook:   r.mapTook,
@@ -398,7 +399,7 @@ func copyTree(root, dst string) error {
 	cmd := exec.Command("sh", "-c", "git ls-files -z | tar --null -T - -cf - | tar -xf - -C "+shellQuote(dst))
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("copying the tree: %v\n%s", err, out)
+		return fmt.Errorf("copying the tree: %w\n%s", err, out)
 	}
 	work := "go 1.26.0\n\nuse (\n\t.\n\t./goredis\n)\n\nreplace (\n\tgithub.com/sluicekit/sluice v0.1.0 => ./\n\tgithub.com/sluicekit/sluice/goredis v0.1.0 => ./goredis\n)\n"
 	return os.WriteFile(filepath.Join(dst, "mutation.work"), []byte(work), 0o644)

@@ -127,6 +127,9 @@ func (d *reportData) markdown() string {
 		sort.Strings(ops)
 		for _, op := range ops {
 			s := scoreOf(byOp[op])
+			if s.n == 0 {
+				continue
+			}
 			w("| %s | %s | %d | %d | %d | %d | %d | %s |\n", set.name, op, s.n, s.notViable, s.equiv, s.killed, s.survived, pct(s.killed, s.denom()))
 		}
 	}
