@@ -83,6 +83,7 @@ type runner struct {
 	budget                     float64 // seconds of measured test time per mutant
 	harnessPar                 int
 	aloneBaseline              string // the unmutated tree's harness run, probes off
+	mapFile                    string // -map: the test map to use (and write)
 	tests                      *testMap
 	mapTook                    time.Duration
 	logMu                      sync.Mutex
@@ -167,6 +168,7 @@ func main() {
 	budget := flag.Float64("budget", 90, "seconds of measured test time a mutant's selected tests may take, fastest first (0: no limit)")
 	minScore := flag.Float64("min-score", 0, "exit with status 3 if a set's score (killed / (viable - equivalent)) is below this fraction")
 	units := flag.Bool("units", true, "run the unit tests on the mutants (false: only the harness phases asked for, e.g. -alone)")
+	mapFlag := flag.String("map", "", "use (or write) this test map file instead of the per-tree cache (a map of another tree is only as good as its tests are the same)")
 	list := flag.Bool("list", false, "list the mutants (after -set, -pkg, -sample) and exit")
 	flag.Parse()
 
@@ -176,7 +178,7 @@ func main() {
 	root, err := gitRoot()
 	check(err)
 	commit := gitHead(root)
-	r := &runner{root: root, par: max(*par, 1), timeoutScale: *scale, batchSecs: *batch, budget: *budget, harnessPar: max(*harnessPar, 1)}
+	r := &runner{root: root, par: max(*par, 1), timeoutScale: *scale, batchSecs: *batch, budget: *budget, harnessPar: max(*harnessPar, 1), mapFile: *mapFlag}
 	if *work == "" {
 		r.work, err = os.MkdirTemp("", "sluice-mutation-")
 		check(err)

@@ -73,6 +73,10 @@ func treeHash(tree string) (string, error) {
 		if err != nil || d.IsDir() {
 			return err
 		}
+		rel, _ := filepath.Rel(tree, p)
+		if strings.HasPrefix(filepath.ToSlash(rel), "internal/harness/mutation/") {
+			return nil // the runner itself: its changes do not change a test
+		}
 		ext := filepath.Ext(p)
 		if ext != ".go" && ext != ".lua" && ext != ".mod" && ext != ".sum" && ext != ".work" {
 			return nil
@@ -81,7 +85,6 @@ func treeHash(tree string) (string, error) {
 		if err != nil {
 			return err
 		}
-		rel, _ := filepath.Rel(tree, p)
 		fmt.Fprintf(h, "%s %d\n", rel, len(b))
 		h.Write(b)
 		return nil
@@ -116,6 +119,9 @@ func (r *runner) mapTests(ctx context.Context, pkgs []string) (*testMap, error) 
 	r.hash = hash
 	cacheDir := r.cacheDir
 	cache := filepath.Join(cacheDir, "map-"+hash+"-"+strings.ReplaceAll(strings.Join(pkgs, "+"), "/", "_")+".json")
+	if r.mapFile != "" {
+		cache = r.mapFile
+	}
 	if b, err := os.ReadFile(cache); err == nil {
 		var m testMap
 		if json.Unmarshal(b, &m) == nil {
