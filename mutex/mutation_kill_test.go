@@ -3,6 +3,8 @@ package mutex_test
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -123,15 +125,15 @@ func TestExtendAfterTakeoverBySameOwner(t *testing.T) {
 // listen subscribes to channels, with SSUBSCRIBE on a cluster (as the
 // primitives do there) and SUBSCRIBE on a single server, and returns a
 // function that reports how many messages each has received since,
-// probes left out. Each call first publishes a probe on every channel and
-// waits for it: the server delivers one subscriber's messages of a
-// channel in order, so whatever was published before the call has
+// probes left out. Each call first publishes a numbered probe on every
+// channel and waits for it: the server delivers one subscriber's messages
+// of a channel in order, so whatever was published before the call has
 // arrived by then.
 func listen(t *testing.T, addrs []string, channels ...string) func() map[string]int {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
-	counts, probes := map[string]int{}, map[string]int{}
+	counts, probed := map[string]int{}, map[string]int{}
 	pub := redistest.Client(t, addrs...)
 	sharded := len(addrs) > 1
 	var wg sync.WaitGroup
@@ -145,8 +147,8 @@ func listen(t *testing.T, addrs []string, channels ...string) func() map[string]
 			_ = c.Receive(ctx, sub, func(m rueidis.PubSubMessage) {
 				mu.Lock()
 				defer mu.Unlock()
-				if m.Message == "probe" {
-					probes[m.Channel]++
+				if n, ok := strings.CutPrefix(m.Message, "probe-"); ok {
+					probed[m.Channel], _ = strconv.Atoi(n)
 				} else {
 					counts[m.Channel]++
 				}
@@ -154,44 +156,39 @@ func listen(t *testing.T, addrs []string, channels ...string) func() map[string]
 		})
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	// Probes sent before the subscription is up are lost: wait for it.
-	if !redistest.WaitFor(ctx, signal, func() bool {
+	n := 0
+	// probe publishes probe n on every channel and waits up to wait for
+	// all of them.
+	probe := func(wait time.Duration) bool {
+		n++
 		for _, ch := range channels {
-			cmd := pub.B().PubsubNumsub().Channel(ch).Build()
+			cmd := pub.B().Publish().Channel(ch).Message("probe-" + strconv.Itoa(n)).Build()
 			if sharded {
-				cmd = pub.B().PubsubShardnumsub().Channel(ch).Build()
-			}
-			n, err := pub.Do(ctx, cmd).AsIntMap()
-			if err != nil || n[ch] == 0 {
-				return false
-			}
-		}
-		return true
-	}) {
-		t.Fatal("subscription not confirmed")
-	}
-	sent := 0
-	return func() map[string]int {
-		sent++
-		for _, ch := range channels {
-			cmd := pub.B().Publish().Channel(ch).Message("probe").Build()
-			if sharded {
-				cmd = pub.B().Spublish().Channel(ch).Message("probe").Build()
+				cmd = pub.B().Spublish().Channel(ch).Message("probe-" + strconv.Itoa(n)).Build()
 			}
 			if err := pub.Do(ctx, cmd).Error(); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if !redistest.WaitFor(ctx, signal, func() bool {
+		return redistest.WaitFor(ctx, wait, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			for _, ch := range channels {
-				if probes[ch] < sent {
+				if probed[ch] < n {
 					return false
 				}
 			}
 			return true
-		}) {
+		})
+	}
+	// Probes published before the subscriptions are up are lost (and
+	// PUBSUB NUMSUB counts the primitives' own subscribers too): probe
+	// until one comes back.
+	if !redistest.WaitFor(ctx, signal, func() bool { return probe(200 * time.Millisecond) }) {
+		t.Fatal("subscription not confirmed")
+	}
+	return func() map[string]int {
+		if !probe(signal) {
 			t.Fatal("a probe message did not come back")
 		}
 		mu.Lock()
