@@ -72,6 +72,7 @@ type Mutant struct {
 	Alone, AloneBy string
 	Equiv          string // reason, if listed as equivalent
 	Src            string // the original line, trimmed
+	Fallback       bool   // Go: no test covers it; its package's tests that run its file ran
 }
 
 func (m *Mutant) killed() bool { return m.Status == statusKilled || m.Status == statusTimeout }

@@ -155,6 +155,9 @@ func (d *reportData) markdown() string {
 				return m.By
 			}
 			s := fmt.Sprintf("%d tests ran", m.Tests)
+			if m.Fallback {
+				s += " (no test covers the line: the tests of its package that run its file)"
+			}
 			if m.Harness != "" {
 				s += "; harness: " + m.Harness
 			}

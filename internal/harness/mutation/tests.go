@@ -253,6 +253,9 @@ func (t *testInfo) covers(file string, line, col int) bool {
 	return false
 }
 
+// coversFile reports whether the test runs any statement of file.
+func (t *testInfo) coversFile(file string) bool { return len(t.Blocks[file]) > 0 }
+
 // selectTests returns the tests that can see m, fastest first.
 func (r *runner) selectTests(m *Mutant) []*testInfo {
 	var sel []*testInfo
@@ -276,6 +279,18 @@ func (r *runner) selectTests(m *Mutant) []*testInfo {
 		} else if t.covers(m.File, m.Line, m.Col) {
 			sel = append(sel, t)
 		}
+	}
+	if len(sel) == 0 && m.Lang == "go" {
+		// Coverage sees statements only: a constant, a declaration or an
+		// array length no test "covers" is still compiled into every test
+		// of its package, which then runs them all (within the budget).
+		pkg := filepath.ToSlash(filepath.Dir(m.File))
+		for _, t := range r.tests.Tests {
+			if t.Passed && t.Pkg == pkg && t.coversFile(m.File) {
+				sel = append(sel, t)
+			}
+		}
+		m.Fallback = len(sel) > 0
 	}
 	sort.SliceStable(sel, func(i, j int) bool { return sel[i].Secs < sel[j].Secs })
 	// Past the budget of measured test time, the slowest tests are left
