@@ -476,3 +476,54 @@ func TestRWWaitingWriterMarks(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRWLossKeptByNewReadHold: Lost stays closed, and Err keeps the
+// loss, until the value holds nothing and acquires again: a value that
+// holds the write lock, lost its read hold beside it and released that,
+// still reports the loss after it takes a new read hold, since the write
+// hold never ended. A Go mutant that cleared the loss when either side was
+// free (|| for &&) reopened Lost there, and no test took a read hold
+// beside a write hold after a loss.
+func TestRWLossKeptByNewReadHold(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*signal)
+	defer cancel()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	l := newLocker(t, client, mutex.Options{WatchdogLease: 600 * time.Millisecond})
+	name := "rw-loss-kept:" + t.Name()
+	rw := newRW(t, l, name)
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The read hold goes; the write hold stays.
+	if err := client.Do(ctx, client.B().Del().Key(rwKey(name, "z")).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-rw.Lost():
+	case <-ctx.Done():
+		t.Fatal("the reader was not told of its loss")
+	}
+	if err := rw.RUnlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
+		t.Fatalf("RUnlock of the lost read hold = %v, want ErrNotHeld", err)
+	}
+	if err := rw.RLock(ctx); err != nil {
+		t.Fatalf("a new read hold beside the write hold = %v", err)
+	}
+	select {
+	case <-rw.Lost():
+	default:
+		t.Error("Lost is open again after a new read hold while the write hold never ended")
+	}
+	if err := rw.Err(); !errors.Is(err, mutex.ErrLost) {
+		t.Errorf("Err after a new read hold while the write hold never ended = %v, want the read hold's loss", err)
+	}
+	if err := rw.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
