@@ -2,6 +2,7 @@ package semaphore_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/redis/rueidis"
@@ -52,5 +53,25 @@ func TestReleaseTakesPermitOutOfExpirySet(t *testing.T) {
 		if n != 0 {
 			t.Errorf("key %q is left after the last permit's release, want none", key)
 		}
+	}
+}
+
+// TestCapacityBoundIs2To53Less1: 2^53 - 1 is the largest capacity (the
+// scripts count in Lua numbers, exact up to 2^53) and 2^53 is refused,
+// by NewSemaphore and SetCapacity alike. A Go mutant that made
+// MaxCapacity 2^53 + 1 passed every test: none tried the bound's
+// neighbours.
+func TestCapacityBoundIs2To53Less1(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, []string{redistest.Single(t).Addr()}, semaphore.Options{})
+	if _, err := e.mgr.NewSemaphore(uniqueName(t), 1<<53); !errors.Is(err, semaphore.ErrInvalidCapacity) {
+		t.Errorf("NewSemaphore with capacity 2^53 = %v, want ErrInvalidCapacity", err)
+	}
+	s, err := e.mgr.NewSemaphore(uniqueName(t), 1<<53-1)
+	if err != nil {
+		t.Fatalf("NewSemaphore with capacity 2^53 - 1 = %v, want it accepted", err)
+	}
+	if err := s.SetCapacity(ctx, 1<<53); !errors.Is(err, semaphore.ErrInvalidCapacity) {
+		t.Errorf("SetCapacity(2^53) = %v, want ErrInvalidCapacity", err)
 	}
 }
