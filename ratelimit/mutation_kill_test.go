@@ -2,10 +2,13 @@ package ratelimit
 
 import (
 	"context"
+	"net/http"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
+	"github.com/sluicekit/sluice/semaphore"
 )
 
 // Tests written against mutants that escaped every other test (issue 32;
@@ -99,5 +102,36 @@ func TestPoliciesSlidingWeighsPreviousWindow(t *testing.T) {
 	}
 	if r := d.Results[0]; r.Remaining != 4 {
 		t.Errorf("the denial's Remaining = %d, want 4 (10 - 5.4, rounded down)", r.Remaining)
+	}
+}
+
+// TestConcurrencyUnavailableRetryAfter: the concurrency middleware's
+// FallbackClosed 503 carries no Retry-After by default and
+// UnavailableRetryAfter, rounded up to seconds, when set, as the rate
+// middleware's does. A Go mutant that inverted the test (== "") set an
+// empty Retry-After by default and none when configured; only the rate
+// middleware's 503 was checked.
+func TestConcurrencyUnavailableRetryAfter(t *testing.T) {
+	srv := redistest.NewServer(t)
+	sc := newCache(t, srv.Addr())
+	mgr, err := semaphore.NewManager(sc, semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mgr.Close()
+	srv.Kill()
+	var errs errRecorder
+	for _, tc := range []struct {
+		retry time.Duration
+		want  []string
+	}{{0, nil}, {1500 * time.Millisecond, []string{"2"}}} {
+		mw, err := NewConcurrencyMiddleware(mgr, ConcurrencyOptions{Limit: 1, OnError: errs.record, Fallback: FallbackClosed, UnavailableRetryAfter: tc.retry})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := serve(mw(okHandler), request("192.0.2.13:1"))
+		if got := w.Header().Values("Retry-After"); w.Code != http.StatusServiceUnavailable || !slices.Equal(got, tc.want) {
+			t.Errorf("UnavailableRetryAfter %v: status %d, Retry-After %q; want 503, %q", tc.retry, w.Code, got, tc.want)
+		}
 	}
 }
