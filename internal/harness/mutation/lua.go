@@ -191,7 +191,8 @@ func luaMutants(name, src string) ([]*Mutant, error) {
 			if neg {
 				j++
 			}
-			if toks[j].kind == '#' && isInt(toks[j].text) && j+1 < len(toks) && isCodeEnd(toks[j+1], toks[i+1].text == "{") {
+			last := j+1 == len(toks) && toks[i+1].text != "{" // the script's last statement
+			if toks[j].kind == '#' && isInt(toks[j].text) && (last || j+1 < len(toks) && isCodeEnd(toks[j+1], toks[i+1].text == "{")) {
 				code := toks[j].text
 				if neg {
 					code = "-" + code
