@@ -231,6 +231,7 @@ func (s *Script) SHA1() string { return s.sha }
 // On a rueidis client, ctx's deadline does not reach the connection, which
 // other callers share (see New).
 func (s *Script) Exec(ctx context.Context, keys, args []string) Reply {
+	traced(s.name)
 	if err := s.c.checkSlots(keys); err != nil {
 		return ErrorReply(err)
 	}
@@ -307,6 +308,7 @@ func (c *Cache) eval(ctx context.Context, sha, body string, keys, args []string)
 // first open a connection is bounded by the client's dial timeout rather
 // than by ctx (see New).
 func (s *Script) ExecWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
+	traced(s.name)
 	if err := s.c.checkSlots(keys); err != nil {
 		return ErrorReply(err), 0, err
 	}

@@ -252,11 +252,13 @@ func Run(t testing.TB, cfg Config) Report {
 	}
 	wg.Wait()
 	w.heal()
-	var probes sync.WaitGroup
-	probes.Go(w.probeSeams)
-	w.probeWakeUps(w.cfg.Lease / 4)
-	w.probeLateTries()
-	probes.Wait()
+	if probesOn() {
+		var probes sync.WaitGroup
+		probes.Go(w.probeSeams)
+		w.probeWakeUps(w.cfg.Lease / 4)
+		w.probeLateTries()
+		probes.Wait()
+	}
 
 	w.checkQuiet(t)
 	for _, n := range w.nodes {
@@ -276,7 +278,9 @@ func Run(t testing.TB, cfg Config) Report {
 	}
 	w.hist.checkTokens()
 	w.hist.checkLiveness(w.cfg.Lease / 4)
-	w.probePolicies()
+	if probesOn() {
+		w.probePolicies()
+	}
 	w.lim.check(w.hist)
 	w.lim.checkWindows(w.hist)
 	w.checkMetrics()
