@@ -109,6 +109,7 @@ func goMutants(tree, bin, work string, pkgs []string) ([]*Mutant, error) {
 				return nil, err
 			}
 			toks := goTokens(src)
+			keys := lineKeys(string(src))
 			for _, m := range f.Mutations {
 				t, ok := toks[[2]int{m.Line, m.Column}]
 				if !ok {
@@ -121,7 +122,7 @@ func goMutants(tree, bin, work string, pkgs []string) ([]*Mutant, error) {
 				all = append(all, &Mutant{Lang: "go", File: rel, Line: m.Line, Col: m.Column,
 					Op: strings.ToLower(m.Type), Start: t.off, End: t.off + len(t.tok.String()),
 					Orig: t.tok.String(), Repl: to.String(),
-					ID: fmt.Sprintf("%s:%d:%d:%s", rel, m.Line, m.Column, strings.ToLower(m.Type))})
+					ID: mutantID(rel, keys, m.Line, m.Column, strings.ToLower(m.Type))})
 			}
 		}
 	}

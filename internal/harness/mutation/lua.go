@@ -331,8 +331,9 @@ func luaMutants(name, src string) ([]*Mutant, error) {
 			}
 		}
 	}
+	keys := lineKeys(src)
 	for _, m := range out {
-		m.ID = fmt.Sprintf("%s:%d:%d:%s", m.File, m.Line, m.Col, m.Op)
+		m.ID = mutantID(m.File, keys, m.Line, m.Col, m.Op)
 	}
 	return out, nil
 }

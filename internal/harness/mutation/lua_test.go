@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"sort"
 	"strings"
 	"testing"
@@ -28,7 +29,7 @@ return -1
 	}
 	got := map[string]string{}
 	for _, m := range ms {
-		got[m.ID] = m.Orig + " -> " + m.Repl
+		got[fmt.Sprintf("%s:%d:%d:%s", m.File, m.Line, m.Col, m.Op)] = m.Orig + " -> " + m.Repl
 		if src[m.Start:m.End] != m.Orig {
 			t.Errorf("%s: range holds %q, Orig %q", m.ID, src[m.Start:m.End], m.Orig)
 		}
@@ -75,5 +76,44 @@ return -1
 	sort.Strings(extra)
 	if len(extra) > 0 {
 		t.Errorf("unexpected mutants:\n%s", strings.Join(extra, "\n"))
+	}
+}
+
+// TestMutantIDsFollowLines checks that a mutant's id names its line by
+// text: a line added above leaves every id as it was (so equivalent.txt
+// keeps meaning), while a changed line gets new ids, and identical lines
+// get distinct ones.
+func TestMutantIDsFollowLines(t *testing.T) {
+	src := "local a = redis.call('GET', KEYS[1])\nif a == ARGV[1] then return 1 end\nif a == ARGV[1] then return 1 end\n"
+	ids := func(src string) map[string]bool {
+		ms, err := luaMutants("lua/x.lua", src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, m := range ms {
+			if out[m.ID] {
+				t.Fatalf("id %s twice", m.ID)
+			}
+			out[m.ID] = true
+		}
+		return out
+	}
+	before := ids(src)
+	after := ids("-- a new first line\nlocal unused = 1\n" + src)
+	for id := range before {
+		if !after[id] {
+			t.Errorf("id %s gone after lines were added above it", id)
+		}
+	}
+	changed := ids(strings.Replace(src, "ARGV[1] then return 1 end\nif", "ARGV[2] then return 1 end\nif", 1))
+	same := 0
+	for id := range before {
+		if changed[id] {
+			same++
+		}
+	}
+	if same == len(before) {
+		t.Errorf("no id changed when a line changed")
 	}
 }

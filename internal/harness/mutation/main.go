@@ -50,7 +50,7 @@ const (
 
 // A Mutant is one small change of one file.
 type Mutant struct {
-	ID         string // file:line:col:operator, stable for a given tree
+	ID         string // file:linekey:col:operator (see lineKeys): stable while the line's text is
 	Lang       string // lua or go
 	File       string // relative to the repository
 	Line, Col  int
