@@ -20,6 +20,11 @@ trap 'rm -rf "$scratch"' EXIT
 cache=$(go env GOMODCACHE)
 chmod -R u+w "$cache/github.com/sluicekit" 2>/dev/null || true
 rm -rf "$cache/github.com/sluicekit" "$cache/cache/download/github.com/sluicekit"
+# Go also keeps an index of each module cache directory's files in GOCACHE,
+# keyed by path@version and never checked against the files: an earlier
+# snapshot's index hides files added since (seen: lua/embedded.go, "undefined:
+# scripts"). goindex=0 makes the go command read the directories themselves.
+export GODEBUG=goindex=0
 export GOWORK=off GOFLAGS=-mod=mod GONOSUMDB=github.com/sluicekit/sluice
 export GOPROXY="file://$scratch/proxy,$(go env GOPROXY)"
 
