@@ -439,6 +439,11 @@ return s`
 		if !slices.Equal(after, want) {
 			t.Fatalf("state written %q; want %q", after, want)
 		}
+		// Three numbers per policy and nothing more: the list above ends
+		// at a nil, which select counts.
+		if out, err := srv.Do("EVAL", `return select('#', cmsgpack.unpack(redis.call('GET', KEYS[1])))`, "1", key); err != nil || out != "9" {
+			t.Fatalf("the state holds %s values (%v); want 9", out, err)
+		}
 	})
 
 	t.Run("miniredis", func(t *testing.T) {

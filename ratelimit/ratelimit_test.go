@@ -312,11 +312,14 @@ func TestFixedWindowRepairsTTL(t *testing.T) {
 				if res.Allowed != tc.allowed {
 					t.Fatalf("count %s: Allowed %v; want %v", tc.count, res.Allowed, tc.allowed)
 				}
-				if d := ttl(t, sc, l, tc.key); d <= 0 || d > time.Minute {
-					t.Fatalf("count %s: PTTL %v after the call; want in (0, 1m]", tc.count, d)
+				// Generous: the machine may be slow, and a counter repaired
+				// with another TTL (the cost's milliseconds) is far below.
+				if d := ttl(t, sc, l, tc.key); d <= 30*time.Second || d > time.Minute {
+					t.Fatalf("count %s: PTTL %v after the call; want in (30s, 1m]: the window given again", tc.count, d)
 				}
-				if res.ResetAfter <= 0 || (!res.Allowed && res.RetryAfter != res.ResetAfter) {
-					t.Fatalf("count %s: got %+v; want a positive ResetAfter (= RetryAfter when denied)", tc.count, res)
+				// The whole window again, allowed or denied.
+				if res.ResetAfter != time.Minute || (!res.Allowed && res.RetryAfter != res.ResetAfter) {
+					t.Fatalf("count %s: got %+v; want ResetAfter 1m, the window given again (= RetryAfter when denied)", tc.count, res)
 				}
 			}
 		})

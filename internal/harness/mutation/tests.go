@@ -417,16 +417,29 @@ func clip(s string, n int) string {
 // records the first failure. bin gives the binary of a package (built on
 // demand for a Go mutant; nil means the package's binary does not build).
 // A failure is confirmed by running the failing test alone once more: a
-// test that passes then failed by chance, and the next batches run.
+// test that passes then failed by chance, and the rest of its batch runs
+// again (-test.failfast stopped it at the failure) before the next
+// batches.
 func (r *runner) killWithTests(ctx context.Context, m *Mutant, sel []*testInfo, env []string, bin func(pkg string) (string, error)) {
 	m.Tests = len(sel)
 	if len(sel) == 0 {
 		m.Status, m.By = statusSurvived, "no test reaches it"
 		return
 	}
-	for _, b := range batches(sel, r.batchSecs) {
+	queue := batches(sel, r.batchSecs)
+	for len(queue) > 0 {
+		b := queue[0]
+		queue = queue[1:]
 		if ctx.Err() != nil {
 			return
+		}
+		// again puts the tests of b other than the one that failed by
+		// chance back at the head of the queue: the failure stopped b
+		// before they ran, or while they did.
+		again := func(flaky string) {
+			if rest := without(b, flaky); len(rest) > 0 {
+				queue = append([][]*testInfo{rest}, queue...)
+			}
 		}
 		path, err := bin(b[0].Pkg)
 		if err != nil {
@@ -451,15 +464,16 @@ func (r *runner) killWithTests(ctx context.Context, m *Mutant, sel []*testInfo, 
 				}
 			}
 			if len(one) == 1 {
-				again := r.runBatchScaled(ctx, path, one, env, 2*r.timeoutScale)
-				if again.interrupted {
+				retry := r.runBatchScaled(ctx, path, one, env, 2*r.timeoutScale)
+				if retry.interrupted {
 					return
 				}
-				if !again.failed {
+				if !retry.failed {
 					m.Flaky = append(m.Flaky, b[0].Pkg+"."+o.test+" (timed out once)")
+					again(o.test)
 					continue
 				}
-				o = again
+				o = retry
 			}
 		}
 		if o.timeout {
@@ -478,10 +492,11 @@ func (r *runner) killWithTests(ctx context.Context, m *Mutant, sel []*testInfo, 
 				}
 			}
 			if len(one) == 1 {
-				if again := r.runBatch(ctx, path, one, env); again.interrupted {
+				if retry := r.runBatch(ctx, path, one, env); retry.interrupted {
 					return
-				} else if !again.failed {
+				} else if !retry.failed {
 					m.Flaky = append(m.Flaky, b[0].Pkg+"."+o.test)
+					again(o.test)
 					continue
 				}
 			}
@@ -496,6 +511,17 @@ func (r *runner) killWithTests(ctx context.Context, m *Mutant, sel []*testInfo, 
 	if ctx.Err() == nil {
 		m.Status, m.By = statusSurvived, ""
 	}
+}
+
+// without returns the tests of b but the one named name.
+func without(b []*testInfo, name string) []*testInfo {
+	var out []*testInfo
+	for _, t := range b {
+		if t.Name != name {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // interrupted is chaos's how when the run was stopped: no verdict.
