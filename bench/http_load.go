@@ -100,6 +100,11 @@ type httpTarget struct {
 	close     func()
 }
 
+// httpPeers open peer libraries' HTTP middlewares, each in front of
+// okHandler with the same rate per client address; filled by the peer files
+// (-tags peers).
+var httpPeers []func(ctx context.Context, s *server, ns string) (*httpTarget, error)
+
 // countingClient counts the scripts a rueidis client sends.
 type countingClient struct {
 	rueidis.Client
@@ -386,6 +391,23 @@ func runHTTPLoad(ctx context.Context, b *bench, name string, pace time.Duration)
 		{run: httpRun{Impl: "redis EVALSHA 'return 1' (rueidis)"}, loops: func() []loop { return scriptLoops(ping, oneLine, pace) }},
 		{run: httpRun{Impl: "redis EVALSHA GCRA, same keys"}, loops: func() []loop { return gcraLoops(ping, gcra.SHA1(), b.ns+"http-raw:", pace) }},
 	}
+	// Peer middlewares (-tags peers with -peers) come last, so that the
+	// rows above keep their places; one that fails to open is listed after
+	// them.
+	var failed []httpRun
+	defer func() { res.Runs = append(res.Runs, failed...) }()
+	for _, open := range httpPeers {
+		if !b.peers {
+			break
+		}
+		pt, err := open(ctx, b.srv, b.ns+"http-peer:")
+		if err != nil {
+			failed = append(failed, httpRun{Impl: "peer middleware", Err: err.Error()})
+			continue
+		}
+		defer pt.close()
+		entries = append(entries, &entry{run: httpRun{Impl: pt.name}, loops: func() []loop { return httpLoops(hc, pt.url, pace) }})
+	}
 	if err := ping.Do(ctx, ping.B().ScriptLoad().Script(oneLineScript).Build()).Error(); err != nil {
 		res.Runs = append(res.Runs, httpRun{Impl: "redis EVALSHA", Err: err.Error()})
 		return res
@@ -512,7 +534,10 @@ func printHTTPLoad(w io.Writer, h *httpLoad, rounds int, embedded bool) {
 			signedLat(h.AddedP50), signedLat(h.AddedP99))
 		fmt.Fprintf(w, "  the middleware's own work (its p50 minus the handler calling Allow itself): %s\n", signedLat(h.OwnP50))
 		saturated := h.Name == "http.load"
+		few := rounds < minJudgedRounds
 		switch {
+		case few:
+			fmt.Fprintf(w, "  latency targets not judged in a run of %d round(s): a median needs at least %d\n", rounds, minJudgedRounds)
 		case embedded:
 			fmt.Fprintf(w, "  latency targets (p50 within 50µs of a Redis round trip) not judged here: the embedded server runs\n"+
 				"  scripts in Go inside this process, far slower than Redis; they are judged with -redis ADDR\n")
@@ -529,7 +554,7 @@ func printHTTPLoad(w io.Writer, h *httpLoad, rounds int, embedded bool) {
 			{"the same against one script round trip (EVALSHA 'return 1' %s)", h.ScriptRTT, h.MetScript},
 			{"the same against the bare GCRA script on the same keys (EVALSHA %s)", h.LimitRTT, h.MetLimit},
 		} {
-			if b.rtt <= 0 || embedded || saturated {
+			if b.rtt <= 0 || embedded || saturated || few {
 				continue
 			}
 			verdict := "met"
@@ -564,8 +589,9 @@ func httpNotes(loads []httpLoad, a *attack) []string {
 			"http.*: the added latency is the middleware's p50 (p99) minus the bare handler's, a difference of "+
 				"quantiles; in http.load the clients saturate the machine, so latency there is mostly queueing for CPU "+
 				"(load generator, server and Redis share it) and the target is judged on http.paced",
-			"http.* and ratelimit.policies have no peer rows: no peer library ships an HTTP middleware on "+
-				"this path or several limits in one decision")
+			"http.*: ulule/limiter's middleware (a peer row, with -peers) is a fixed window that trusts "+
+				"X-Forwarded-For from any peer and sends every request to Redis (no deny cache)",
+			"ratelimit.policies has no peer row: no peer library decides several limits in one call")
 	}
 	if a != nil {
 		ns = append(ns, "http.attack: Redis is slowed by a TCP proxy in this process that holds back every chunk "+

@@ -3,15 +3,17 @@
 // default or on a real Redis or Redis Cluster; with -peers it compares them
 // with the libraries people use for the same jobs.
 //
-//	go run .                                  # the three use cases, seconds, no setup
-//	go run . -full                            # every workload, about 2 minutes
-//	go run . -redis 127.0.0.1:6379 -peers      # real numbers, with peers
-//	go run . -quick                           # CI smoke test of everything, under 20 s
-//	go run . -redis ADDR -peers -svg cmp.svg  # also draw the comparison
-//	go run . -from results.json -svg cmp.svg  # draw an earlier -json run
+//	go run .                                             # the three use cases, seconds, no setup
+//	go run . -full                                       # every workload, about 2 minutes
+//	go run -tags peers . -redis 127.0.0.1:6379 -peers     # real numbers, with peers
+//	go run . -quick                                      # CI smoke test of everything, under 20 s
+//	go run -tags peers . -redis ADDR -peers -svg cmp.svg # also draw the comparison
+//	go run . -from results.json -svg cmp.svg             # draw an earlier -json run
 //
 // It is its own module so that the peers' dependencies never enter the
-// library's go.mod.
+// library's go.mod, and the peers (with sluice on go-redis) are compiled
+// in only with -tags peers, so that the demo downloads and builds nothing
+// but sluice, rueidis and miniredis.
 package main
 
 import (
@@ -68,8 +70,10 @@ func main() {
 
   go run .                                the three use cases on an embedded miniredis, in seconds
   go run . -full                          and every workload measured (about 2 minutes; not Redis numbers)
-  go run . -redis 127.0.0.1:6379 -peers   a real Redis, compared with the peer libraries
-  go run . -redis 127.0.0.1:6379 -peers -svg cmp.svg
+  go run -tags peers . -redis 127.0.0.1:6379 -peers
+                                          a real Redis, compared with the peer libraries
+                                          (-tags peers compiles them in, and sluice on go-redis)
+  go run -tags peers . -redis 127.0.0.1:6379 -peers -svg cmp.svg
                                           and the comparison drawn as a picture
   go run . -from results.json -svg cmp.svg
                                           draw the results of an earlier -json run
@@ -82,6 +86,10 @@ Flags:
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if c.peers && !peersBuilt {
+		fmt.Fprintln(os.Stderr, "bench: -peers needs the peer libraries compiled in: go run -tags peers . -peers ...")
+		os.Exit(2)
+	}
 	if c.from != "" {
 		if err := redraw(c.from, c.svg); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
@@ -180,7 +188,7 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 	fmt.Fprintf(out, "sluice bench on %s, GOMAXPROCS %d\n", rep.Server, runtime.GOMAXPROCS(0))
 	if b.srv.embedded != nil {
 		fmt.Fprintln(out, "The server is an embedded miniredis (Lua run in Go, in this process): every check below holds on")
-		fmt.Fprintln(out, "it as on Redis, but its timings are not Redis timings. Real ones: go run . -redis 127.0.0.1:6379 -peers")
+		fmt.Fprintln(out, "it as on Redis, but its timings are not Redis timings. Real ones: go run -tags peers . -redis 127.0.0.1:6379 -peers")
 	}
 
 	for _, sr := range scenarioRunners {
@@ -195,7 +203,8 @@ func run(ctx context.Context, c config, out io.Writer, prog *progress) (*report,
 		rep.Elapsed = time.Since(rep.Started).Seconds()
 		fmt.Fprintf(out, "\ndone in %.1fs. That was the demo; to measure every primitive (about 2 minutes here):\n", rep.Elapsed)
 		fmt.Fprintln(out, "  go run . -full                                        on this embedded server")
-		fmt.Fprintln(out, "  go run . -redis 127.0.0.1:6379 -peers -svg cmp.svg    on a real Redis, against the peer libraries, drawn")
+		fmt.Fprintln(out, "  go run -tags peers . -redis 127.0.0.1:6379 -peers -svg cmp.svg")
+		fmt.Fprintln(out, "                                                        on a real Redis, against the peer libraries, drawn")
 		return rep, scenarioErr(ctx, rep)
 	}
 
@@ -297,8 +306,8 @@ func notes(b *bench) []string {
 			"the polling ZSET semaphore is the common recipe (a script trims expired holders and adds the caller "+
 				"below capacity), retried every 10ms")
 	} else {
-		ns = append(ns, "peers not run; add -peers to compare with rueidislock, redislock, redsync, redis_rate, "+
-			"ulule/limiter and a polling semaphore")
+		ns = append(ns, "peers not run; go run -tags peers . -peers compares with rueidislock, redislock, redsync, "+
+			"redis_rate, ulule/limiter (its limiter and its HTTP middleware) and a polling semaphore, and adds sluice on go-redis")
 	}
 	return ns
 }

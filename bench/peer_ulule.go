@@ -1,3 +1,5 @@
+//go:build peers
+
 package main
 
 import (

@@ -10,6 +10,10 @@ import (
 	"time"
 )
 
+// minJudgedRounds is the fewest rounds whose median a target is judged on:
+// one round (-quick) is a smoke test, not a measurement.
+const minJudgedRounds = 3
+
 // bench holds one run's settings and collects its results.
 type bench struct {
 	srv      *server

@@ -109,7 +109,10 @@ func policyRatio(results []result) string {
 	}
 	x := two.OpsPerSec / one.OpsPerSec
 	verdict := "met"
-	if x < 0.9 {
+	switch {
+	case len(one.RoundsOpsPS) < minJudgedRounds:
+		verdict = fmt.Sprintf("not judged in %d round(s)", len(one.RoundsOpsPS))
+	case x < 0.9:
 		verdict = "not met"
 	}
 	var per []float64

@@ -2,19 +2,24 @@
 --
 -- The lock is a hash: o = owner id, n = holds, f = fencing token of the
 -- current acquisition, a = the attempt that made it (see mutex_release),
--- and c = the token of the first acquisition of the current run: every
--- acquisition with a token from c up to (not including) f ended by its
--- owner's Unlock, and so did f's once o is gone, unless c is above f. A
--- hash without o is free.
+-- and c = the run: the token where it starts, then the tokens of the holds
+-- in it that ended otherwise than by their owner's Unlock (at most 16,
+-- oldest first, separated by spaces). Every acquisition with a token from
+-- the start up to (not including) f ended by its owner's Unlock unless c
+-- lists it, and so did f's once o is gone unless c lists it. A hash without
+-- o is free.
 --
 -- c lets a retried Unlock tell that its first try succeeded however many
 -- hand-offs and acquisitions came since (tokens only grow, and a client
--- sends only a token it was given): the run is broken, so that c moves
--- past every acquisition that ended otherwise, by whatever ends one that
--- way. A new hash starts a run at its first acquisition (an expiry takes
--- the whole hash); an outermost Lock that finds its own owner still there
--- starts one (the earlier acquisition ended without an Unlock); a give-back
--- or ForceUnlock moves c past the hold it ends (mutex_release).
+-- sends only a token it was given), and a hold that ended otherwise that
+-- it did not: whatever ends a hold that way lists its token. A new hash
+-- starts a run at its first acquisition (an expiry takes the whole hash);
+-- an outermost Lock that finds its own owner still there lists the
+-- earlier acquisition (it ended without an Unlock); a give-back or
+-- ForceUnlock lists the hold it ends (mutex_release). When a 17th would be
+-- listed, the oldest goes and the run starts after it: the holds before
+-- are then told they were lost. Listing costs a read of c, on those rare
+-- paths only.
 --
 -- k flags what the other keys may hold, so that the common calls need not
 -- look at them: "q" the queue may have entries, "x" tombstones may exist
@@ -36,9 +41,16 @@
 -- w. Nothing clears it while the hash lives (a waiter one wake-up did not
 -- reach still waits on the next release); the hash, and w with it, ends
 -- only by expiry, once the lock has stayed free for the keep time or a
--- holder's lease ran out. A hash that is not there takes no w: a Lock
--- refused then (a free lock whose fair queue has an earlier waiter) waits
--- for a hand-off, which always publishes.
+-- holder's lease ran out. A waiter sleeps no longer than the lease it was
+-- refused under, so a holder's lease running out needs no wake-up: a
+-- lease shortened later wakes the waiters (mutex_renew). But a release
+-- wakes one waiter per process, and the others of that process may sleep
+-- on an earlier holder's longer lease: the woken one's turn must pass on
+-- even if the hash it was refused on expires. So an unfair Lock that waited
+-- (ARGV[6] "w") sets w on the hash it takes, and its release publishes
+-- (one HSET, when the hash lacks w). A hash that is not there takes no w
+-- from a refusal: a Lock refused then (a free lock whose fair queue has an
+-- earlier waiter) waits for a hand-off, which always publishes.
 --
 -- The owner's client counts its holds and sends the count, so a Lock retried
 -- after a lost reply cannot add a second hold.
@@ -99,7 +111,8 @@
 -- ARGV[4]  attempt id "nonce.seq" of an outermost Lock (ignored when nested)
 -- ARGV[5]  token of the hold a nested Lock joins (ignored when outermost)
 -- ARGV[6]  "f" for a fair Lock, "t" for a fair TryLock (respects the queue
---          but does not join it), else ""
+--          but does not join it), "w" for an unfair Lock's attempt after
+--          it was refused (see w), else ""
 --
 -- Returns  {1, holds, token} when the owner holds the lock now ({2, holds,
 --          token} when it already held it under this attempt id);
@@ -117,7 +130,9 @@
 --          waiters, no abandoned attempts) makes four calls: HMGET, TIME,
 --          HSET, PEXPIRE. Each call costs the server about as much as four
 --          fields read, so fields only rare paths need are read there. A
---          refused Lock adds one HSET, the first time the hash refuses one.
+--          refused Lock adds one HSET, the first time the hash refuses one;
+--          so does the grant of a Lock that waited, on a hash without w; an
+--          outermost Lock that supersedes its owner's hold reads c.
 local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'k', 'w')
 local holds = tonumber(ARGV[3])
 
@@ -241,14 +256,35 @@ if last and last >= token then
 end
 local ft = string.format('%d', token)
 if not known or h[1] then
-  -- A new hash, or this owner's earlier acquisition superseded: a new run.
+  -- A new hash starts a run. This owner's earlier acquisition, superseded,
+  -- ended otherwise: c lists its token (as mutex_release does for a
+  -- give-back).
+  local c = ft
+  if known then
+    local t = {}
+    for x in string.gmatch(redis.call('HGET', KEYS[1], 'c') or '', '%d+') do
+      t[#t + 1] = x
+    end
+    if #t == 0 then
+      t[1] = string.format('%d', tonumber(h[2]) + 1)
+    else
+      t[#t + 1] = h[2]
+      if #t > 17 then
+        t[1] = string.format('%d', tonumber(table.remove(t, 2)) + 1)
+      end
+    end
+    c = table.concat(t, ' ')
+  end
   if k then
-    redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4], 'c', ft, 'k', k)
+    redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4], 'c', c, 'k', k)
   else
-    redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4], 'c', ft)
+    redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4], 'c', c)
   end
 else
   redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', '1', 'f', ft, 'a', ARGV[4])
+end
+if ARGV[6] == 'w' and not h[4] then
+  redis.call('HSET', KEYS[1], 'w', '1') -- a Lock that waited passes its wake-up on
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {1, 1, token}

@@ -7,7 +7,8 @@
 --                  left with one fewer, so a retry after a lost reply does
 --                  not remove two. A retried final Unlock is recognised
 --                  through c and f (see mutex_lock), however many holds
---                  began and ended since, as long as the hash lives.
+--                  began and ended since, as long as the hash lives and
+--                  at most 16 of them ended otherwise.
 --   ARGV[1] = "a"  give-back of an abandoned Lock (its caller stopped
 --                  waiting, or the connection failed). It leaves a
 --                  tombstone (its attempt id, kept for a lease) so that the
@@ -19,19 +20,19 @@
 --
 -- On release the hash keeps only the token (for the next token), c, k and
 -- w, for a short time. An Unlock leaves c alone; the other modes end a hold
--- without its owner's Unlock and move c past it (to the token of the hold
--- they hand over, or one above the ended one), so that the holder's own
--- Unlock is told it lost the lock. Then the queue (fair waiters,
--- see mutex_lock) is looked at if k says it may hold anyone (k = "q" or
--- "qx"; a release that finds the queue empty clears q): up to 16 dead
--- entries at its head are dropped, and the first live waiter
--- is granted the lock at once, with a new token and a lease that ends when
--- its queue entry would have (so a waiter that died since its last refresh
--- blocks the lock no longer than its entry's lease), and told so by a
--- message "g <attempt> <token>". With no live waiter, "1" wakes one waiter
--- per subscribed process to try; an Unlock publishes it only if a Lock may
--- be waiting (w, see mutex_lock) or the queue was flagged, while a give-back
--- or ForceUnlock always does.
+-- without its owner's Unlock and list it in c (see mutex_lock), so that the
+-- holder's own Unlock is told it lost the lock, while an Unlock retried
+-- for an earlier hold of the run is still told that its first try released
+-- it. Then the queue (fair waiters, see mutex_lock) is looked at if k says
+-- it may hold anyone (k = "q" or "qx"; a release that finds the queue empty
+-- clears q): up to 16 dead entries at its head are dropped, and the first
+-- live waiter is granted the lock at once, with a new token and a lease
+-- that ends when its queue entry would have (so a waiter that died since
+-- its last refresh blocks the lock no longer than its entry's lease), and
+-- told so by a message "g <attempt> <token>". With no live waiter, "1"
+-- wakes one waiter per subscribed process to try; an Unlock publishes it
+-- only if a Lock may be waiting (w, see mutex_lock) or the queue was
+-- flagged, while a give-back or ForceUnlock always does.
 --
 -- KEYS[1]  lock hash
 -- KEYS[2]  wake-up channel
@@ -52,10 +53,12 @@
 --          PEXPIRE), and a PUBLISH if a Lock was refused while the hash
 --          lived; TIME is read only when a queue entry is judged. Fields
 --          only rare paths need are read there (see the cost note in
---          mutex_lock).
+--          mutex_lock): c by a retried Unlock, and by a give-back or a
+--          ForceUnlock that ends a hold (one more call).
 local mode = ARGV[1]
 local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'k', 'w')
 local k = h[3]
+local c -- a, f: what c becomes, the ended hold listed
 local setx = false -- a give-back whose tombstone the hash does not flag yet
 
 if mode == 'u' then
@@ -63,9 +66,26 @@ if mode == 'u' then
     -- Not the current hold: an earlier try of this Unlock released it and
     -- its reply was lost if the token lies in the current run (the hold it
     -- names ended by its owner's Unlock), else the hold was lost.
-    local c, f, mine = tonumber(redis.call('HGET', KEYS[1], 'c')), tonumber(h[2]), tonumber(ARGV[6])
-    if c and f and mine and c <= mine and (mine < f or (mine == f and not h[1])) then
-      return 0
+    -- The run is c's first token up to f, less the tokens c lists after
+    -- it (see mutex_lock).
+    local f, mine = tonumber(h[2]), tonumber(ARGV[6])
+    if f and mine and (mine < f or (mine == f and not h[1])) then
+      local run = false
+      for x in string.gmatch(redis.call('HGET', KEYS[1], 'c') or '', '%d+') do
+        x = tonumber(x)
+        if not run then
+          if x > mine then
+            break
+          end
+          run = true
+        elseif x == mine then
+          run = false
+          break
+        end
+      end
+      if run then
+        return 0
+      end
     end
     return -1
   end
@@ -98,6 +118,25 @@ elseif not h[1] then
   return 0
 end
 
+if mode ~= 'u' then
+  -- The hold ends otherwise than by its owner's Unlock: c lists its token,
+  -- and past 16 listed the oldest goes and the run starts after it (see
+  -- mutex_lock).
+  local t = {}
+  for x in string.gmatch(redis.call('HGET', KEYS[1], 'c') or '', '%d+') do
+    t[#t + 1] = x
+  end
+  if #t == 0 then
+    c = string.format('%d', tonumber(h[2]) + 1)
+  else
+    t[#t + 1] = h[2]
+    if #t > 17 then
+      t[1] = string.format('%d', tonumber(table.remove(t, 2)) + 1)
+    end
+    c = table.concat(t, ' ')
+  end
+end
+
 -- The hold ends. First the queue, if the hash says it may hold anyone.
 local emptied = false
 if k == 'q' or k == 'qx' then
@@ -127,7 +166,7 @@ if k == 'q' or k == 'qx' then
         -- One write for the release and the grant; the queue stays flagged.
         local w = {'o', owner, 'n', '1', 'f', ft, 'a', head}
         if mode ~= 'u' then
-          w[9], w[10] = 'c', ft -- the hold ended otherwise: a new run
+          w[9], w[10] = 'c', c
         end
         if setx then
           w[#w + 1], w[#w + 2] = 'k', 'qx'
@@ -151,8 +190,8 @@ else
   end
   redis.call('HDEL', KEYS[1], unpack(d))
   local w = {}
-  if mode ~= 'u' and h[2] then
-    w[1], w[2] = 'c', string.format('%d', tonumber(h[2]) + 1) -- the run ends
+  if mode ~= 'u' then
+    w[1], w[2] = 'c', c
   end
   if setx or (emptied and k == 'qx') then
     w[#w + 1], w[#w + 2] = 'k', (emptied or k == nil) and 'x' or 'qx'

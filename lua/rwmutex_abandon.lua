@@ -18,6 +18,12 @@
 -- withdraws the mark its Lock call left if the attempt was refused, in
 -- case the attempt reached Redis before an "m" sent after it.
 --
+-- A write hold given back is listed in c (see rwmutex_lock), and its
+-- release wakes every waiting reader, as rwmutex_unlock's does. A
+-- withdrawal wakes the readers when it ends the mark, or brings its end
+-- forward (another waiting writer's mark, shorter, still runs): readers
+-- refused until the withdrawn mark's end would sleep through the other's.
+--
 -- Wake-up payloads as in rwmutex_unlock.
 --
 -- KEYS[1]  state hash
@@ -36,7 +42,8 @@
 --
 -- Returns  1 if something was released or withdrawn, else 0.
 -- Complexity: O(log R + log W) for R readers and W waiting writers, plus at
---          most 16 removals and the publishes.
+--          most 16 removals and the publishes; a write hold given back
+--          reads and writes c (two more calls).
 local function num(x) return string.format('%.0f', x) end
 local nonce = string.match(ARGV[2], '^(.*)%.%d+$')
 if not nonce then
@@ -51,8 +58,9 @@ local q = tonumber(h[3]) or 0
 
 -- Withdraw the Lock call's mark: q comes back to the latest mark still
 -- running (as in rwmutex_lock), and marks of writers that vanished go, 16
--- at most. Readers are woken if no mark runs any more (unless told not
--- to: a release below wakes them). Returns whether there was a mark.
+-- at most. Readers are woken if no mark runs any more, or the mark now
+-- ends sooner (unless told not to: a release below wakes them). Returns
+-- whether there was a mark.
 local function withdraw(wake)
   if ARGV[7] == '' or redis.call('ZREM', KEYS[6], ARGV[7]) == 0 then
     return false
@@ -65,6 +73,11 @@ local function withdraw(wake)
   if top and top > now then
     if h[3] and top ~= q then -- the hash outlives q, and q every mark
       redis.call('HSET', KEYS[1], 'q', num(top))
+      if top < q and wake then
+        -- Readers refused until q may go in sooner: they try again, and
+        -- a refusal gives them the mark's new end.
+        redis.call(pub, KEYS[4], '1000000')
+      end
       q = top
     end
     return true
@@ -96,12 +109,26 @@ if ARGV[3] == 'w' then
     return 0
   end
   withdraw(false)
+  -- The hold ends otherwise than by its owner's Unlock: c lists its token
+  -- (see rwmutex_lock).
+  local fc = redis.call('HMGET', KEYS[1], 'f', 'c')
+  local c = {}
+  for x in string.gmatch(fc[2] or '', '%d+') do
+    c[#c + 1] = x
+  end
+  if #c == 0 then
+    c[1] = num(tonumber(fc[1]) + 1)
+  else
+    c[#c + 1] = fc[1]
+    if #c > 17 then
+      c[1] = num(tonumber(table.remove(c, 2)) + 1)
+    end
+  end
   redis.call('HDEL', KEYS[1], 'o', 'n', 'a', 'e')
+  redis.call('HSET', KEYS[1], 'c', table.concat(c, ' '))
   redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ARGV[5]), q - now))
   redis.call(pub, KEYS[5], '1')
-  if q <= now then
-    redis.call(pub, KEYS[4], '1000000')
-  end
+  redis.call(pub, KEYS[4], '1000000')
   return 1
 end
 

@@ -3,8 +3,9 @@
 -- State hash: o = writer's owner id, n = its holds, f = fencing token of the
 -- current (or last) write acquisition, a = the attempt that made it (see
 -- rwmutex_abandon), e = end of the writer's lease (server ms), r = "owner
--- token" of the last write release (so a retried Unlock can tell its first
--- try succeeded), q = end of the writer-waiting mark (server ms): the latest
+-- token" of the last write release and c = the run of write holds (so a
+-- retried Unlock can tell its first try succeeded; see below), q = end of
+-- the writer-waiting mark (server ms): the latest
 -- end of the waiting writers' own marks, kept in a sorted set (member = the
 -- waiting Lock's mark id, score = end of its mark). A writer holds while o
 -- is set and e is in the future: expiry is judged from e, not from the
@@ -31,6 +32,17 @@
 -- Tokens are the server's TIME in microseconds, or one more than the last
 -- token if that is larger (f stays for a while after a release).
 --
+-- c is the run of write holds, as in mutex_lock: the token where it starts,
+-- then the tokens of the write holds in it that ended otherwise than by
+-- their owner's Unlock (at most 16, oldest first; a 17th pushes the oldest
+-- out and the run starts after it). A grant on a hash without f starts a
+-- run; a grant that finds o still there lists the hold it replaces (its
+-- lease ran out, or this owner's is superseded: an Unlock, a give-back and
+-- ForceUnlock take o out); a give-back (rwmutex_abandon) and ForceUnlock
+-- list the hold they end. A retried Unlock is told its first try released
+-- the lock when its token is in the run and not listed (rwmutex_unlock).
+-- Listing reads c, on those rare paths only.
+--
 -- The same value's attempts are ordered (ids "nonce.seq"), as in
 -- mutex_lock: an attempt older than the one holding is refused, and one
 -- whose give-back came first (a tombstone naming it) refuses itself.
@@ -51,7 +63,8 @@
 --          {0, ms until the blocking lease ends, 0} when refused;
 --          {-1, 0, 0} when a nested Lock's acquisition is gone.
 -- Complexity: O(log R + log W) for R readers and W waiting writers, plus at
---          most 16 removals of each.
+--          most 16 removals of each. A grant that replaces an expired or
+--          superseded hold reads c (one more call).
 local function num(x) return string.format('%.0f', x) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -118,7 +131,28 @@ if last and last >= token then
   token = last + 1
 end
 local lease = tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', num(token), 'a', ARGV[4], 'e', num(now + lease))
+if not h[2] then
+  -- A new hash (or one whose last token expired): a new run.
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', num(token), 'a', ARGV[4], 'e', num(now + lease), 'c', num(token))
+elseif h[1] then
+  -- The last write hold ended otherwise (its lease ran out, or this
+  -- owner's is superseded): c lists its token.
+  local c = {}
+  for x in string.gmatch(redis.call('HGET', KEYS[1], 'c') or '', '%d+') do
+    c[#c + 1] = x
+  end
+  if #c == 0 then
+    c[1] = num(tonumber(h[2]) + 1)
+  else
+    c[#c + 1] = h[2]
+    if #c > 17 then
+      c[1] = num(tonumber(table.remove(c, 2)) + 1)
+    end
+  end
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', num(token), 'a', ARGV[4], 'e', num(now + lease), 'c', table.concat(c, ' '))
+else
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', num(token), 'a', ARGV[4], 'e', num(now + lease))
+end
 if h[5] and ARGV[7] ~= '' and redis.call('ZREM', KEYS[4], ARGV[7]) == 1 then
   -- q comes back to the latest mark still running (as in rwmutex_abandon);
   -- marks of writers that vanished go, 16 at most.

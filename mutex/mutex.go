@@ -70,14 +70,18 @@
 // A Lock that finds the lock held subscribes to the lock's channel, waits for
 // the subscription to be confirmed (so no release is missed between attempt
 // and subscription), and then tries again whenever a release is published, or
-// when the holder's lease runs out, whichever comes first. A release wakes one
-// waiter per process. An Unlock publishes only if a Lock was refused since
-// the lock's hash was made (it lives until the lock has stayed free for a
-// second, or a lease ran out) or fair waiters queued: an uncontended
-// Lock and Unlock publish nothing. On a Redis 7 cluster the channel is sharded (SPUBLISH),
-// so a release does not travel to every node. Lost messages or a dropped
-// pub/sub connection can delay a waiter until the holder's lease ends, never
-// longer.
+// when the holder's lease runs out, whichever comes first; an Extend that
+// shortens the holder's lease wakes the waiters, so that they wait for the
+// new end. A release wakes one waiter per process, which passes its turn
+// on: once it took the lock its release publishes, and if it gives up
+// instead, the next waiter of its process tries in its place. An Unlock
+// publishes only if a Lock was refused since the lock's hash was made (it
+// lives until the lock has stayed free for a second, or a lease ran out), a
+// Lock that waited took the lock, or fair waiters queued: an uncontended
+// Lock and Unlock publish nothing. On a Redis 7 cluster the channel is
+// sharded (SPUBLISH), so a release does not travel to every node. Lost
+// messages or a dropped pub/sub connection can delay a waiter until the
+// holder's lease ends, never longer.
 //
 // # Fair locks
 //
@@ -637,7 +641,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 		}
 		live = w.Confirmed()
 	}
-	res, err := m.attempt(ctx, &id, false)
+	res, err := m.attempt(ctx, &id, false, false)
 	if res.ok || err != nil {
 		if w != nil {
 			w.Close() // passes on a wake-up it got meanwhile
@@ -653,14 +657,22 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 	}
 	var entry *lease.Entry
 	ok := false
+	woken := false // a Wait of this Lock ended by a wake-up
 	defer func() {
 		entry.Stop()
 		if ok {
 			w.Close()
-		} else {
-			w.Leave() // pass on a wake-up this Lock could not use
-			m.leaveQueue(queued, id)
+			return
 		}
+		if woken && !m.set.fair {
+			// A release wakes one waiter per process: this Lock had its
+			// process's turn, and its timer may be the only one here that
+			// covers the current hold (the others may sleep on an earlier
+			// holder's lease). The next local waiter tries in its place.
+			w.Wake()
+		}
+		w.Leave() // pass on a wake-up this Lock could not use
+		m.leaveQueue(queued, id)
 	}()
 	entry = m.trackEntry(entry, res, id, w)
 	if !live {
@@ -679,7 +691,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 	for again := !live; ; again = true {
 		if again {
 			written := entry.Sent(res.sent)
-			if res, err = m.attempt(ctx, &id, false); res.ok {
+			if res, err = m.attempt(ctx, &id, false, true); res.ok {
 				ok = true
 				if res.nested {
 					// Another goroutine of this Mutex took the lock
@@ -704,6 +716,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 		if err := w.Wait(ctx, m.waitFor(res.wait)); err != nil {
 			return false, false, waitErr(ctx, m.Name(), err)
 		}
+		woken = woken || w.Woken()
 		if grant, got := w.TakeGrant(); got && !stale && m.l.opts.ReplicaAcks == 0 {
 			// The release handed the lock to this waiter directly. (With
 			// ReplicaAcks the next attempt confirms it through WAIT.)
@@ -939,9 +952,9 @@ func (m *Mutex) tryLock(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	var id string
-	res, err := m.attempt(ctx, &id, true)
+	res, err := m.attempt(ctx, &id, true, false)
 	for err == nil && res.again {
-		res, err = m.attempt(ctx, &id, true)
+		res, err = m.attempt(ctx, &id, true, false)
 	}
 	if res.ok || err != nil {
 		return res.ok && !res.nested, ctxErr(ctx, m.Name(), err)
@@ -976,15 +989,18 @@ type attemptResult struct {
 
 // attempt runs the lock script once. An outermost attempt uses the Lock
 // call's attempt id, *id, made here on the first attempt. A fair try
-// respects the queue without joining it.
+// respects the queue without joining it. waited tells an unfair Lock's
+// attempt after a refusal: if it takes the lock, it marks the hash so that
+// its release publishes a wake-up (the one it was woken by may have been
+// the only one its process got; see mutex_lock's w).
 //
 // A grant whose answer came too late to be a hold (lease.ErrLate: given
 // back at once) fails a TryLock with an error wrapping ErrNotObtained; a
 // waiting Lock tries again at once, as long as ctx allows. A fair Lock
 // then queues again: its entry went with the grant.
-func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResult, error) {
+func (m *Mutex) attempt(ctx context.Context, id *string, try, waited bool) (attemptResult, error) {
 	for {
-		res, err := m.attemptOnce(ctx, id, try)
+		res, err := m.attemptOnce(ctx, id, try, waited)
 		if try || !errors.Is(err, lease.ErrLate) || ctx.Err() != nil {
 			return res, err
 		}
@@ -992,7 +1008,7 @@ func (m *Mutex) attempt(ctx context.Context, id *string, try bool) (attemptResul
 }
 
 // attemptOnce is one run of attempt.
-func (m *Mutex) attemptOnce(ctx context.Context, id *string, try bool) (attemptResult, error) {
+func (m *Mutex) attemptOnce(ctx context.Context, id *string, try, waited bool) (attemptResult, error) {
 	var res attemptResult
 	if m.l.closed.Load() {
 		return res, ErrClosed
@@ -1012,11 +1028,13 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try bool) (attemptR
 			*id = m.nextAttemptID()
 		}
 		argv[3] = *id
-		if m.set.fair {
+		switch {
+		case m.set.fair && try:
+			argv[5] = "t"
+		case m.set.fair:
 			argv[5] = "f"
-			if try {
-				argv[5] = "t"
-			}
+		case waited:
+			argv[5] = "w"
 		}
 	} else {
 		argv[4] = tokenArg

@@ -75,7 +75,7 @@ func TestFairGrantGivenBackNotReused(t *testing.T) {
 	if err := w.Ready(ctx, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	res, err := m.attempt(ctx, &id, false)
+	res, err := m.attempt(ctx, &id, false, false)
 	if err != nil || res.ok || !res.queued {
 		t.Fatalf("first attempt = %+v, %v; want queued", res, err)
 	}
@@ -125,7 +125,7 @@ func TestFairGrantGivenBackNotReused(t *testing.T) {
 		t.Fatalf("TakeGrant offered the given-back grant %q again", stale)
 	}
 	// Its next attempt, under the new id, takes the free lock.
-	res, err = m.attempt(ctx, &id, false)
+	res, err = m.attempt(ctx, &id, false, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -181,8 +181,12 @@ func (l *Locker) NewRWMutex(name string, opts ...LockOption) (*RWMutex, error) {
 // # Waking
 //
 // Waiting writers and waiting readers listen on two channels. A writer's
-// release wakes one waiting writer per process and, unless a writer-waiting
-// mark runs, every waiting reader; the last reader's release wakes one
+// release (Unlock, the give-back of an abandoned Lock, ForceUnlock) wakes
+// one waiting writer per process and every waiting reader; while a
+// writer-waiting mark runs, a reader is refused again and waits for the end
+// of the mark, so a mark left by a writer that crashed holds it up no
+// longer. A writer that gives up wakes the readers when its withdrawal ends
+// the mark or brings its end forward. The last reader's release wakes one
 // waiting writer per process.
 //
 // # Keys

@@ -114,7 +114,9 @@ var ErrNotFixed = errors.New("mutex: lease is renewed by the watchdog, not fixed
 // the request was sent, less the safety margin). It returns an error
 // wrapping ErrNotHeld if nothing is held, ErrLost if the server no longer
 // has the hold, ErrNotFixed for a watchdog lease, and ErrInvalidOptions for
-// a d outside the lease bounds.
+// a d outside the lease bounds. A new lease that ends before the old one
+// wakes the Locks waiting for the lock (they sleep at most until the end of
+// the lease they were refused under), so that they wait for the new end.
 func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) {
 	if m.set.watchdog {
 		return time.Time{}, fmt.Errorf("%w: %q", ErrNotFixed, m.Name())
@@ -134,7 +136,7 @@ func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) 
 		return time.Time{}, fmt.Errorf("%w: %q", ErrNotHeld, m.Name())
 	}
 	sent := time.Now()
-	ok, err := m.l.renew.Exec(ctx, []string{m.key(keyLock)}, []string{m.owner, tokenArg, strconv.FormatInt(d.Milliseconds(), 10)}).AsInt64()
+	ok, err := m.l.renew.Exec(ctx, []string{m.key(keyLock), m.key(keyWake)}, []string{m.owner, tokenArg, strconv.FormatInt(d.Milliseconds(), 10), m.l.pubMode}).AsInt64()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("mutex: extend %q: %w", m.Name(), inner(err))
 	}

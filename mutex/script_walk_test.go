@@ -125,9 +125,9 @@ func (r *reviewRig) checkFlags(step string) {
 //   - a given-back attempt is never granted while its tombstone lives, and
 //     the hold it was granted is released by the give-back;
 //   - a retried Unlock is told it released (0) only for a hold its owner's
-//     Unlock did end (it may be told -1 once the kept hash expired or a
-//     hold that ended otherwise broke the run: that is not checked), and
-//     an Unlock of a live hold always releases it;
+//     Unlock did end (it may be told -1 once the kept hash expired or more
+//     than 16 later holds ended otherwise: that is not checked), and an
+//     Unlock of a live hold always releases it;
 //   - an abandoned attempt arriving after its give-back is neither granted
 //     nor queued while its tombstone lives;
 //   - a fair Lock never takes a free lock while a live waiter queued before

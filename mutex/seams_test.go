@@ -62,21 +62,11 @@ func (h *hookClient) Eval(ctx context.Context, sha, body string, keys, args []st
 // hookClient, and that client; its subscriptions are not hooked.
 func hookedLocker(t *testing.T, addr string, opts mutex.Options) (*mutex.Locker, *hookClient) {
 	t.Helper()
-	ctx := context.Background()
-	sc0, err := scriptcache.New(ctx, redistest.Client(t, addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc := &hookClient{Client: sc0.Client()}
-	sc, err := scriptcache.NewFrom(ctx, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := mutex.NewLocker(sc, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l.Close)
+	hc := &hookClient{}
+	l := wrappedLocker(t, []string{addr}, opts, func(c scriptcache.Client) scriptcache.Client {
+		hc.Client = c
+		return hc
+	})
 	return l, hc
 }
 

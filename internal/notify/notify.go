@@ -324,6 +324,11 @@ func (w *Waiter) Wait(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
+// Woken reports whether the waiter's last Wait returned because the waiter
+// was woken (a message, Wake, a wake-up passed on), not because its timeout
+// passed.
+func (w *Waiter) Woken() bool { return w.woken.Load() }
+
 // stopped returns why the waiter can wait no more (the hub is closed, the
 // subscription was refused), or nil.
 func (w *Waiter) stopped() error {
