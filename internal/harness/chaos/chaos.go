@@ -148,7 +148,7 @@ type world struct {
 	admin    *node // no proxy: the operator's ForceUnlock
 
 	inflight inflight
-	ln       *laneState // the lanes' records (lanes.go)
+	ln       *laneState    // the lanes' records (lanes.go)
 	metrics  *metricsCheck // the limits workload's observer (metrics.go)
 
 	capacitySet atomic.Bool // a SetCapacity was sent (faults.go)

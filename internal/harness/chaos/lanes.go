@@ -95,7 +95,7 @@ type laneWait struct {
 	deadline time.Time // when its context was to end
 	// cut: the waiter's client crashed then (a mortal); nothing it sent
 	// later reached Redis. Zero if it did not.
-	cut time.Time
+	cut   time.Time
 	x     *hold // the hold it got (a MultiMutex: its first member), or nil
 	err   error
 	lease time.Duration // a fixed lease, or 0 for the watchdog's
