@@ -595,10 +595,11 @@ func (w *world) mutexLaneOp(ctx context.Context, n *node, rng *rand.Rand, id str
 	w.mutexLane(ctx, n, rng, id, laneMutex, 120)
 }
 
-// quietLaneOp takes the quiet lane's lock, a quarter of the time to leave
-// it to expire (half of those after Extend shortened a long lease).
+// quietLaneOp takes the quiet lane's lock, half of the time to leave it
+// to expire (half of those after Extend shortened a lease of 3 to 6 s,
+// held a quarter to half a lease first).
 func (w *world) quietLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
-	w.mutexLane(ctx, n, rng, id, laneQuiet, 250)
+	w.mutexLane(ctx, n, rng, id, laneQuiet, 500)
 }
 
 // takeContender contends for the takeover lane's lock (owner.go) with
@@ -612,6 +613,12 @@ func (w *world) takeContender(ctx context.Context, n *node, rng *rand.Rand, id s
 // to expire.
 func (w *world) mutexLane(ctx context.Context, n *node, rng *rand.Rand, id, res string, expire int) {
 	plan := w.lanePlan(rng, expire, true)
+	if plan.shorten && res == laneQuiet {
+		// A long lease (3 to 6 s) for the waiters to sleep on: a
+		// shorter one that wakes nobody then leaves them asleep for
+		// seconds after the lock is free, not for a few hundred ms.
+		plan.fixed = time.Duration((1.5 + 1.5*rng.Float64()) * float64(w.cfg.Lease))
+	}
 	fixed := plan.fixed
 	m, err := n.locks.NewMutex(res, plan.opts(id)...)
 	if err != nil {
@@ -629,10 +636,25 @@ func (w *world) mutexLane(ctx context.Context, n *node, rng *rand.Rand, id, res 
 	w.infoHeld(ctx, m, xs[0])
 	if plan.shorten {
 		// Waiters saw the long lease; it now ends sooner, with no
-		// release: they must be served when it does.
-		w.holdLane(ctx, rng, xs, l, &lse, w.laneHold(rng)/2, nil)
+		// release: they must be served when it does. On the quiet lane
+		// the long lease is kept a quarter to half a lease first, so
+		// that the other nodes' holders, back from their rest, are
+		// refused under it and sleep on it (issue 31 item 2: with holds
+		// of milliseconds, no waiter saw the long lease, and an Extend
+		// that woke nobody went unseen: 0 of 3 seeds).
+		d := w.laneHold(rng) / 2
+		if res == laneQuiet {
+			d = time.Duration((0.25 + 0.25*rng.Float64()) * float64(w.cfg.Lease))
+		}
+		w.holdLane(ctx, rng, xs, l, &lse, d, nil)
 		lse = w.extendLane(ctx, w.shortLease(rng), m, xs[0], lse)
 		w.abandonLane(xs, l, lse)
+		if res == laneQuiet {
+			// The others, refused under the long lease, all wait now:
+			// this holder, back from a short rest, would take the
+			// free lock and hide a waiter that sleeps on.
+			sleep(ctx, w.cfg.Lease)
+		}
 		return
 	}
 	w.holdLane(ctx, rng, xs, l, &lse, w.laneHold(rng), func() {
