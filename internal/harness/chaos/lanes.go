@@ -657,7 +657,12 @@ func (w *world) mutexLane(ctx context.Context, n *node, rng *rand.Rand, id, res 
 		}
 		return
 	}
-	w.holdLane(ctx, rng, xs, l, &lse, w.laneHold(rng), func() {
+	d := w.laneHold(rng)
+	long := res == laneQuiet && rng.IntN(2) == 0
+	if long {
+		d = w.quietHold(rng)
+	}
+	w.holdLane(ctx, rng, xs, l, &lse, d, func() {
 		if fixed == 0 {
 			w.extendWatchdog(m)
 			return
@@ -670,6 +675,20 @@ func (w *world) mutexLane(ctx context.Context, n *node, rng *rand.Rand, id, res 
 	}
 	w.releaseLane(n, xs, l, true)
 	w.infoReleased(ctx, m, xs[0])
+	if long {
+		sleep(ctx, w.cfg.Lease) // see quietHold
+	}
+}
+
+// quietHold is a hold of a quiet lane (le, lqs) long enough, a quarter
+// to half a lease, for the other nodes' holders, back from their rest, to
+// be refused and wait; the holder then rests a lease after it releases.
+// A release that wakes nobody (issue 31's class: a waiter sleeping past a
+// release) then leaves the lock or permit free with every other holder
+// asleep, which the liveness check sees; with holds of milliseconds and
+// holders back within 300 ms, another holder took it first.
+func (w *world) quietHold(rng *rand.Rand) time.Duration {
+	return time.Duration((0.25 + 0.25*rng.Float64()) * float64(w.cfg.Lease))
 }
 
 func (w *world) fairLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
@@ -893,8 +912,13 @@ func (w *world) permitLane(ctx context.Context, n *node, rng *rand.Rand, id stri
 }
 
 // quietSemOp takes the quiet semaphore's permit (watchdog lease), holds it
-// as the lanes do and releases it.
+// as the lanes do, or half of the time as quietHold says, and releases it.
 func (w *world) quietSemOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	if rng.IntN(2) == 0 {
+		w.semHoldLane(ctx, n, n.sems, laneQuietSem, "permit", id, 1, w.quietHold(rng))
+		sleep(ctx, w.cfg.Lease)
+		return
+	}
 	w.semHoldLane(ctx, n, n.sems, laneQuietSem, "permit", id, 1, w.laneHold(rng))
 }
 
