@@ -1024,7 +1024,7 @@ const minHoldsPerSecond = 2
 func (w *world) checkCounts(counts map[string]int) {
 	up := w.cfg.Duration - w.hist.serverDown(w.cfg.Duration)
 	w.cfg.Logf("holds by primitive %v, in %v with the server up", counts, up.Round(time.Millisecond))
-	if up < 8*time.Second {
+	if up < 5*time.Second {
 		w.cfg.Logf("hold minimums not checked: the server was up %v of the run", up.Round(time.Millisecond))
 		return
 	}
