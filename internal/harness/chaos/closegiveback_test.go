@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -83,7 +84,7 @@ func TestCloseBoundsReplicaGiveBack(t *testing.T) {
 	}
 	// WAIT runs 300 ms: pause writes now, so that it answers "no
 	// replica" and the give-back that follows waits on the server.
-	if _, err := srv.Do("CLIENT", "PAUSE", "10000", "WRITE"); err != nil {
+	if _, err := srv.Do("CLIENT", "PAUSE", strconv.FormatInt(pause.Milliseconds(), 10), "WRITE"); err != nil {
 		t.Fatal(err)
 	}
 	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return stacksWith("mutex.(*Mutex).releaseGrant") > 0 }) {
