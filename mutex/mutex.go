@@ -24,7 +24,7 @@
 // and Unlock pair on a fresh Mutex costs six allocations, on a reused one
 // four (on rueidis, calls one at a time; its pipelining adds about two
 // under load). A held lock with its Mutex takes about 460 bytes of heap (with a
-// name of a dozen bytes; TestHeldLeases measures it).
+// name of a dozen bytes, measured by the package's tests).
 //
 // # Leases
 //
@@ -41,7 +41,7 @@
 // channel closes and Err returns an error wrapping ErrLost and the reason.
 // Loss is judged on the client clock, counting each lease from before the
 // request that set it was sent and giving it up a margin early (a tenth of
-// the lease, 5 ms to 1 s; see internal/lease), so the signal comes before
+// the lease, at least 5 ms and at most 1 s), so the signal comes before
 // Redis could have let anyone else in, provided the process is scheduled
 // within that margin: a process stopped for longer (a VM pause, SIGSTOP,
 // swapping) hears of the loss too late. HeldUntil and Valid read the client
@@ -187,14 +187,14 @@ var (
 	// Lock returns it rather than silently polling at the pace of the
 	// holder's lease. The releasing scripts PUBLISH too, so such a user
 	// cannot Unlock either.
-	ErrSubscribe = notify.ErrSubscribe
+	ErrSubscribe = errors.New("mutex: subscription refused")
 )
 
 // Defaults for Options.
 const (
-	DefaultWatchdogLease  = lease.DefaultWatchdogLease
+	DefaultWatchdogLease  = 30 * time.Second
 	DefaultPrefix         = "sluice:mutex:"
-	DefaultReplicaTimeout = lease.DefaultReplicaTimeout
+	DefaultReplicaTimeout = 100 * time.Millisecond
 )
 
 // Options configure a Locker. The zero value is the default.
@@ -314,7 +314,7 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 		}
 	}
 	l.obs = sc.Observer()
-	l.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), l.obs, scriptcache.PrimitiveMutex)
+	l.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), l.obs, scriptcache.PrimitiveMutex, ErrSubscribe)
 	l.keeper = lease.NewKeeper()
 	l.groups = l.keeper.NewSlots(sc.Cluster(), l.renewLeases)
 	l.rwGroups = l.keeper.NewSlots(sc.Cluster(), l.renewRW)

@@ -228,14 +228,14 @@ var (
 	// ErrSubscribe means Redis refused the subscription an Acquire needs
 	// to wait (NOPERM for an ACL user without access to the channel); the
 	// error also wraps the Redis error. Nothing is held.
-	ErrSubscribe = notify.ErrSubscribe
+	ErrSubscribe = errors.New("semaphore: subscription refused")
 )
 
 // Defaults and limits.
 const (
-	DefaultWatchdogLease  = lease.DefaultWatchdogLease
+	DefaultWatchdogLease  = 30 * time.Second
 	DefaultPrefix         = "sluice:sem:"
-	DefaultReplicaTimeout = lease.DefaultReplicaTimeout
+	DefaultReplicaTimeout = 100 * time.Millisecond
 	// CapacityRetention is how long a capacity set by SetCapacity is kept
 	// after the semaphore's last grant, renewal or release.
 	CapacityRetention = 24 * time.Hour
@@ -368,7 +368,7 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 		}
 	}
 	m.obs = sc.Observer()
-	m.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), m.obs, scriptcache.PrimitiveSemaphore)
+	m.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), m.obs, scriptcache.PrimitiveSemaphore, ErrSubscribe)
 	m.keeper = lease.NewKeeper()
 	m.groups = m.keeper.NewSlots(sc.Cluster(), m.renewPermits)
 	if opts.Fair {
