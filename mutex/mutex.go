@@ -6,10 +6,11 @@
 // held lease. Create one per process and Close it on shutdown. A Mutex is one
 // owner of one named lock:
 //
-//	locks, err := mutex.NewLocker(sc, mutex.Options{})
+//	client, err := sluice.New(ctx, rdb) // or goredis.New for go-redis
+//	locks, err := mutex.NewLocker(client, mutex.Options{})
 //	defer locks.Close()
-//	m, err := locks.NewMutex("order:42")
-//	if err := m.Lock(ctx); err != nil { ... }
+//	m, err := locks.Lock(ctx, "order:42") // NewMutex, then its Lock
+//	if err != nil { ... }
 //	defer m.Unlock(ctx)
 //
 // # Owners and reentrancy
@@ -152,6 +153,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/internal/notify"
@@ -291,9 +293,9 @@ type Locker struct {
 }
 
 // NewLocker returns a Locker that runs its scripts through sc.
-func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
+func NewLocker(sc *sluice.Client, opts Options) (*Locker, error) {
 	if sc == nil {
-		return nil, fmt.Errorf("%w: nil script cache", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: nil client", ErrInvalidOptions)
 	}
 	opts, err := opts.withDefaults()
 	if err != nil {
