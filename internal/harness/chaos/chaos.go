@@ -149,6 +149,7 @@ type world struct {
 
 	inflight inflight
 	ln       *laneState    // the lanes' records (lanes.go)
+	concOut  concOutages   // outages the concurrency routes were told of
 	metrics  *metricsCheck // the limits workload's observer (metrics.go)
 
 	capacitySet atomic.Bool // a SetCapacity was sent (faults.go)
