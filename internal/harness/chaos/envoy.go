@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"strings"
@@ -62,7 +63,9 @@ func (w *world) newEnvoy(t testing.TB, n *node) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := rls.New(l, cfg, rls.Options{})
+	// Refusals under the fault schedule are the run's business, not the
+	// log's.
+	svc, err := rls.New(l, cfg, rls.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
