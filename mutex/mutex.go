@@ -1229,8 +1229,15 @@ func (m *Mutex) foundNotHeld(gen uint64) error {
 // releaseGrant gives back, at once, a grant with the given token that this
 // Mutex will not keep (too few replicas, a stale nested hold, a closed
 // Locker). It runs even if ctx has ended. Called with m.op held.
-func (m *Mutex) releaseGrant(ctx context.Context, token int64) {
-	m.unlockCall(context.WithoutCancel(ctx), "1", strconv.FormatInt(token, 10))
+//
+// The caller may have left, so its context plays no part: the call ends
+// after a lease (the lease ends the grant anyway) or a second after the
+// Locker's Close, so that a server that cannot take it (paused, cut off)
+// holds neither the Lock nor Close up.
+func (m *Mutex) releaseGrant(_ context.Context, token int64) {
+	ctx, cancel := m.l.bg.Bounded(m.set.lease)
+	defer cancel()
+	m.unlockCall(ctx, "1", strconv.FormatInt(token, 10))
 }
 
 // unlockCall runs mutex_release's Unlock mode for the acquisition named by

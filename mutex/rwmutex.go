@@ -619,8 +619,12 @@ func (rw *RWMutex) giveBack(attempt, kind, mark string) {
 
 // releaseGrant gives back, at once, a grant this RWMutex will not keep.
 // Called with rw.op held.
-func (rw *RWMutex) releaseGrant(ctx context.Context, write bool, id string) {
-	ctx = context.WithoutCancel(ctx)
+//
+// As Mutex.releaseGrant, it runs under the Locker's bound, not the
+// caller's context: a lease, or a second after Close.
+func (rw *RWMutex) releaseGrant(_ context.Context, write bool, id string) {
+	ctx, cancel := rw.l.bg.Bounded(rw.lease)
+	defer cancel()
 	if write {
 		rw.s.unlock.Exec(ctx, rw.unlockKeys, []string{rw.owner, "1", id, rw.l.pubMode, rw.keepMs})
 	} else {

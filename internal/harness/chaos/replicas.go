@@ -235,19 +235,6 @@ func (w *world) unsatLane(ctx context.Context, n *node, seq int, id string) {
 	}
 	if closedAt := n.x.closedAt.Load(); closedAt != nil && closedAt.Before(ret) {
 		if took := ret.Sub(*closedAt); took > closeBound && closedAt.After(call) {
-			if what == "Lock" && (errors.Is(err, mutex.ErrNotReplicated) || errors.Is(err, context.DeadlineExceeded)) {
-				// Known, open: a Lock that gives back a grant too few
-				// replicas confirmed is not ended by Close, and returns
-				// when the server takes the give-back or at its own
-				// context's end (TestCloseBoundsReplicaGiveBack, skipped
-				// until mutex is fixed; then drop this excuse). Seen in
-				// seed 2 of the single server, two runs in four.
-				w.hist.mu.Lock()
-				w.hist.excused = append(w.hist.excused, fmt.Sprintf("ReplicaAcks: a Lock of %q in flight when node %d was closed at %s returned %v after %v (open bug: TestCloseBoundsReplicaGiveBack)",
-					name, n.i, w.hist.since(*closedAt), err, took.Round(time.Millisecond)))
-				w.hist.mu.Unlock()
-				return
-			}
 			w.hist.violation("ReplicaAcks: a %s of %q in flight (a WAIT for %d acks) when node %d was closed at %s returned %v after %v, more than Close's bound %v",
 				what, name, w.replicas()+1, n.i, w.hist.since(*closedAt), err, took.Round(time.Millisecond), closeBound)
 		}
