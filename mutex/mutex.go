@@ -371,6 +371,16 @@ func (l *Locker) sendGiveBack(ctx context.Context, m *Mutex, attempt string) {
 	l.release.Exec(ctx, keys[:], []string{"a", l.pubMode, m.set.keepMs, m.owner, attempt, m.set.leaseMs})
 }
 
+// grantBound is the context of a grant's give-back (releaseGrant): it ends
+// after lease or a second after Close; on a closed Locker (a grant whose
+// answer came after Close) it gives the call that second from now.
+func (l *Locker) grantBound(lease time.Duration) (context.Context, context.CancelFunc) {
+	if l.bg.Closed() {
+		return context.WithTimeout(context.Background(), time.Second)
+	}
+	return l.bg.Bounded(lease)
+}
+
 // LockOption configures one lock: a Mutex, an RWMutex or a MultiMutex
 // (Options configures the Locker). WithOwner, WithLease and WithFair make
 // them; the zero LockOption changes nothing.
@@ -1235,7 +1245,7 @@ func (m *Mutex) foundNotHeld(gen uint64) error {
 // Locker's Close, so that a server that cannot take it (paused, cut off)
 // holds neither the Lock nor Close up.
 func (m *Mutex) releaseGrant(_ context.Context, token int64) {
-	ctx, cancel := m.l.bg.Bounded(m.set.lease)
+	ctx, cancel := m.l.grantBound(m.set.lease)
 	defer cancel()
 	m.unlockCall(ctx, "1", strconv.FormatInt(token, 10))
 }

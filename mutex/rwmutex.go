@@ -623,7 +623,7 @@ func (rw *RWMutex) giveBack(attempt, kind, mark string) {
 // As Mutex.releaseGrant, it runs under the Locker's bound, not the
 // caller's context: a lease, or a second after Close.
 func (rw *RWMutex) releaseGrant(_ context.Context, write bool, id string) {
-	ctx, cancel := rw.l.bg.Bounded(rw.lease)
+	ctx, cancel := rw.l.grantBound(rw.lease)
 	defer cancel()
 	if write {
 		rw.s.unlock.Exec(ctx, rw.unlockKeys, []string{rw.owner, "1", id, rw.l.pubMode, rw.keepMs})
