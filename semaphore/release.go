@@ -1,0 +1,104 @@
+package semaphore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// Release gives the permits back and wakes waiters. It returns an error
+// wrapping ErrNotHeld if they were not held any more (released before,
+// expired, deleted); nothing else is freed then. If Release fails with any
+// other error (the reply was lost), calling it again is safe: it never frees
+// anything but this permit, and answers ErrNotHeld if the first call did
+// release it. Either way the permit is no longer renewed, so at worst it
+// expires within one lease.
+func (p *Permit) Release(ctx context.Context) error {
+	p.op.Lock()
+	defer p.op.Unlock()
+	p.mu.Lock()
+	released, lse, lostErr := p.released, p.lse, p.err
+	// The keeper decides a loss under its own lock and reports it after:
+	// one decided before the Stop below can arrive while the release is in
+	// flight, and must not be signalled if the release then succeeds.
+	p.releasing = !released
+	p.stopped = true
+	p.mu.Unlock()
+	if released {
+		return fmt.Errorf("%w: %q: released before", ErrNotHeld, p.s.name)
+	}
+	// Stop renewing first: if the release fails, the permit must not be
+	// kept alive by the watchdog forever.
+	lse.Stop()
+	vs, err := p.s.releaseCall(ctx, p.id).ToArray()
+	held := int64(-1)
+	if err == nil && vs.Len() == 2 {
+		held, _ = vs.At(0).AsInt64()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.releasing = false
+	deferred := p.deferred
+	p.deferred = nil
+	if held == 1 {
+		p.released = true
+		if len(p.scoped) > 0 {
+			p.scoped.End(fmt.Errorf("%w: %q: released", ErrNotHeld, p.s.name))
+		}
+		if o := p.s.m.obs; o != nil {
+			o.Observe(scriptcache.Event{Kind: scriptcache.EventReleased, Primitive: scriptcache.PrimitiveSemaphore, Name: p.s.name, Hold: time.Since(p.since), Weight: p.weight})
+		}
+		return nil
+	}
+	if deferred != nil {
+		p.loseLocked(deferred)
+	}
+	if err != nil || held < 0 {
+		// Not renewed any more: work under Context stops here, as after a
+		// release that succeeded.
+		p.scoped.End(fmt.Errorf("%w: %q: release failed, not renewed", ErrNotHeld, p.s.name))
+	}
+	if err != nil {
+		return fmt.Errorf("semaphore: release %q: %w", p.s.name, inner(err))
+	}
+	if held < 0 {
+		return fmt.Errorf("semaphore: release %q: unexpected reply", p.s.name)
+	}
+	if lostErr == nil {
+		// Redis says it is gone before the watchdog noticed. Recorded
+		// before the permit counts as released, which loseLocked ignores.
+		p.loseLocked(fmt.Errorf("%w: %q: found not held at release", ErrLost, p.s.name))
+		lostErr = p.err
+	}
+	p.released = true
+	return fmt.Errorf("%w: %w", ErrNotHeld, inner(lostErr))
+}
+
+// releaseCall runs the release script for id: on a fair semaphore the
+// queue script, which also takes id out of the queue and grants what it
+// frees to the waiters.
+func (s *Semaphore) releaseCall(ctx context.Context, id string) scriptcache.Reply {
+	if s.m.opts.Fair {
+		return s.m.queue.Exec(ctx, s.keys, []string{"r", s.capArg, "0", id, "0", s.m.pubMode})
+	}
+	return s.m.release.Exec(ctx, s.keys[:3], []string{id, s.m.pubMode})
+}
+
+// cleanup releases id (on a fair semaphore also its queue entry), best
+// effort, with its own deadline since ctx may be done already.
+func (s *Semaphore) cleanup(ctx context.Context, id string) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	s.releaseCall(cctx, id)
+}
+
+// cleanupInGroup is cleanup run in a goroutine of the Manager's group,
+// which Close ends at once rather than wait cleanupTimeout for a server
+// that stopped answering: the lease ends what is left.
+func (s *Semaphore) cleanupInGroup(id string) {
+	ctx, cancel := s.m.bg.Bounded(cleanupTimeout)
+	defer cancel()
+	s.releaseCall(ctx, id)
+}
