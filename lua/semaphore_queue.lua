@@ -2,8 +2,9 @@
 -- its queue of fair waiters: a fair Acquire or TryAcquire, a fair Release
 -- (which is also how a waiter leaves the queue), and SetCapacity.
 --
--- Layout as in semaphore_acquire (permits hash with ':used', ':cap' and
--- ':set'; expiry sorted set), plus the queue: the sorted set KEYS[4] maps
+-- Layout as in semaphore_acquire (state hash with ':used', ':cap', ':set'
+-- and the weights above 1; permits sorted set by expiry), plus the queue:
+-- the sorted set KEYS[4] maps
 -- the permit id of each waiting Acquire to its arrival number, and the hash
 -- KEYS[5] maps it to its entry "expiry_ms weight". An entry dies a lease
 -- after the waiter last refreshed it (each fair attempt does). The field
@@ -52,8 +53,8 @@
 --        are never revoked: while used >= capacity nothing is granted.
 -- The capacity check of "a" and "t" is as in semaphore_acquire.
 --
--- KEYS[1]  permits hash
--- KEYS[2]  expiry sorted set
+-- KEYS[1]  state hash
+-- KEYS[2]  permits sorted set
 -- KEYS[3]  channel
 -- KEYS[4]  queue: sorted set of waiting ids by arrival
 -- KEYS[5]  queue entries: id -> "expiry_ms weight", plus ':b'
@@ -80,12 +81,14 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mode = ARGV[1]
 local id = ARGV[4]
 
--- h[4]: the id's weight if it is stored (held, or expired and not yet
--- reclaimed); the hash and the expiry set always list the same ids.
+-- h[4]: the id's weight if it is listed and weighs more than 1.
 local h = redis.call('HMGET', KEYS[1], ':used', ':cap', ':set', id)
 local used = tonumber(h[1] or '0')
 local stored = tonumber(h[2] or ARGV[2])
 local keep = tonumber(h[3]) -- ms a set capacity is kept, or nil
+if not h[1] then
+  redis.call('DEL', KEYS[2]) -- counted nowhere (see semaphore_acquire)
+end
 local freed = 0
 local held = 0
 local latest = 0 -- the latest expiry of a permit granted or renewed here
@@ -115,23 +118,27 @@ local function drop(ids)
   end
   local weights = redis.call('HMGET', KEYS[1], unpack(ids))
   for i = 1, #ids do
-    freed = freed + tonumber(weights[i] or '0')
+    freed = freed + tonumber(weights[i] or '1')
   end
   redis.call('HDEL', KEYS[1], unpack(ids))
   redis.call('ZREM', KEYS[2], unpack(ids))
 end
 
+-- own: the id's permit expiry if it is listed (held, or expired and not
+-- yet reclaimed).
 local own = nil
-if h[4] then
+if mode ~= 'c' then
   own = redis.call('ZSCORE', KEYS[2], id)
 end
 if mode == 'r' then
-  if h[4] then
-    if own and tonumber(own) > now then
+  if own then
+    if tonumber(own) > now then
       held = 1
     end
-    freed = tonumber(h[4])
-    redis.call('HDEL', KEYS[1], id)
+    freed = tonumber(h[4] or '1')
+    if h[4] then
+      redis.call('HDEL', KEYS[1], id)
+    end
     redis.call('ZREM', KEYS[2], id)
   else
     dequeue(id) -- a held permit is never queued
@@ -142,7 +149,7 @@ end
 -- below without the reclaim, as in semaphore_acquire: a later call that
 -- finds expired permits in its way (and every release) reclaims them.
 local quick = false
-if (mode == 'a' or mode == 't') and not h[4] then
+if (mode == 'a' or mode == 't') and not own then
   local c = tonumber(ARGV[2])
   if keep then
     c = stored
@@ -185,7 +192,7 @@ local dirty = freed > 0 or mode == 'c' -- the hash needs writing back
 -- A permit was granted or renewed, or a set capacity must be kept from a
 -- release (the permits left may never be released or renewed): set expiries.
 local extend = mode == 'c' or mode == 'r' and keep ~= nil
-local grants = {} -- permits the pass granted: id, weight, ... for the hash
+local grants = {} -- permits the pass granted of more than 1: id, weight, ...
 
 -- Write back ':used', the capacity and the permits granted, and, if
 -- extend, make both keys last until latest (and a set capacity's
@@ -262,8 +269,10 @@ local function pass(self, announce)
         -- never fits; its Acquire fails at its next attempt
       elseif w <= free and (not blocked or passes < 16) then
         used, free = used + w, free - w
-        grants[#grants + 1] = qid
-        grants[#grants + 1] = num(w)
+        if w > 1 then
+          grants[#grants + 1] = qid
+          grants[#grants + 1] = num(w)
+        end
         zargs[#zargs + 1] = num(expiry)
         zargs[#zargs + 1] = qid
         gone[#gone + 1] = qid
@@ -361,7 +370,9 @@ end
 if used + n <= stored and (quick or redis.call('EXISTS', KEYS[4]) == 0) then
   -- Nobody queued and it fits: granted without touching the queue.
   used = used + n
-  grants[1], grants[2] = id, num(n)
+  if n > 1 then
+    grants[1], grants[2] = id, ARGV[3]
+  end
   redis.call('ZADD', KEYS[2], num(exp), id)
   latest = exp
   dirty, extend = true, true

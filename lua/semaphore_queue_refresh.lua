@@ -24,7 +24,7 @@
 --            - a permit's expiry has passed (ZRANGE of the first expiry):
 --              its holder died or stalled and will not release, so only a
 --              call that reclaims it frees its capacity;
---            - nothing is held (no permits hash): the queue's head fits;
+--            - nothing is held (no state hash): the queue's head fits;
 --            - permits are free (capacity - used > 0) and the queue's head
 --              either fits in them or is dead (a pass drops it and serves
 --              those behind it; a dead head blocked past its 16 passes
@@ -46,8 +46,8 @@
 -- the call refreshes; on a cluster every key of the call is in one slot
 -- (semaphores whose hash tags share a slot). Time is the server's (TIME).
 --
--- KEYS[4j-3]   permits hash of the j-th semaphore
--- KEYS[4j-2]   its expiry sorted set
+-- KEYS[4j-3]   state hash of the j-th semaphore
+-- KEYS[4j-2]   its permits sorted set
 -- KEYS[4j-1]   its queue: sorted set of waiting ids by arrival
 -- KEYS[4j]     its queue entries: id -> "expiry_ms weight", plus ':b'
 -- ARGV[1]      lease in milliseconds (integer >= 1), for every entry
@@ -84,7 +84,7 @@ local sems = {}
 
 -- What the j-th semaphore is like now: its capacity in force (false if
 -- nothing is held), whether a grant pass would do something, and whether
--- its permits hash or expiry set holds another type of value. Its queue
+-- its state hash or permits set holds another type of value. Its queue
 -- keys are known to be of the right type: a refresh of one of its entries
 -- went through them.
 local function look(j)

@@ -50,38 +50,11 @@ func (s *Semaphore) acquireAny(ctx context.Context, n int64) (*Permit, error) {
 		return s.acquireFair(ctx, n)
 	}
 	id := s.newID()
-	res, err := s.attempt(ctx, id, n, "")
+	res, err := s.attempt(ctx, id, n, firstTry)
 	if res.p != nil || err != nil {
 		return res.p, err
 	}
-	w, err := s.m.hub.Subscribe(s.keys[2], n)
-	if err != nil {
-		return nil, ErrClosed // the only error of Subscribe
-	}
-	var p *Permit
-	defer func() {
-		if p != nil {
-			w.Close()
-		} else {
-			w.Leave() // pass on a wake-up this Acquire could not use
-		}
-	}()
-	// Try again only once the subscription is confirmed: a release between
-	// the first attempt and the subscription would otherwise be missed.
-	if err := w.Ready(ctx, res.wait); err != nil {
-		return nil, s.waitErr(err)
-	}
-	for {
-		if res, err = s.attempt(ctx, id, n, ""); res.p != nil || err != nil {
-			p = res.p
-			return p, err
-		}
-		// Woken but too few free: the rest may fit waiters behind this one.
-		w.PassOn(res.free)
-		if err := w.Wait(ctx, res.wait); err != nil {
-			return nil, s.waitErr(err)
-		}
-	}
+	return s.acquireWaiting(ctx, id, n, res)
 }
 
 // TryAcquire makes one attempt to take n permits: it returns the Permit, or
@@ -113,11 +86,7 @@ func (s *Semaphore) tryAcquire(ctx context.Context, n int64) (*Permit, error) {
 	if err := s.checkWeight(n); err != nil {
 		return nil, err
 	}
-	mode := ""
-	if s.m.opts.Fair {
-		mode = "t"
-	}
-	res, err := s.attemptOnce(ctx, s.newID(), n, mode)
+	res, err := s.attemptOnce(ctx, s.newID(), n, tryOnce)
 	if res.p != nil || err != nil {
 		return res.p, err
 	}
@@ -142,22 +111,49 @@ type reply struct {
 	status, used, capacity, wait int64
 }
 
+// attemptMode says how an attempt may wait, as the scripts are told: a
+// refused Acquire marks the semaphore so that releases publish their
+// wake-ups, and so does the grant of one that waited, so that its release
+// wakes the waiters the wake-up that reached it did not (':w' in
+// semaphore_acquire); a TryAcquire does not wait and marks nothing.
+type attemptMode byte
+
+const (
+	tryOnce   attemptMode = iota // TryAcquire, Available
+	firstTry                     // an Acquire's first attempt
+	afterWait                    // an Acquire's attempts after it waited
+)
+
+// modeLetters are the letters the scripts take for each attemptMode
+// (ARGV[5] of semaphore_acquire after the publish command, "s" or "p").
+var modeLetters = [...]string{tryOnce: "t", firstTry: "a", afterWait: "w"}
+
+// fairCall reports whether an attempt for n permits goes through the fair
+// queue: on a fair semaphore, every attempt but Available's (n = 0).
+func (s *Semaphore) fairCall(n int64) bool { return s.m.opts.Fair && n > 0 }
+
 // call runs the acquire script with n permits (0: only reclaim and report),
-// or for a fair mode ("a" or "t") the queue script. If ctx ends before the
-// reply comes, call returns ctx.Err() at once, also while waiting for
-// replicas; the script may still run, and a permit it may have granted (or
-// a queue entry it made) is released as soon as that late reply (or the
-// news that none will come) arrives.
-func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (reply, error) {
+// or on a fair semaphore the queue script ("t" for tryOnce, else "a"). If
+// ctx ends before the reply comes, call returns ctx.Err() at once, also
+// while waiting for replicas; the script may still run, and a permit it
+// may have granted (or a queue entry it made) is released as soon as that
+// late reply (or the news that none will come) arrives.
+func (s *Semaphore) call(ctx context.Context, id string, n int64, mode attemptMode) (reply, error) {
 	script, keys := s.m.acquire, s.keys[:3]
-	args := []string{s.capArg, strconv.FormatInt(n, 10), id, s.m.leaseMs, s.m.pubMode}
-	if mode != "" {
+	var args []string
+	if s.fairCall(n) {
+		q := "a"
+		if mode == tryOnce {
+			q = "t"
+		}
 		script, keys = s.m.queue, s.keys
-		args = []string{mode, s.capArg, args[1], id, s.m.leaseMs, s.m.pubMode}
+		args = []string{q, s.capArg, strconv.FormatInt(n, 10), id, s.m.leaseMs, s.m.pubMode}
+	} else {
+		args = []string{s.capArg, strconv.FormatInt(n, 10), id, s.m.leaseMs, s.m.acquireFlags[mode]}
 	}
 	if acks := int64(s.m.opts.ReplicaAcks); acks > 0 && n > 0 {
 		res, got, err := s.m.bg.ExecWaitOrLate(ctx, script, keys, args, acks, s.m.opts.ReplicaTimeout,
-			func(r scriptcache.Reply, _ int64, _ error) { s.releaseLate(r, id, mode) })
+			func(r scriptcache.Reply, _ int64, _ error) { s.releaseLate(r, id) })
 		if err != nil {
 			// If the script ran and only WAIT failed, attempt releases the
 			// grant, as after any failure other than ctx ending.
@@ -172,21 +168,17 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode string) (
 		return r, err
 	}
 	var late func(scriptcache.Reply)
-	switch {
-	case n > 0 && mode == "":
-		// mode is not captured: the closure is allocated on every call.
-		late = func(r scriptcache.Reply) { s.releaseLate(r, id, "") }
-	case n > 0:
-		late = func(r scriptcache.Reply) { s.releaseLate(r, id, mode) }
+	if n > 0 {
+		late = func(r scriptcache.Reply) { s.releaseLate(r, id) }
 	}
 	return s.parse(s.m.bg.ExecOrLate(ctx, script, keys, args, late))
 }
 
-// releaseLate handles the reply to an acquire whose caller had gone: it
-// releases id unless the reply says nothing was granted (and, in a fair
-// mode, nothing queued either). An unknown outcome (no reply at all) is
-// released too; releasing an id that is not held frees nothing.
-func (s *Semaphore) releaseLate(r scriptcache.Reply, id, mode string) {
+// releaseLate handles the reply to an acquire (n > 0) whose caller had
+// gone: it releases id unless the reply says nothing was granted (and, on
+// a fair semaphore, nothing queued either). An unknown outcome (no reply at
+// all) is released too; releasing an id that is not held frees nothing.
+func (s *Semaphore) releaseLate(r scriptcache.Reply, id string) {
 	if s.m.bg.Closed() {
 		return // Close gave up the call, or came since: the lease ends it
 	}
@@ -194,14 +186,20 @@ func (s *Semaphore) releaseLate(r scriptcache.Reply, id, mode string) {
 		if r.ServerError() {
 			return // the script failed: nothing granted
 		}
-	} else if got, err := s.parse(r); err == nil && got.status != 1 && (mode == "" || got.status < 0) {
+	} else if got, err := s.parse(r); err == nil && got.status != 1 && (!s.m.opts.Fair || got.status < 0) {
 		return
 	}
 	s.cleanupInGroup(id)
 }
 
-// parse reads the acquire script's reply.
+// parse reads the acquire script's reply: 1 for a grant, else a table.
 func (s *Semaphore) parse(res scriptcache.Reply) (reply, error) {
+	if v, err := res.AsInt64(); err == nil {
+		if v != 1 {
+			return reply{}, fmt.Errorf("unexpected reply %d", v)
+		}
+		return reply{status: 1}, nil
+	}
 	vs, err := res.ToArray()
 	if err != nil {
 		return reply{}, err
@@ -236,12 +234,12 @@ type attemptResult struct {
 	sent time.Time     // when the request was sent
 }
 
-// attempt tries to take n permits for id (mode as for call) for a waiting
+// attempt tries to take n permits for id (mode as for call) for an
 // Acquire: once, or again at once, while ctx allows, after a grant whose
 // answer came too late to be a hold (lease.ErrLate; given back, see
 // newPermit). A fair Acquire then queues again: its entry went with the
 // grant.
-func (s *Semaphore) attempt(ctx context.Context, id string, n int64, mode string) (attemptResult, error) {
+func (s *Semaphore) attempt(ctx context.Context, id string, n int64, mode attemptMode) (attemptResult, error) {
 	for {
 		res, err := s.attemptOnce(ctx, id, n, mode)
 		if !errors.Is(err, lease.ErrLate) {
@@ -256,7 +254,7 @@ func (s *Semaphore) attempt(ctx context.Context, id string, n int64, mode string
 }
 
 // attemptOnce tries once to take n permits for id (mode as for call).
-func (s *Semaphore) attemptOnce(ctx context.Context, id string, n int64, mode string) (attemptResult, error) {
+func (s *Semaphore) attemptOnce(ctx context.Context, id string, n int64, mode attemptMode) (attemptResult, error) {
 	var res attemptResult
 	if s.m.closed.Load() {
 		return res, ErrClosed

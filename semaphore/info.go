@@ -13,7 +13,7 @@ import (
 // their capacity counts as free.
 func (s *Semaphore) Available(ctx context.Context) (int64, error) {
 	for range 64 {
-		r, err := s.call(ctx, "", 0, "")
+		r, err := s.call(ctx, "", 0, tryOnce)
 		if err != nil {
 			if errors.Is(err, ErrCapacityMismatch) {
 				return 0, err

@@ -29,14 +29,14 @@ func (p *Permit) Release(ctx context.Context) error {
 	if released {
 		return fmt.Errorf("%w: %q: released before", ErrNotHeld, p.s.name)
 	}
+	// The server need not judge whether the permit expired while the
+	// lease's deadline on this client's clock has not passed: the server's
+	// lease ends a margin after it, at least (semaphore_release's "n").
+	judge := lostErr != nil || !lse.Live(time.Now())
 	// Stop renewing first: if the release fails, the permit must not be
 	// kept alive by the watchdog forever.
 	lse.Stop()
-	vs, err := p.s.releaseCall(ctx, p.id).ToArray()
-	held := int64(-1)
-	if err == nil && vs.Len() == 2 {
-		held, _ = vs.At(0).AsInt64()
-	}
+	held, err := releaseHeld(p.s.releaseCall(ctx, p.id, judge))
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.releasing = false
@@ -77,13 +77,36 @@ func (p *Permit) Release(ctx context.Context) error {
 }
 
 // releaseCall runs the release script for id: on a fair semaphore the
-// queue script, which also takes id out of the queue and grants what it
-// frees to the waiters.
-func (s *Semaphore) releaseCall(ctx context.Context, id string) scriptcache.Reply {
+// queue script, which also takes id out of the queue, grants what it frees
+// to the waiters and always judges whether the permit expired. An unfair
+// release is told not to judge it unless judge (semaphore_release's "n"):
+// a caller whose clock says the lease is not over passes false. See
+// releaseHeld for the reply.
+func (s *Semaphore) releaseCall(ctx context.Context, id string, judge bool) scriptcache.Reply {
 	if s.m.opts.Fair {
 		return s.m.queue.Exec(ctx, s.keys, []string{"r", s.capArg, "0", id, "0", s.m.pubMode})
 	}
-	return s.m.release.Exec(ctx, s.keys[:3], []string{id, s.m.pubMode})
+	if judge {
+		return s.m.release.Exec(ctx, s.keys[:3], []string{id, s.m.pubMode})
+	}
+	return s.m.release.Exec(ctx, s.keys[:3], []string{id, s.m.pubMode, "n"})
+}
+
+// releaseHeld reads the reply of releaseCall: held is 1 if the permit was
+// held and is now released, 0 if it was not held, -1 if the reply is not
+// one of those. semaphore_release answers held alone, semaphore_queue
+// {held, used}.
+func releaseHeld(r scriptcache.Reply) (held int64, err error) {
+	held, err = r.AsInt64()
+	if err != nil {
+		if vs, aerr := r.ToArray(); aerr == nil && vs.Len() == 2 {
+			held, err = vs.At(0).AsInt64()
+		}
+	}
+	if err != nil || held != 0 && held != 1 {
+		return -1, err
+	}
+	return held, nil
 }
 
 // cleanup releases id (on a fair semaphore also its queue entry), best
@@ -91,7 +114,7 @@ func (s *Semaphore) releaseCall(ctx context.Context, id string) scriptcache.Repl
 func (s *Semaphore) cleanup(ctx context.Context, id string) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	s.releaseCall(cctx, id)
+	s.releaseCall(cctx, id, true)
 }
 
 // cleanupInGroup is cleanup run in a goroutine of the Manager's group,
@@ -100,5 +123,5 @@ func (s *Semaphore) cleanup(ctx context.Context, id string) {
 func (s *Semaphore) cleanupInGroup(id string) {
 	ctx, cancel := s.m.bg.Bounded(cleanupTimeout)
 	defer cancel()
-	s.releaseCall(ctx, id)
+	s.releaseCall(ctx, id, true)
 }

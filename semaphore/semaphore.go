@@ -82,12 +82,15 @@
 // channel, waits for the subscription to be confirmed (so no release is
 // missed), and tries again whenever a release is published or the earliest
 // permit expiry passes, whichever comes first. A release publishes how many
-// permits are now free, and each process wakes only as many of its local
-// waiters as that many permits could satisfy, in arrival order, not the
-// whole herd. A waiter that needs more permits than were freed is skipped
-// for lighter ones behind it that fit, and a woken waiter that finds too few
-// permits free (another process took some first) offers the rest to the
-// waiters behind it. On a Redis 7 cluster the channel is sharded (SPUBLISH).
+// permits are now free if an Acquire may be waiting (one was refused, or
+// took its permits after a wait, since the semaphore's keys were made; a
+// release nobody waits for publishes nothing), and each process wakes only
+// as many of its local waiters as that many permits could satisfy, in
+// arrival order, not the whole herd. A waiter that needs more permits than
+// were freed is skipped for lighter ones behind it that fit, and a woken
+// waiter that finds too few permits free (another process took some first)
+// offers the rest to the waiters behind it. On a Redis 7 cluster the
+// channel is sharded (SPUBLISH).
 // Waiting is not fair, within a process or across processes: a request for
 // many permits can be overtaken by smaller ones that fit first, and a
 // process that releases can take the permits again before a waiter
@@ -158,18 +161,23 @@
 //
 // # Keys
 //
-// A semaphore named S is the hash PREFIX{S} (permit id to weight, plus the
-// capacity and the weight in use), the sorted set PREFIX{S}:e (permit id to
-// expiry, server milliseconds) and the channel PREFIX{S}:w; a fair one also
-// has its queue PREFIX{S}:q (waiter to arrival) and PREFIX{S}:qe (waiter to
-// entry). PREFIX defaults to "sluice:sem:"; the braces keep everything in
-// one cluster slot. A permit id is a UUID, followed by "/" and the label of
-// WithOwner if its Semaphore has one (Holders reads it back). The permit
-// keys expire with the latest permit (or up to a sixteenth of a lease
-// after it) and are deleted with the last one, the queue keys a lease
-// after the last refresh (or up to a sixteenth more) and when the queue
-// empties, so an idle semaphore leaves nothing behind, except a capacity
-// set by SetCapacity, kept in the hash for CapacityRetention.
+// A semaphore named S is the sorted set PREFIX{S}:e (permit id to expiry,
+// server milliseconds), the hash PREFIX{S} (the capacity, the weight in
+// use, whether an Acquire may be waiting, a time before which both keys do
+// not expire, and the weight of each permit of more than one) and the
+// channel PREFIX{S}:w; a fair one also has its queue PREFIX{S}:q (waiter to
+// arrival) and PREFIX{S}:qe (waiter to entry). PREFIX defaults to
+// "sluice:sem:"; the braces keep everything in one cluster slot. A permit
+// id is a UUID, followed by "/" and the label of WithOwner if its
+// Semaphore has one (Holders reads it back). The permit keys expire with
+// the latest permit (or up to a sixteenth of a lease after it) and are
+// deleted with the last one, the queue keys a lease after the last refresh
+// (or up to a sixteenth more) and when the queue empties, so an idle
+// semaphore leaves nothing behind, except a capacity set by SetCapacity,
+// kept in the hash for CapacityRetention. The sorted set lists only what
+// the hash counts: an operator who deletes the hash alone ends every
+// permit it counted (their holders are told at the next renewal), and the
+// next grant drops what the set still lists.
 //
 // On miniredis (tests, examples) the rueidis client needs DisableCache and
 // AlwaysRESP2.
@@ -316,6 +324,9 @@ type Manager struct {
 	leaseMs  string        // lease in ms, as sent to the scripts
 	pubMode  string        // "s" (SPUBLISH) or "p"
 	recheck  time.Duration // how often a fair waiter's queue entry is refreshed
+	// acquireFlags is semaphore_acquire's ARGV[5] for each attemptMode:
+	// pubMode, then the mode's letter.
+	acquireFlags [len(modeLetters)]string
 
 	acquire, release, renewBatch, holders, queue *scriptcache.Script
 	queueRefresh, info                           *scriptcache.Script
@@ -354,6 +365,9 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 	m.recheck = min(m.lease/3, time.Second)
 	if sc.ShardedPubSub() {
 		m.pubMode = "s"
+	}
+	for i, l := range modeLetters {
+		m.acquireFlags[i] = m.pubMode + l
 	}
 	for name, dst := range map[string]**scriptcache.Script{
 		"semaphore_acquire": &m.acquire, "semaphore_release": &m.release,

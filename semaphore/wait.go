@@ -37,6 +37,41 @@ func (m *Manager) leave(s *Semaphore, id string) {
 	}
 }
 
+// acquireWaiting is the unfair Acquire of n permits for id after its first
+// attempt res was refused: it subscribes to the semaphore's wake-ups and
+// attempts again when one comes (or the earliest permit expiry passes).
+// Every attempt from here is told that the Acquire waited (see afterWait).
+func (s *Semaphore) acquireWaiting(ctx context.Context, id string, n int64, res attemptResult) (*Permit, error) {
+	w, err := s.m.hub.Subscribe(s.keys[2], n)
+	if err != nil {
+		return nil, ErrClosed // the only error of Subscribe
+	}
+	var p *Permit
+	defer func() {
+		if p != nil {
+			w.Close()
+		} else {
+			w.Leave() // pass on a wake-up this Acquire could not use
+		}
+	}()
+	// Try again only once the subscription is confirmed: a release between
+	// the first attempt and the subscription would otherwise be missed.
+	if err := w.Ready(ctx, res.wait); err != nil {
+		return nil, s.waitErr(err)
+	}
+	for {
+		if res, err = s.attempt(ctx, id, n, afterWait); res.p != nil || err != nil {
+			p = res.p
+			return p, err
+		}
+		// Woken but too few free: the rest may fit waiters behind this one.
+		w.PassOn(res.free)
+		if err := w.Wait(ctx, res.wait); err != nil {
+			return nil, s.waitErr(err)
+		}
+	}
+}
+
 // acquireFair is Acquire of a fair semaphore: the first attempt queues, and
 // the waiter then takes the grant a release sends it. The Manager keeps
 // its queue entry alive meanwhile (see queueEntry), and wakes it to attempt
@@ -62,7 +97,7 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 		}
 		live = w.Confirmed()
 	}
-	res, err := s.attempt(ctx, id, n, "a")
+	res, err := s.attempt(ctx, id, n, firstTry)
 	if res.p != nil || err != nil {
 		if w != nil {
 			w.Close()
@@ -108,7 +143,7 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 		if again {
 			_, before := w.Granted()
 			written := entry.Sent(res.sent)
-			if res, err = s.attempt(ctx, id, n, "a"); res.p != nil || err != nil {
+			if res, err = s.attempt(ctx, id, n, afterWait); res.p != nil || err != nil {
 				return res.p, err
 			}
 			stale = stale || before || !lease.Live(written, s.m.lease, time.Now())

@@ -1,0 +1,66 @@
+package semaphore
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
+)
+
+// TestRenewKeepsKeysUntilX: a grant trusts the hash's ':x' to know that
+// both keys live long enough, instead of asking (PTTL). So a renewal must
+// never set their expiry before ':x', although its own permits, and every
+// permit listed, end before it: a grant of a 1 min lease sets ':x' a
+// sixteenth of that lease after its permit's end, and a renewal of a 3 s
+// permit then finds the latest permit ending before ':x'.
+func TestRenewKeepsKeysUntilX(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	do := func(args ...string) string {
+		t.Helper()
+		out, err := srv.Do(args...)
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		return out
+	}
+	long := internalManager(t, srv.Addr(), Options{Lease: time.Minute})
+	short := internalManager(t, srv.Addr(), Options{Lease: 3 * time.Second}) // renewed by hand below
+	name := uniqueInternal("renew-x")
+	sl, err := long.NewSemaphore(name, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, err := short.NewSemaphore(name, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sl.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	p, err := ss.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := strconv.ParseInt(do("HGET", sl.keys[0], ":x"), 10, 64)
+	if err != nil {
+		t.Fatalf("':x' after a grant: %v", err)
+	}
+	errs := make([]error, 1)
+	if err := short.renewPermits(ctx, []any{p}, errs); err != nil || errs[0] != nil {
+		t.Fatalf("renewal: %v, %v", err, errs[0])
+	}
+	tm := strings.Fields(do("TIME"))
+	sec, _ := strconv.ParseInt(tm[0], 10, 64)
+	us, _ := strconv.ParseInt(tm[1], 10, 64)
+	now := sec*1000 + us/1000
+	for _, k := range sl.keys[:2] {
+		ttl, _ := strconv.ParseInt(do("PTTL", k), 10, 64)
+		if now+ttl < x {
+			t.Errorf("%s expires at %d after the renewal, before ':x' %d", k, now+ttl, x)
+		}
+	}
+}
