@@ -2,19 +2,20 @@
 -- its queue of fair waiters: a fair Acquire or TryAcquire, a fair Release
 -- (which is also how a waiter leaves the queue), and SetCapacity.
 --
--- Layout as in semaphore_acquire (state hash with ':used', ':cap', ':set'
--- and the weights above 1; permits sorted set by expiry), plus the queue:
--- the sorted set KEYS[4] maps
--- the permit id of each waiting Acquire to its arrival number, and the hash
--- KEYS[5] maps it to its entry "expiry_ms weight". An entry dies a lease
--- after the waiter last refreshed it (each fair attempt does). The field
--- ':b' of KEYS[5] is "id passes": the first waiter that did not fit, and
--- how many grants have passed it. Both queue keys expire with the longest
--- entry lease (or up to a sixteenth of a lease after it) and are deleted
--- when the queue empties. The permit keys'
--- expiry is moved as in semaphore_acquire: only later, and only when it
--- comes before a permit granted or renewed here (or a set capacity's
--- retention), then to that end plus 1 ms and a sixteenth of the lease.
+-- Layout as in semaphore_acquire (state hash with ':used', ':cap', ':set',
+-- ':x' and the weights above 1; permits sorted set by expiry), plus the
+-- queue: the sorted set KEYS[4] maps the permit id of each waiting Acquire
+-- to its arrival number, and the hash KEYS[5] maps it to its entry
+-- "expiry_ms weight". An entry dies a lease after the waiter last
+-- refreshed it (each fair attempt does). The field ':b' of KEYS[5] is "id
+-- passes": the first waiter that did not fit, and how many grants have
+-- passed it. Both queue keys expire with the longest entry lease (or up to
+-- a sixteenth of a lease after it) and are deleted when the queue empties.
+-- The permit keys' expiry is moved only later, and only when it comes
+-- before a permit granted or renewed here (or a set capacity's retention),
+-- then to that end plus 1 ms and a sixteenth of the lease; this script
+-- asks PTTL rather than reading ':x', and leaves ':x' (no later than the
+-- keys' expiry, which only moves later here) as it is.
 --
 -- Every call reclaims up to 16 expired permits (except a fair Acquire
 -- granted at once, with nobody queued, which leaves them to the next
