@@ -10,11 +10,15 @@ import (
 
 // Release gives the permits back and wakes waiters. It returns an error
 // wrapping ErrNotHeld if they were not held any more (released before,
-// expired, deleted); nothing else is freed then. If Release fails with any
-// other error (the reply was lost), calling it again is safe: it never frees
-// anything but this permit, and answers ErrNotHeld if the first call did
-// release it. Either way the permit is no longer renewed, so at worst it
-// expires within one lease.
+// expired, deleted); nothing else is freed then. Whether they expired is
+// asked of the server once the lease's deadline on this client's clock
+// (HeldUntil) has passed, or a loss was reported; before it, the server's
+// lease has at least the margin left, and permits it still lists were
+// counted all along, so nobody else was granted them. If Release fails
+// with any other error (the reply was lost), calling it again is safe: it
+// never frees anything but this permit, and answers ErrNotHeld if the
+// first call did release it. Either way the permit is no longer renewed,
+// so at worst it expires within one lease.
 func (p *Permit) Release(ctx context.Context) error {
 	p.op.Lock()
 	defer p.op.Unlock()
