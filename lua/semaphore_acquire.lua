@@ -3,37 +3,41 @@
 --
 -- Layout of one semaphore: the sorted set KEYS[2] lists the permits, each
 -- id scored by its expiry in server milliseconds, so that one structure
--- answers both who holds and which permits expired. The hash KEYS[1] holds
--- the weight of each permit of more than one (id -> weight; a permit
--- without a field weighs 1, the common case, which then costs no field)
--- and what the permits share: ':used' (the sum of the weights listed,
--- expired permits not reclaimed yet included), ':cap' (the capacity they
--- were granted under), ':set' (SetCapacity set it: how long it is kept,
--- in ms), ':w' ("1": an Acquire may be waiting, see below) and ':x' (a
--- time in server ms no later than both keys' expiry: the one this script
--- last set; every script that sets an expiry sets none before it). The
--- hash exists whenever a permit is listed; a script that finds no hash
--- deletes whatever the sorted set lists first (left from a hash an
--- operator deleted or overwrote, and counted nowhere), so that every
--- permit listed is counted in ':used'. Both keys expire no earlier than
--- the latest permit expiry (at most 1 + lease/16 ms after it) and are
--- deleted when the last permit goes, so nothing outlives the permits for
--- long.
+-- answers who holds, which permits expired and, with ZCARD, how many are
+-- held. The hash KEYS[1] holds the weight of each permit of more than one
+-- (id -> weight; a permit without a field weighs 1, the common case,
+-- which then costs no field) and what the permits share: ':cap' (the
+-- capacity they were granted under; present whenever the hash is),
+-- ':set' (SetCapacity set it: how long it is kept, in ms), ':h' (the
+-- weight of the permits listed beyond one each, so that the weight in use
+-- is ZCARD plus ':h'; absent is 0), ':w' ("1": an Acquire may be waiting,
+-- see below) and ':x' (a time in server ms no later than both keys'
+-- expiry: the one this script last set; every script that sets an expiry
+-- sets none before it). The weight in use counts expired permits until
+-- they are reclaimed. The hash exists whenever a permit is listed; a
+-- script that finds no hash deletes whatever the sorted set lists first
+-- (left from a hash an operator deleted or overwrote, and counted
+-- nowhere), so that every permit listed is counted. Both keys expire no
+-- earlier than the latest permit expiry (at most 1 + lease/16 ms after it)
+-- and are deleted when the last permit goes, so nothing outlives the
+-- permits for long.
 --
 -- A request that fits as things are (the capacity in force, the weight
 -- held plus n at most the capacity) is granted without looking at
--- expiries: expired permits still counted in ':used' are not in its way.
--- It makes four calls: TIME, HMGET of four fields, ZADD NX (which also
--- tells a retried grant, already listed, from a new one) and HSET (with
--- PEXPIREAT twice when ':x' says the keys' expiry must move, at most once
--- every lease/16 ms), passes numbers to Redis as they are (no
--- string.format) and answers an integer. Any other call first reclaims up
--- to 16 expired permits, the oldest first (bounded work), plus the
--- caller's own id if its earlier grant expired, so that it is not counted
--- twice; if more remain and the request is not granted, the reply's wait
--- is 0 and the caller simply calls again. When the reclaim frees capacity
--- that this call does not take, the free count is published so waiters
--- elsewhere try again.
+-- expiries: expired permits still counted are not in its way. A grant of
+-- one permit, with the capacity stored and the keys' expiry far enough,
+-- makes four calls and writes nothing but the permit: TIME, HMGET of four
+-- fields, ZCARD and ZADD NX (which also tells a retried grant, already
+-- listed, from a new one); an HSET follows when the hash changes (a
+-- heavier permit, a grant after a wait, a new capacity, or ':x', with
+-- PEXPIREAT twice, at most once every lease/16 ms). It passes numbers to
+-- Redis as they are (no string.format) and answers an integer. Any other
+-- call first reclaims up to 16 expired permits, the oldest first (bounded
+-- work), plus the caller's own id if its earlier grant expired, so that it
+-- is not counted twice; if more remain and the request is not granted,
+-- the reply's wait is 0 and the caller simply calls again. When the
+-- reclaim frees capacity that this call does not take, the free count is
+-- published so waiters elsewhere try again.
 --
 -- ':w' is set by a refused Acquire before it answers (a TryAcquire, which
 -- does not wait, sets nothing), and by the grant of an Acquire that waited:
@@ -77,7 +81,7 @@
 -- Returns  1 when n > 0 permits are granted (or renewed); else {status,
 --          used, capacity, wait}: status 1 (n = 0), 0 not granted, -1
 --          capacity mismatch (capacity is then the stored one), -2 n above
---          the capacity; used is the weight held after the call (it can
+--          the capacity; used is the weight in use after the call (it can
 --          exceed a capacity that SetCapacity lowered); wait is, when not
 --          granted, the milliseconds until the earliest permit expiry, 0 if
 --          expired permits remain to reclaim, -1 if none is known.
@@ -90,18 +94,25 @@ local id = ARGV[3]
 local lease = tonumber(ARGV[4])
 local mode = ARGV[5] -- "pa", "sw", ...: letter 2 is the mode
 
-local h = redis.call('HMGET', KEYS[1], ':used', ':cap', ':set', ':x')
-local used = tonumber(h[1]) or 0
-local stored = tonumber(h[2]) or cap
-local keep = tonumber(h[3]) -- ms a set capacity is kept, or nil
-local x = tonumber(h[4]) -- no later than both keys' expiry, or nil
+local h = redis.call('HMGET', KEYS[1], ':cap', ':set', ':x', ':h')
+local keep = tonumber(h[2]) -- ms a set capacity is kept, or nil
+local x = tonumber(h[3]) -- no later than both keys' expiry, or nil
+local count = 0 -- permits listed
 if not h[1] then
   redis.call('DEL', KEYS[2]) -- counted nowhere (see the layout)
+else
+  count = redis.call('ZCARD', KEYS[2])
 end
+local extra = 0 -- the weight of the permits listed beyond one each
+if count > 0 then
+  extra = tonumber(h[4]) or 0
+end
+local used = count + extra
+local stored = tonumber(h[1]) or cap
 if used == 0 and not keep then
   stored = cap -- nothing held: the caller's capacity applies
 end
-local capSaved = stored == tonumber(h[2]) -- ':cap' holds it already
+local capSaved = stored == tonumber(h[1]) -- ':cap' holds it already
 local mismatch = stored ~= cap and not keep
 
 -- Whether n more permits fit: the grant check, for every grant below.
@@ -109,12 +120,30 @@ local function fits()
   return used + n <= stored
 end
 
--- Write ':used' (and, for a new grant g of more than one permit, its
--- weight), ':w' after a wait, ':cap' if it changed and ':x', and make both
--- keys last until a permit granted now ends (and a set capacity's
--- retention): their expiry moves only when it comes before that end, to
--- that end plus 1 + lease/16 ms.
+-- Write what a grant or renewal changes in the hash, if anything: the
+-- weight of a new grant g of more than one permit (its field and ':h'),
+-- ':w' after a wait, ':cap' if it changed, and ':x' with both keys' expiry
+-- when that comes before the end of a permit granted now (or a set
+-- capacity's retention): then it moves to that end plus 1 + lease/16 ms.
 local function save(g)
+  local f = {}
+  local function add(k, v)
+    f[#f + 1] = k
+    f[#f + 1] = v
+  end
+  if g and n > 1 then
+    add(id, n)
+    extra = extra + n - 1
+  end
+  if extra ~= (tonumber(h[4]) or 0) then
+    add(':h', extra) -- (also clears one left over with no permit listed)
+  end
+  if string.sub(mode, 2) == 'w' then
+    add(':w', 1)
+  end
+  if not capSaved then
+    add(':cap', stored)
+  end
   local need = lease
   if keep and keep > need then
     need = keep
@@ -122,30 +151,11 @@ local function save(g)
   local at = nil
   if not x or x < now + need + 1 then
     at = now + need + 1 + math.floor(lease / 16)
-  end
-  local waited = string.sub(mode, 2) == 'w'
-  if capSaved and not at and not waited and not (g and n > 1) then
-    redis.call('HSET', KEYS[1], ':used', used) -- the common grant
-    return
-  end
-  local f = {':used', used}
-  local function add(k, v)
-    f[#f + 1] = k
-    f[#f + 1] = v
-  end
-  if g and n > 1 then
-    add(id, n)
-  end
-  if waited then
-    add(':w', 1)
-  end
-  if not capSaved then
-    add(':cap', stored)
-  end
-  if at then
     add(':x', at)
   end
-  redis.call('HSET', KEYS[1], unpack(f))
+  if #f > 0 then
+    redis.call('HSET', KEYS[1], unpack(f))
+  end
   if at then
     redis.call('PEXPIREAT', KEYS[1], at)
     redis.call('PEXPIREAT', KEYS[2], at)
@@ -154,7 +164,6 @@ end
 
 if n > 0 and not mismatch and fits() then
   if redis.call('ZADD', KEYS[2], 'NX', now + lease, id) == 1 then
-    used = used + n
     save(true)
     return 1
   end
@@ -166,10 +175,13 @@ end
 -- head: the 17 earliest permits, those expired to reclaim and the first
 -- one after them, whose expiry is the wait.
 local own = nil -- the id's own expiry if it is listed
-if n > 0 then
+if n > 0 and count > 0 then
   own = tonumber(redis.call('ZSCORE', KEYS[2], id))
 end
-local head = redis.call('ZRANGE', KEYS[2], '0', '16', 'WITHSCORES')
+local head = {}
+if count > 0 then
+  head = redis.call('ZRANGE', KEYS[2], '0', '16', 'WITHSCORES')
+end
 local expired, after = {}, nil
 for i = 1, #head, 2 do
   local score = tonumber(head[i + 1])
@@ -192,28 +204,37 @@ end
 local freed = 0
 if #expired > 0 then
   local weights = redis.call('HMGET', KEYS[1], unpack(expired))
+  local heavy = {}
   for i = 1, #expired do
-    freed = freed + (tonumber(weights[i]) or 1)
+    local w = tonumber(weights[i]) or 1
+    freed = freed + w
+    if w > 1 then
+      heavy[#heavy + 1] = expired[i]
+      extra = extra - (w - 1)
+    end
   end
   redis.call('ZREM', KEYS[2], unpack(expired))
-  redis.call('HDEL', KEYS[1], unpack(expired))
-end
--- Every permit listed was reclaimed (head was the whole set), or none is
--- listed although ':used' counts some (the set was deleted alone).
-local empty = #head < 34 and #expired * 2 >= #head
-if freed > 0 or (used > 0 and empty) then
-  used = used - freed
-  if used <= 0 or empty then
+  count = count - #expired
+  used = count + extra
+  if count <= 0 then
+    -- The last permit went: so do the keys, but a set capacity.
     redis.call('DEL', KEYS[1], KEYS[2])
-    used, capSaved, x, after = 0, false, nil, nil
+    used, extra, capSaved, x, after = 0, 0, false, nil, nil
+    h[4] = false
     if keep then
       x = now + keep
-      redis.call('HSET', KEYS[1], ':used', 0, ':cap', stored, ':set', keep, ':x', x)
+      redis.call('HSET', KEYS[1], ':cap', stored, ':set', keep, ':x', x)
       redis.call('PEXPIREAT', KEYS[1], x)
       capSaved = true
     end
   else
-    redis.call('HSET', KEYS[1], ':used', used)
+    if #heavy > 0 then
+      redis.call('HDEL', KEYS[1], unpack(heavy))
+    end
+    if extra ~= (tonumber(h[4]) or 0) then
+      redis.call('HSET', KEYS[1], ':h', extra)
+      h[4] = extra
+    end
   end
 end
 if used == 0 and not keep then

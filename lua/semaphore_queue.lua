@@ -2,7 +2,7 @@
 -- its queue of fair waiters: a fair Acquire or TryAcquire, a fair Release
 -- (which is also how a waiter leaves the queue), and SetCapacity.
 --
--- Layout as in semaphore_acquire (state hash with ':used', ':cap', ':set',
+-- Layout as in semaphore_acquire (state hash with ':cap', ':set', ':h',
 -- ':x' and the weights above 1; permits sorted set by expiry), plus the
 -- queue: the sorted set KEYS[4] maps the permit id of each waiting Acquire
 -- to its arrival number, and the hash KEYS[5] maps it to its entry
@@ -82,14 +82,22 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mode = ARGV[1]
 local id = ARGV[4]
 
--- h[4]: the id's weight if it is listed and weighs more than 1.
-local h = redis.call('HMGET', KEYS[1], ':used', ':cap', ':set', id)
-local used = tonumber(h[1] or '0')
-local stored = tonumber(h[2] or ARGV[2])
-local keep = tonumber(h[3]) -- ms a set capacity is kept, or nil
+-- h[3]: the id's weight if it is listed and weighs more than 1.
+local h = redis.call('HMGET', KEYS[1], ':cap', ':set', id, ':h')
+local stored = tonumber(h[1] or ARGV[2])
+local keep = tonumber(h[2]) -- ms a set capacity is kept, or nil
+-- The weight in use: count, the permits listed, and extra, their weight
+-- beyond one each (':h'); every change below keeps used = count + extra.
+local count, extra = 0, 0
 if not h[1] then
   redis.call('DEL', KEYS[2]) -- counted nowhere (see semaphore_acquire)
+else
+  count = redis.call('ZCARD', KEYS[2])
 end
+if count > 0 then
+  extra = tonumber(h[4]) or 0
+end
+local used = count + extra
 local freed = 0
 local held = 0
 local latest = 0 -- the latest expiry of a permit granted or renewed here
@@ -112,14 +120,24 @@ local function dequeue(qid)
   end
 end
 
--- Remove permits: ids (their weights from the hash), counted in freed.
+-- Count a permit of weight w in (sign 1) or out (-1) of the weight in use.
+local function tally(w, sign)
+  count = count + sign
+  extra = extra + sign * (w - 1)
+  used = count + extra
+end
+
+-- Remove permits: ids, all listed (their weights from the hash), counted
+-- in freed.
 local function drop(ids)
   if #ids == 0 then
     return
   end
   local weights = redis.call('HMGET', KEYS[1], unpack(ids))
   for i = 1, #ids do
-    freed = freed + tonumber(weights[i] or '1')
+    local w = tonumber(weights[i] or '1')
+    freed = freed + w
+    tally(w, -1)
   end
   redis.call('HDEL', KEYS[1], unpack(ids))
   redis.call('ZREM', KEYS[2], unpack(ids))
@@ -136,8 +154,9 @@ if mode == 'r' then
     if tonumber(own) > now then
       held = 1
     end
-    freed = tonumber(h[4] or '1')
-    if h[4] then
+    freed = tonumber(h[3] or '1')
+    tally(freed, -1)
+    if h[3] then
       redis.call('HDEL', KEYS[1], id)
     end
     redis.call('ZREM', KEYS[2], id)
@@ -175,12 +194,6 @@ if own and tonumber(own) <= now then
   own = nil
 end
 drop(expired)
-if freed > 0 then
-  used = math.max(used - freed, 0)
-  if used > 0 and redis.call('EXISTS', KEYS[2]) == 0 then
-    used = 0 -- nothing left to count
-  end
-end
 
 local cap = tonumber(ARGV[2])
 if mode == 'c' then
@@ -195,21 +208,20 @@ local dirty = freed > 0 or mode == 'c' -- the hash needs writing back
 local extend = mode == 'c' or mode == 'r' and keep ~= nil
 local grants = {} -- permits the pass granted of more than 1: id, weight, ...
 
--- Write back ':used', the capacity and the permits granted, and, if
--- extend, make both keys last until latest (and a set capacity's
--- retention).
+-- Write back ':h', the capacity and the permits granted, and, if extend,
+-- make both keys last until latest (and a set capacity's retention).
 local function save()
-  if used <= 0 then
+  if count <= 0 then
     used = 0
     redis.call('DEL', KEYS[1], KEYS[2])
     if keep then
-      redis.call('HSET', KEYS[1], ':used', '0', ':cap', num(stored), ':set', num(keep))
+      redis.call('HSET', KEYS[1], ':cap', num(stored), ':set', num(keep))
       redis.call('PEXPIRE', KEYS[1], num(keep))
     end
     return
   end
-  grants[#grants + 1] = ':used'
-  grants[#grants + 1] = num(used)
+  grants[#grants + 1] = ':h'
+  grants[#grants + 1] = num(extra)
   grants[#grants + 1] = ':cap'
   grants[#grants + 1] = num(stored)
   if keep then
@@ -269,7 +281,8 @@ local function pass(self, announce)
       elseif w > stored then
         -- never fits; its Acquire fails at its next attempt
       elseif w <= free and (not blocked or passes < 16) then
-        used, free = used + w, free - w
+        tally(w, 1)
+        free = free - w
         if w > 1 then
           grants[#grants + 1] = qid
           grants[#grants + 1] = num(w)
@@ -370,7 +383,7 @@ if own then
 end
 if used + n <= stored and (quick or redis.call('EXISTS', KEYS[4]) == 0) then
   -- Nobody queued and it fits: granted without touching the queue.
-  used = used + n
+  tally(n, 1)
   if n > 1 then
     grants[1], grants[2] = id, ARGV[3]
   end

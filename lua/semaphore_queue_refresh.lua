@@ -25,10 +25,10 @@
 --              its holder died or stalled and will not release, so only a
 --              call that reclaims it frees its capacity;
 --            - nothing is held (no state hash): the queue's head fits;
---            - permits are free (capacity - used > 0) and the queue's head
---              either fits in them or is dead (a pass drops it and serves
---              those behind it; a dead head blocked past its 16 passes
---              would otherwise keep the permits idle).
+--            - permits are free (capacity - weight in use > 0) and the
+--              queue's head either fits in them or is dead (a pass drops
+--              it and serves those behind it; a dead head blocked past
+--              its 16 passes would otherwise keep the permits idle).
 --          A head that does not fit, with nothing expired, is left alone:
 --          that is the ordinary wait for a release, which runs the pass.
 --          Each condition is cleared by the call it causes (reclaimed,
@@ -93,14 +93,14 @@ local function look(j)
     return s
   end
   local hk, ek, qk, qek = KEYS[4 * j - 3], KEYS[4 * j - 2], KEYS[4 * j - 1], KEYS[4 * j]
-  local h = redis.pcall('HMGET', hk, ':used', ':cap')
+  local h = redis.pcall('HMGET', hk, ':cap', ':h')
   if h.err then -- (an array has no err)
     wrongType(h)
     s = {wrong = true}
     sems[j] = s
     return s
   end
-  s = {stored = tonumber(h[2]) or false, stuck = false, woken = false, wrong = false}
+  s = {stored = tonumber(h[1]) or false, stuck = false, woken = false, wrong = false}
   sems[j] = s
   if not h[1] then
     s.stuck = true -- nothing held, yet waiters queued
@@ -116,7 +116,12 @@ local function look(j)
     s.stuck = true -- an expired permit that nobody will release
     return s
   end
-  local free = (s.stored or 0) - tonumber(h[1])
+  local count = redis.call('ZCARD', ek) -- the weight in use: see semaphore_acquire
+  local used = count
+  if count > 0 then
+    used = used + (tonumber(h[2]) or 0)
+  end
+  local free = (s.stored or 0) - used
   if free > 0 then
     local head = redis.call('ZRANGE', qk, '0', '0')[1]
     if head then

@@ -31,11 +31,12 @@
 -- Returns  1 if the permit was held (live, or not judged) and is now
 --          released, 0 if it was not held.
 -- Complexity: O(log N) for N permits held, plus the publish. A release of
---          one permit not judged makes three calls: HMGET, ZREM and HSET
---          (DEL for the last permit), with a PUBLISH if ':w'; judging adds
---          ZSCORE and TIME, a heavier permit's weight field an HDEL.
+--          one permit not judged makes three calls and writes nothing but
+--          the permit: HMGET, ZREM and ZCARD (with DEL for the last
+--          permit), and a PUBLISH if ':w'; judging adds ZSCORE and TIME, a
+--          heavier permit's weight field an HDEL and an HSET of ':h'.
 local id = ARGV[1]
-local h = redis.call('HMGET', KEYS[1], ':used', ':cap', ':set', ':w', id)
+local h = redis.call('HMGET', KEYS[1], ':cap', ':set', ':w', ':h', id)
 if not h[1] then
   return 0
 end
@@ -54,22 +55,25 @@ if redis.call('ZREM', KEYS[2], id) == 0 then
   return 0
 end
 
-local used = h[1] - (tonumber(h[5]) or 1)
-local keep = tonumber(h[3])
-if used > 0 and not keep and not h[5] then
-  redis.call('HSET', KEYS[1], ':used', used) -- the common release
-elseif used <= 0 then
-  redis.call('DEL', KEYS[1], KEYS[2])
-  used = 0
+local count = redis.call('ZCARD', KEYS[2]) -- permits still listed
+local extra = tonumber(h[4]) or 0
+if h[5] then
+  extra = extra - (h[5] - 1)
+end
+local keep = tonumber(h[2])
+if count == 0 then
+  -- The last permit went: so do the keys, but a set capacity.
+  redis.call('DEL', KEYS[1])
+  extra = 0
   if keep then
-    redis.call('HSET', KEYS[1], ':used', 0, ':cap', h[2], ':set', keep)
+    redis.call('HSET', KEYS[1], ':cap', h[1], ':set', keep)
     redis.call('PEXPIRE', KEYS[1], keep)
   end
 else
   if h[5] then
     redis.call('HDEL', KEYS[1], id)
+    redis.call('HSET', KEYS[1], ':h', extra)
   end
-  redis.call('HSET', KEYS[1], ':used', used)
   -- PTTL counts from a time no earlier than now less 1 ms: hence the + 1.
   if keep and redis.call('PTTL', KEYS[2]) < keep + 1 then
     local t = redis.call('TIME')
@@ -78,8 +82,8 @@ else
     redis.call('PEXPIREAT', KEYS[2], at)
   end
 end
-if h[4] then
-  local free = math.max((tonumber(h[2]) or 0) - used, 1)
+if h[3] then
+  local free = math.max(h[1] - count - extra, 1)
   if ARGV[2] == 's' then
     redis.call('SPUBLISH', KEYS[3], free)
   else

@@ -52,7 +52,7 @@ local function look(j)
   if s then
     return s
   end
-  local h = redis.pcall('HMGET', KEYS[2 * j - 1], ':used', ':set', ':x')
+  local h = redis.pcall('HMGET', KEYS[2 * j - 1], ':cap', ':set', ':x')
   if h.err then -- (an array has no err)
     wrongType(h)
     s = {answer = -1}

@@ -50,7 +50,8 @@ func TestOwnExpiredGrantWrittenBack(t *testing.T) {
 	}
 	// 16 expired permits of weight 1 (scores 1..16), the retried id "own"
 	// of weight 2 expired after them, and a live permit of weight 3.
-	hset := []string{"HSET", s.keys[0], ":used", "21", ":cap", "25", "own", "2", "live", "3"}
+	// (21 in use: 18 listed and ':h', the weight beyond one each, 1 + 2.)
+	hset := []string{"HSET", s.keys[0], ":cap", "25", ":h", "3", "own", "2", "live", "3"}
 	zadd := []string{"ZADD", s.keys[1], "17", "own", strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10), "live"}
 	for i := 1; i <= 16; i++ {
 		zadd = append(zadd, strconv.Itoa(i), "old"+strconv.Itoa(i))
@@ -301,7 +302,12 @@ func TestAcquireFastPath(t *testing.T) {
 		b, _ := strconv.ParseInt(do("PTTL", sl.keys[1]), 10, 64)
 		return a, b
 	}
-	used := func() string { return do("HGET", sl.keys[0], ":used") }
+	// The weight in use: the permits listed and the weight beyond one each.
+	used := func() string {
+		n, _ := strconv.ParseInt(do("ZCARD", sl.keys[1]), 10, 64)
+		extra, _ := strconv.ParseInt(do("HGET", sl.keys[0], ":h"), 10, 64)
+		return strconv.FormatInt(n+extra, 10)
+	}
 	// A long lease, then a short one: the keys keep the long one's expiry.
 	if r, err := sl.call(ctx, "a", 1, tryOnce); err != nil || r.status != 1 {
 		t.Fatalf("acquire a = %+v, %v", r, err)

@@ -163,21 +163,21 @@
 //
 // A semaphore named S is the sorted set PREFIX{S}:e (permit id to expiry,
 // server milliseconds), the hash PREFIX{S} (the capacity, the weight in
-// use, whether an Acquire may be waiting, a time before which both keys do
-// not expire, and the weight of each permit of more than one) and the
-// channel PREFIX{S}:w; a fair one also has its queue PREFIX{S}:q (waiter to
-// arrival) and PREFIX{S}:qe (waiter to entry). PREFIX defaults to
-// "sluice:sem:"; the braces keep everything in one cluster slot. A permit
-// id is a UUID, followed by "/" and the label of WithOwner if its
-// Semaphore has one (Holders reads it back). The permit keys expire with
-// the latest permit (or up to a sixteenth of a lease after it) and are
-// deleted with the last one, the queue keys a lease after the last refresh
-// (or up to a sixteenth more) and when the queue empties, so an idle
-// semaphore leaves nothing behind, except a capacity set by SetCapacity,
-// kept in the hash for CapacityRetention. The sorted set lists only what
-// the hash counts: an operator who deletes the hash alone ends every
-// permit it counted (their holders are told at the next renewal), and the
-// next grant drops what the set still lists.
+// use beyond the number of permits, whether an Acquire may be waiting, a
+// time before which both keys do not expire, and the weight of each permit
+// of more than one) and the channel PREFIX{S}:w; a fair one also has its
+// queue PREFIX{S}:q (waiter to arrival) and PREFIX{S}:qe (waiter to
+// entry). PREFIX defaults to "sluice:sem:"; the braces keep everything in
+// one cluster slot. A permit id is a UUID, followed by "/" and the label
+// of WithOwner if its Semaphore has one (Holders reads it back). The
+// permit keys expire with the latest permit (or up to a sixteenth of a
+// lease after it) and are deleted with the last one, the queue keys a
+// lease after the last refresh (or up to a sixteenth more) and when the
+// queue empties, so an idle semaphore leaves nothing behind, except a
+// capacity set by SetCapacity, kept in the hash for CapacityRetention.
+// The sorted set lists only what the hash counts: an operator who deletes
+// the hash alone ends every permit it counted (their holders are told at
+// the next renewal), and the next grant drops what the set still lists.
 //
 // On miniredis (tests, examples) the rueidis client needs DisableCache and
 // AlwaysRESP2.
@@ -469,7 +469,7 @@ func WithOwner(owner string) Option {
 
 // idLen is the length of a permit id without an owner label: a UUID in its
 // text form. A labelled id is the UUID, ownerSep and the label; the UUID
-// first keeps every id clear of the hash's reserved fields (':used').
+// first keeps every id clear of the hash's reserved fields (':cap').
 const (
 	idLen    = 36
 	ownerSep = '/'
