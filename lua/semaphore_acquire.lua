@@ -78,13 +78,15 @@
 --          an Acquire's first attempt, "w" for an Acquire's attempt after
 --          it waited, "t" for TryAcquire and Available (nothing: "a")
 --
--- Returns  1 when n > 0 permits are granted (or renewed); else {status,
+-- Returns  1 when n > 0 permits are granted (or renewed); -1 - wait (0 or
+--          less) when they are not and no permit is free; else {status,
 --          used, capacity, wait}: status 1 (n = 0), 0 not granted, -1
 --          capacity mismatch (capacity is then the stored one), -2 n above
 --          the capacity; used is the weight in use after the call (it can
 --          exceed a capacity that SetCapacity lowered); wait is, when not
 --          granted, the milliseconds until the earliest permit expiry, 0 if
---          expired permits remain to reclaim, -1 if none is known.
+--          expired permits remain to reclaim, -1 if none is known. (The
+--          integers spare the common answers a table.)
 -- Complexity: O(log N) for N permits held, plus the publish.
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -258,6 +260,9 @@ local function answer(status)
   local wait = -1
   if after then
     wait = math.max(after - now, 0)
+  end
+  if status == 0 and used >= stored then
+    return -1 - wait -- (nothing free: the integer says all)
   end
   return {status, used, stored, wait}
 end

@@ -159,7 +159,7 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode attemptMo
 			// grant, as after any failure other than ctx ending.
 			return reply{}, err
 		}
-		r, err := s.parse(res)
+		r, err := s.parse(res, !s.fairCall(n))
 		if err == nil && r.status == 1 && got < acks {
 			// Too few replicas have it: a failover now could grant it again.
 			s.cleanup(ctx, id)
@@ -171,7 +171,7 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode attemptMo
 	if n > 0 {
 		late = func(r scriptcache.Reply) { s.releaseLate(r, id) }
 	}
-	return s.parse(s.m.bg.ExecOrLate(ctx, script, keys, args, late))
+	return s.parse(s.m.bg.ExecOrLate(ctx, script, keys, args, late), n > 0 && !s.fairCall(n))
 }
 
 // releaseLate handles the reply to an acquire (n > 0) whose caller had
@@ -186,22 +186,30 @@ func (s *Semaphore) releaseLate(r scriptcache.Reply, id string) {
 		if r.ServerError() {
 			return // the script failed: nothing granted
 		}
-	} else if got, err := s.parse(r); err == nil && got.status != 1 && (!s.m.opts.Fair || got.status < 0) {
+	} else if got, err := s.parse(r, !s.m.opts.Fair); err == nil && got.status != 1 && (!s.m.opts.Fair || got.status < 0) {
 		return
 	}
 	s.cleanupInGroup(id)
 }
 
-// parse reads the acquire script's reply: 1 for a grant, else a table.
-func (s *Semaphore) parse(res scriptcache.Reply) (reply, error) {
-	if v, err := res.AsInt64(); err == nil {
-		if v != 1 {
-			return reply{}, fmt.Errorf("unexpected reply %d", v)
+// parse reads the acquire script's reply: semaphore_acquire's integer for
+// a grant, or for a refusal with no permit free, else a table. integer
+// says semaphore_acquire answered, which mostly answers an integer: that
+// is tried first (reading a reply as the type it is not costs an error's
+// allocations).
+func (s *Semaphore) parse(res scriptcache.Reply, integer bool) (reply, error) {
+	if integer {
+		if v, err := res.AsInt64(); err == nil {
+			return fromInteger(v)
 		}
-		return reply{status: 1}, nil
 	}
 	vs, err := res.ToArray()
 	if err != nil {
+		if !integer {
+			if v, ierr := res.AsInt64(); ierr == nil {
+				return fromInteger(v)
+			}
+		}
 		return reply{}, err
 	}
 	if vs.Len() != 4 {
@@ -224,6 +232,18 @@ func (s *Semaphore) parse(res scriptcache.Reply) (reply, error) {
 		return r, fmt.Errorf("unexpected status %d", r.status)
 	}
 	return r, nil
+}
+
+// fromInteger reads semaphore_acquire's integer reply: 1, granted, or
+// -1 - wait, not granted with no permit free.
+func fromInteger(v int64) (reply, error) {
+	switch {
+	case v == 1:
+		return reply{status: 1}, nil
+	case v <= 0:
+		return reply{status: 0, wait: -1 - v}, nil // used = capacity: none free
+	}
+	return reply{}, fmt.Errorf("unexpected reply %d", v)
 }
 
 // attemptResult is what one attempt found.

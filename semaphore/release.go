@@ -40,7 +40,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	// Stop renewing first: if the release fails, the permit must not be
 	// kept alive by the watchdog forever.
 	lse.Stop()
-	held, err := releaseHeld(p.s.releaseCall(ctx, p.id, judge))
+	held, err := releaseHeld(p.s.releaseCall(ctx, p.id, judge), p.s.m.opts.Fair)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.releasing = false
@@ -98,14 +98,20 @@ func (s *Semaphore) releaseCall(ctx context.Context, id string, judge bool) scri
 
 // releaseHeld reads the reply of releaseCall: held is 1 if the permit was
 // held and is now released, 0 if it was not held, -1 if the reply is not
-// one of those. semaphore_release answers held alone, semaphore_queue
-// {held, used}.
-func releaseHeld(r scriptcache.Reply) (held int64, err error) {
-	held, err = r.AsInt64()
-	if err != nil {
-		if vs, aerr := r.ToArray(); aerr == nil && vs.Len() == 2 {
+// one of those. semaphore_release answers held alone, semaphore_queue (a
+// fair semaphore's) {held, used}: each is read as the type it is, since
+// reading a reply as another type costs an error's allocations.
+func releaseHeld(r scriptcache.Reply, fair bool) (held int64, err error) {
+	if fair {
+		var vs scriptcache.Array
+		if vs, err = r.ToArray(); err == nil {
+			if vs.Len() != 2 {
+				return -1, fmt.Errorf("unexpected reply of %d values", vs.Len())
+			}
 			held, err = vs.At(0).AsInt64()
 		}
+	} else {
+		held, err = r.AsInt64()
 	}
 	if err != nil || held != 0 && held != 1 {
 		return -1, err
