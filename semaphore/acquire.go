@@ -34,10 +34,10 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Permit, error) {
 // known ones).
 func (s *Semaphore) observeAcquire(o scriptcache.Observer, start time.Time, n int64, p *Permit, err error, busy string) {
 	if p != nil {
-		o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquired, Primitive: scriptcache.PrimitiveSemaphore, Name: s.name, Wait: time.Since(start), Weight: n, Handoff: p.handoff})
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquired, Primitive: scriptcache.PrimitiveSemaphore, Name: s.event, Wait: time.Since(start), Weight: n, Handoff: p.handoff})
 		return
 	}
-	o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquireFailed, Primitive: scriptcache.PrimitiveSemaphore, Name: s.name, Wait: time.Since(start), Weight: n,
+	o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquireFailed, Primitive: scriptcache.PrimitiveSemaphore, Name: s.event, Wait: time.Since(start), Weight: n,
 		Reason: obs.FailReason(err, ErrClosed, ErrNotReplicated, busy), Err: err})
 }
 

@@ -81,7 +81,7 @@ func (p *Permit) loseLocked(err error) {
 	}
 	p.err = err
 	if o := p.s.m.obs; o != nil { // before the holder is told
-		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: scriptcache.PrimitiveSemaphore, Name: p.s.name, Hold: time.Since(p.since), Weight: p.weight,
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: scriptcache.PrimitiveSemaphore, Name: p.s.event, Hold: time.Since(p.since), Weight: p.weight,
 			Reason: obs.LossReason(err), Err: err})
 	}
 	close(p.lost)

@@ -52,7 +52,7 @@ func (p *Permit) Release(ctx context.Context) error {
 			p.scoped.End(fmt.Errorf("%w: %q: released", ErrNotHeld, p.s.name))
 		}
 		if o := p.s.m.obs; o != nil {
-			o.Observe(scriptcache.Event{Kind: scriptcache.EventReleased, Primitive: scriptcache.PrimitiveSemaphore, Name: p.s.name, Hold: time.Since(p.since), Weight: p.weight})
+			o.Observe(scriptcache.Event{Kind: scriptcache.EventReleased, Primitive: scriptcache.PrimitiveSemaphore, Name: p.s.event, Hold: time.Since(p.since), Weight: p.weight})
 		}
 		return nil
 	}
