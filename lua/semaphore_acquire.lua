@@ -13,7 +13,8 @@
 -- is ZCARD plus ':h'; absent is 0), ':w' ("1": an Acquire may be waiting,
 -- see below) and ':x' (a time in server ms no later than both keys'
 -- expiry: the one this script last set; every script that sets an expiry
--- sets none before it). The weight in use counts expired permits until
+-- sets none before it, and the others may set a later one without
+-- writing ':x', so it is a floor, not the expiry). The weight in use counts expired permits until
 -- they are reclaimed. The hash exists whenever a permit is listed; a
 -- script that finds no hash deletes whatever the sorted set lists first
 -- (left from a hash an operator deleted or overwrote, and counted
@@ -30,7 +31,7 @@
 -- fields, ZCARD and ZADD NX (which also tells a retried grant, already
 -- listed, from a new one); an HSET follows when the hash changes (a
 -- heavier permit, a grant after a wait, a new capacity, or ':x', with
--- PEXPIREAT twice, at most once every lease/16 ms). It passes numbers to
+-- PTTL and PEXPIREAT twice, at most once every lease/16 ms). It passes numbers to
 -- Redis as they are (no string.format) and answers an integer. Any other
 -- call first reclaims up to 16 expired permits, the oldest first (bounded
 -- work), plus the caller's own id if its earlier grant expired, so that it
@@ -62,10 +63,11 @@
 -- already listed and live renews it instead of counting it twice, so a
 -- retry after a lost reply is harmless.
 --
--- The keys' expiry is only ever moved later here, and only when it comes
+-- The keys' expiry is only ever moved later here, and only when ':x' comes
 -- before the new permit's (or the set capacity's) end: then to that end
 -- plus 1 + lease/16 ms, so that the grants of the next few milliseconds
--- need not move it again.
+-- need not move it again, or to the expiry PTTL reports if that is later
+-- (set by another script: ':x' is a floor).
 --
 -- KEYS[1]  state hash
 -- KEYS[2]  permits sorted set
@@ -153,6 +155,15 @@ local function save(g)
   local at = nil
   if not x or x < now + need + 1 then
     at = now + need + 1 + math.floor(lease / 16)
+    if h[1] then
+      -- ':x' is only a floor: the fair queue, renewals and releases move
+      -- the expiry later without it. Never set it earlier (PTTL counts
+      -- from the script's start, no later than now).
+      local ttl = redis.call('PTTL', KEYS[2])
+      if ttl > 0 and now + ttl > at then
+        at = now + ttl
+      end
+    end
     add(':x', at)
   end
   if #f > 0 then
