@@ -1,195 +1,307 @@
 -- semaphore_acquire: take n permits of a counting semaphore with expiring
 -- permits, reclaiming expired ones when they are in the way.
 --
--- Layout of one semaphore: the hash KEYS[1] maps each permit id to its
--- weight, plus two reserved fields: ':used' (the sum of the weights held)
--- and ':cap' (the capacity the held permits were granted under). The sorted
--- set KEYS[2] maps each permit id to its expiry in server milliseconds. Both
--- keys expire no earlier than the latest permit expiry (at most 1 + lease/16
--- ms after it) and are deleted when the last permit goes, so nothing
--- outlives the permits for long.
+-- Layout of one semaphore: the sorted set KEYS[2] lists the permits, each
+-- id scored by its expiry in server milliseconds, so that one structure
+-- answers who holds, which permits expired and, with ZCARD, how many are
+-- held. The hash KEYS[1] holds the weight of each permit of more than one
+-- (id -> weight; a permit without a field weighs 1, the common case,
+-- which then costs no field) and what the permits share: ':cap' (the
+-- capacity they were granted under; present whenever the hash is),
+-- ':set' (SetCapacity set it: how long it is kept, in ms), ':h' (the
+-- weight of the permits listed beyond one each, so that the weight in use
+-- is ZCARD plus ':h'; absent is 0), ':w' ("1": an Acquire may be waiting,
+-- see below) and ':x' (a time in server ms no later than both keys'
+-- expiry: the one this script last set; every script that sets an expiry
+-- sets none before it, and the others may set a later one without
+-- writing ':x', so it is a floor, not the expiry). The weight in use counts expired permits until
+-- they are reclaimed. The hash exists whenever a permit is listed; a
+-- script that finds no hash deletes whatever the sorted set lists first
+-- (left from a hash an operator deleted or overwrote, and counted
+-- nowhere), so that every permit listed is counted. Both keys expire no
+-- earlier than the latest permit expiry (at most 1 + lease/16 ms after it)
+-- and are deleted when the last permit goes, so nothing outlives the
+-- permits for long.
 --
--- A request that fits as things are (the id not held before, the capacity
--- in force, the weight held plus n at most the capacity) is granted
--- without looking at expiries: expired permits still counted in ':used'
--- are not in its way. Any other call first reclaims up to 16 expired
--- permits, the oldest first (bounded work), plus the caller's own id if
--- its earlier grant expired, so that it is not counted twice; if more
--- remain and the request is not granted, the reply's wait is 0 and the
--- caller simply calls again. When the reclaim frees capacity that this call
--- does not take, the free count is published so waiters elsewhere try again.
+-- A request that fits as things are (the capacity in force, the weight
+-- held plus n at most the capacity) is granted without looking at
+-- expiries: expired permits still counted are not in its way. A grant of
+-- one permit, with the capacity stored and the keys' expiry far enough,
+-- makes four calls and writes nothing but the permit: TIME, HMGET of four
+-- fields, ZCARD and ZADD NX (which also tells a retried grant, already
+-- listed, from a new one); an HSET follows when the hash changes (a
+-- heavier permit, a grant after a wait, a new capacity, or ':x', with
+-- PTTL and PEXPIREAT twice, at most once every lease/16 ms). It passes numbers to
+-- Redis as they are (no string.format) and answers an integer. Any other
+-- call first reclaims up to 16 expired permits, the oldest first (bounded
+-- work), plus the caller's own id if its earlier grant expired, so that it
+-- is not counted twice; if more remain and the request is not granted,
+-- the reply's wait is 0 and the caller simply calls again. When the
+-- reclaim frees capacity that this call does not take, the free count is
+-- published so waiters elsewhere try again.
+--
+-- ':w' is set by a refused Acquire before it answers (a TryAcquire, which
+-- does not wait, sets nothing), and by the grant of an Acquire that waited:
+-- a release publishes its wake-up only when ':w' is set (semaphore_release).
+-- A waiting Acquire attempts once more after its subscription is
+-- confirmed, so a release after that attempt sees ':w'. Nothing clears it
+-- while the hash lives; when the last permit goes, the hash goes with it,
+-- after that release published, and each waiter that wake-up reaches sets
+-- ':w' again on the next hash, by its refusal or by its grant, so the
+-- waiters it did not reach (a budget wakes only as many as the permits
+-- freed) are woken by the releases after. A waiter sleeps at most until
+-- the earliest permit expiry it was told of, so a hash deleted or expired
+-- without a release needs no wake-up.
 --
 -- The capacity comes from the callers, or from SetCapacity. A capacity
 -- brought by callers is fixed while any permit is held: a caller with
 -- another capacity is refused (status -1); when no permit is held, the
--- caller's capacity applies. A capacity set by SetCapacity (the field
--- ':set' holds how long it is kept, in ms) applies to every caller whatever
--- capacity it brings, and the keys are kept at least that long after the
--- last grant (the hash also when no permit is held; the expiry set lives as
--- long as the hash, so that ':used' never outlives the permits it counts).
--- A request for more than the capacity is refused (status -2). Granting an
--- id that is already held and live renews it instead of counting it twice,
--- so a retry after a lost reply is harmless.
+-- caller's capacity applies. A capacity set by SetCapacity applies to every
+-- caller whatever capacity it brings, and the keys are kept at least ':set'
+-- ms after the last grant (the hash also when no permit is held). A request
+-- for more than the capacity is refused (status -2). Granting an id that is
+-- already listed and live renews it instead of counting it twice, so a
+-- retry after a lost reply is harmless.
 --
--- The keys' expiry is only ever moved later here, and only when it comes
+-- The keys' expiry is only ever moved later here, and only when ':x' comes
 -- before the new permit's (or the set capacity's) end: then to that end
 -- plus 1 + lease/16 ms, so that the grants of the next few milliseconds
--- need not move it again.
+-- need not move it again, or to the expiry PTTL reports if that is later
+-- (set by another script: ':x' is a floor).
 --
--- KEYS[1]  permits hash
--- KEYS[2]  expiry sorted set
+-- KEYS[1]  state hash
+-- KEYS[2]  permits sorted set
 -- KEYS[3]  wake-up channel
 -- ARGV[1]  capacity (integer, 1 .. 2^53)
 -- ARGV[2]  n: permits to take (1 .. capacity; 0 only reclaims and reports)
--- ARGV[3]  permit id
+-- ARGV[3]  permit id (no field name of the hash: those start with ':')
 -- ARGV[4]  lease in milliseconds (integer >= 1)
--- ARGV[5]  "s" to publish with SPUBLISH (cluster), else PUBLISH
+-- ARGV[5]  "s" to publish with SPUBLISH (cluster), else "p"; then "a" for
+--          an Acquire's first attempt, "w" for an Acquire's attempt after
+--          it waited, "t" for TryAcquire and Available (nothing: "a")
 --
--- Returns  {status, used, capacity, wait}: status 1 granted (or n = 0),
---          0 not granted, -1 capacity mismatch (capacity is then the stored
---          one), -2 n above the capacity; used is the weight held after the
---          call (it can exceed a capacity that SetCapacity lowered, and, on
---          a grant, count expired permits not reclaimed yet); wait is, when
---          not granted, the milliseconds until the earliest permit expiry,
---          0 if expired permits remain to reclaim, -1 if none is known.
+-- Returns  1 when n > 0 permits are granted (or renewed); -1 - wait (0 or
+--          less) when they are not and no permit is free; else {status,
+--          used, capacity, wait}: status 1 (n = 0), 0 not granted, -1
+--          capacity mismatch (capacity is then the stored one), -2 n above
+--          the capacity; used is the weight in use after the call (it can
+--          exceed a capacity that SetCapacity lowered); wait is, when not
+--          granted, the milliseconds until the earliest permit expiry, 0 if
+--          expired permits remain to reclaim, -1 if none is known. (The
+--          integers spare the common answers a table.)
 -- Complexity: O(log N) for N permits held, plus the publish.
-local function num(x)
-  return string.format('%d', x)
-end
-
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local cap = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
 local id = ARGV[3]
+local lease = tonumber(ARGV[4])
+local mode = ARGV[5] -- "pa", "sw", ...: letter 2 is the mode
 
--- h[4]: the id's weight if it is stored (held, or expired and not yet
--- reclaimed); the hash and the expiry set always list the same ids.
-local h = redis.call('HMGET', KEYS[1], ':used', ':cap', ':set', id)
-local used = tonumber(h[1] or '0')
-local stored = tonumber(h[2] or ARGV[1])
-local keep = tonumber(h[3]) -- ms a set capacity is kept, or nil
-local freed = 0
-local score -- the id's own expiry, if it is stored
+local h = redis.call('HMGET', KEYS[1], ':cap', ':set', ':x', ':h')
+local keep = tonumber(h[2]) -- ms a set capacity is kept, or nil
+local x = tonumber(h[3]) -- no later than both keys' expiry, or nil
+local count = 0 -- permits listed
+if not h[1] then
+  redis.call('DEL', KEYS[2]) -- counted nowhere (see the layout)
+else
+  count = redis.call('ZCARD', KEYS[2])
+end
+local extra = 0 -- the weight of the permits listed beyond one each
+if count > 0 then
+  extra = tonumber(h[4]) or 0
+end
+local used = count + extra
+local stored = tonumber(h[1]) or cap
+if used == 0 and not keep then
+  stored = cap -- nothing held: the caller's capacity applies
+end
+local capSaved = stored == tonumber(h[1]) -- ':cap' holds it already
+local mismatch = stored ~= cap and not keep
 
-local fits = n > 0 and not h[4]
-if fits then
-  local c = cap
-  if keep then
-    c = stored
-  elseif used > 0 and stored ~= cap then
-    fits = false
-  end
-  fits = fits and used + n <= c
+-- Whether n more permits fit: the grant check, for every grant below.
+local function fits()
+  return used + n <= stored
 end
 
-if not fits then
-  -- Reclaim expired permits, the oldest first, and this id's own earlier
-  -- grant if it expired (a retry after a lost reply) but is not among them.
-  -- Everything freed goes through the one write-back of ':used' below.
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', num(now), 'LIMIT', '0', '16')
-  if h[4] then
-    score = tonumber(redis.call('ZSCORE', KEYS[2], id))
-    if score and score <= now then
-      score = nil
-      local listed = false
-      for i = 1, #expired do
-        if expired[i] == id then
-          listed = true
-        end
+-- Write what a grant or renewal changes in the hash, if anything: the
+-- weight of a new grant g of more than one permit (its field and ':h'),
+-- ':w' after a wait, ':cap' if it changed, and ':x' with both keys' expiry
+-- when that comes before the end of a permit granted now (or a set
+-- capacity's retention): then it moves to that end plus 1 + lease/16 ms.
+local function save(g)
+  local f = {}
+  local function add(k, v)
+    f[#f + 1] = k
+    f[#f + 1] = v
+  end
+  if g and n > 1 then
+    add(id, n)
+    extra = extra + n - 1
+  end
+  if extra ~= (tonumber(h[4]) or 0) then
+    add(':h', extra) -- (also clears one left over with no permit listed)
+  end
+  if string.sub(mode, 2) == 'w' then
+    add(':w', 1)
+  end
+  if not capSaved then
+    add(':cap', stored)
+  end
+  local need = lease
+  if keep and keep > need then
+    need = keep
+  end
+  local at = nil
+  if not x or x < now + need + 1 then
+    at = now + need + 1 + math.floor(lease / 16)
+    if h[1] then
+      -- ':x' is only a floor: the fair queue, renewals and releases move
+      -- the expiry later without it. Never set it earlier (PTTL counts
+      -- from the script's start, no later than now).
+      local ttl = redis.call('PTTL', KEYS[2])
+      if ttl > 0 and now + ttl > at then
+        at = now + ttl
       end
-      if not listed then
-        expired[#expired + 1] = id
-      end
+    end
+    add(':x', at)
+  end
+  if #f > 0 then
+    redis.call('HSET', KEYS[1], unpack(f))
+  end
+  if at then
+    redis.call('PEXPIREAT', KEYS[1], at)
+    redis.call('PEXPIREAT', KEYS[2], at)
+  end
+end
+
+if n > 0 and not mismatch and fits() then
+  if redis.call('ZADD', KEYS[2], 'NX', now + lease, id) == 1 then
+    save(true)
+    return 1
+  end
+  -- Listed already (a retry): decided below, as any call that does not fit.
+end
+
+-- Reclaim expired permits, the oldest first, and this id's own earlier
+-- grant if it expired (a retry after a lost reply) but is not among them.
+-- head: the 17 earliest permits, those expired to reclaim and the first
+-- one after them, whose expiry is the wait.
+local own = nil -- the id's own expiry if it is listed
+if n > 0 and count > 0 then
+  own = tonumber(redis.call('ZSCORE', KEYS[2], id))
+end
+local head = {}
+if count > 0 then
+  head = redis.call('ZRANGE', KEYS[2], '0', '16', 'WITHSCORES')
+end
+local expired, after = {}, nil
+for i = 1, #head, 2 do
+  local score = tonumber(head[i + 1])
+  if score <= now and #expired < 16 then
+    expired[#expired + 1] = head[i]
+  elseif not after then
+    after = score
+  end
+end
+if own and own <= now then
+  own = nil
+  local listed = false
+  for i = 1, #expired do
+    listed = listed or expired[i] == id
+  end
+  if not listed then
+    expired[#expired + 1] = id
+  end
+end
+local freed = 0
+if #expired > 0 then
+  local weights = redis.call('HMGET', KEYS[1], unpack(expired))
+  local heavy = {}
+  for i = 1, #expired do
+    local w = tonumber(weights[i]) or 1
+    freed = freed + w
+    if w > 1 then
+      heavy[#heavy + 1] = expired[i]
+      extra = extra - (w - 1)
     end
   end
-  if #expired > 0 then
-    local weights = redis.call('HMGET', KEYS[1], unpack(expired))
-    for i = 1, #expired do
-      freed = freed + tonumber(weights[i] or '0')
+  redis.call('ZREM', KEYS[2], unpack(expired))
+  count = count - #expired
+  used = count + extra
+  if count <= 0 then
+    -- The last permit went: so do the keys, but a set capacity.
+    redis.call('DEL', KEYS[1], KEYS[2])
+    used, extra, capSaved, x, after = 0, 0, false, nil, nil
+    h[4] = false
+    if keep then
+      x = now + keep
+      redis.call('HSET', KEYS[1], ':cap', stored, ':set', keep, ':x', x)
+      redis.call('PEXPIREAT', KEYS[1], x)
+      capSaved = true
     end
-    redis.call('HDEL', KEYS[1], unpack(expired))
-    redis.call('ZREM', KEYS[2], unpack(expired))
-    used = used - freed
-    if used <= 0 or redis.call('ZCARD', KEYS[2]) == 0 then
-      redis.call('DEL', KEYS[1], KEYS[2])
-      used = 0
-      if keep then
-        redis.call('HSET', KEYS[1], ':used', '0', ':cap', num(stored), ':set', h[3])
-        redis.call('PEXPIRE', KEYS[1], h[3])
-      end
-    else
-      redis.call('HSET', KEYS[1], ':used', num(used))
+  else
+    if #heavy > 0 then
+      redis.call('HDEL', KEYS[1], unpack(heavy))
+    end
+    if extra ~= (tonumber(h[4]) or 0) then
+      redis.call('HSET', KEYS[1], ':h', extra)
+      h[4] = extra
     end
   end
 end
 if used == 0 and not keep then
   stored = cap
+  mismatch = false
 end
 
+-- Capacity freed here and not taken by this call: tell waiters elsewhere.
 local function wake()
-  local free = stored - used
-  if freed > 0 and free > 0 then
-    if ARGV[5] == 's' then
-      redis.call('SPUBLISH', KEYS[3], num(free))
+  if freed > 0 and stored > used then
+    if string.sub(mode, 1, 1) == 's' then
+      redis.call('SPUBLISH', KEYS[3], stored - used)
     else
-      redis.call('PUBLISH', KEYS[3], num(free))
+      redis.call('PUBLISH', KEYS[3], stored - used)
     end
   end
 end
 
--- How long until the earliest permit expires.
-local function wait()
-  local first = redis.call('ZRANGE', KEYS[2], '0', '0', 'WITHSCORES')
-  if #first == 0 then
-    return -1
+local function answer(status)
+  wake()
+  local wait = -1
+  if after then
+    wait = math.max(after - now, 0)
   end
-  return math.max(tonumber(first[2]) - now, 0)
+  if status == 0 and used >= stored then
+    return -1 - wait -- (nothing free: the integer says all)
+  end
+  return {status, used, stored, wait}
 end
 
-if stored ~= cap and not keep then
-  wake()
-  return {-1, used, stored, wait()}
+if mismatch then
+  return answer(-1)
 end
-cap = stored
-if n > cap then
-  wake()
-  return {-2, used, cap, wait()}
+if n > stored then
+  return answer(-2)
 end
 if n == 0 then
-  wake()
-  return {1, used, cap, wait()}
+  return answer(1)
 end
-
-local lease = tonumber(ARGV[4])
-local exp = now + lease
-if score then
+if own then
   -- Already granted to this id (a retry): renew, do not count twice.
-  redis.call('ZADD', KEYS[2], num(exp), id)
-elseif used + n <= cap then
-  used = used + n
-  if h[2] == ARGV[1] then
-    redis.call('HSET', KEYS[1], id, ARGV[2], ':used', num(used))
-  else
-    redis.call('HSET', KEYS[1], id, ARGV[2], ':used', num(used), ':cap', num(cap))
-  end
-  redis.call('ZADD', KEYS[2], num(exp), id)
-else
+  redis.call('ZADD', KEYS[2], now + lease, id)
+  save(false)
   wake()
-  return {0, used, cap, wait()}
+  return 1
 end
--- Both keys must last until exp (and a set capacity's retention). They
--- expire together, no earlier than every permit listed, so if the expiry
--- set lasts long enough the hash does too. PTTL counts from a time no
--- earlier than now less 1 ms: hence the + 1.
-local need = lease
-if keep and keep > need then
-  need = keep
+if fits() then
+  redis.call('ZADD', KEYS[2], now + lease, id)
+  used = used + n
+  save(true)
+  wake()
+  return 1
 end
-if not h[1] or redis.call('PTTL', KEYS[2]) < need + 1 then
-  local at = num(now + need + 1 + math.floor(lease / 16))
-  redis.call('PEXPIREAT', KEYS[1], at)
-  redis.call('PEXPIREAT', KEYS[2], at)
+if string.sub(mode, 2) ~= 't' then
+  redis.call('HSET', KEYS[1], ':w', 1) -- a waiter may subscribe
 end
-wake()
-return {1, used, cap, 0}
+return answer(0)

@@ -2,18 +2,20 @@
 -- its queue of fair waiters: a fair Acquire or TryAcquire, a fair Release
 -- (which is also how a waiter leaves the queue), and SetCapacity.
 --
--- Layout as in semaphore_acquire (permits hash with ':used', ':cap' and
--- ':set'; expiry sorted set), plus the queue: the sorted set KEYS[4] maps
--- the permit id of each waiting Acquire to its arrival number, and the hash
--- KEYS[5] maps it to its entry "expiry_ms weight". An entry dies a lease
--- after the waiter last refreshed it (each fair attempt does). The field
--- ':b' of KEYS[5] is "id passes": the first waiter that did not fit, and
--- how many grants have passed it. Both queue keys expire with the longest
--- entry lease (or up to a sixteenth of a lease after it) and are deleted
--- when the queue empties. The permit keys'
--- expiry is moved as in semaphore_acquire: only later, and only when it
--- comes before a permit granted or renewed here (or a set capacity's
--- retention), then to that end plus 1 ms and a sixteenth of the lease.
+-- Layout as in semaphore_acquire (state hash with ':cap', ':set', ':h',
+-- ':x' and the weights above 1; permits sorted set by expiry), plus the
+-- queue: the sorted set KEYS[4] maps the permit id of each waiting Acquire
+-- to its arrival number, and the hash KEYS[5] maps it to its entry
+-- "expiry_ms weight". An entry dies a lease after the waiter last
+-- refreshed it (each fair attempt does). The field ':b' of KEYS[5] is "id
+-- passes": the first waiter that did not fit, and how many grants have
+-- passed it. Both queue keys expire with the longest entry lease (or up to
+-- a sixteenth of a lease after it) and are deleted when the queue empties.
+-- The permit keys' expiry is moved only later, and only when it comes
+-- before a permit granted or renewed here (or a set capacity's retention),
+-- then to that end plus 1 ms and a sixteenth of the lease; this script
+-- asks PTTL rather than reading ':x', and leaves ':x' (no later than the
+-- keys' expiry, which only moves later here) as it is.
 --
 -- Every call reclaims up to 16 expired permits (except a fair Acquire
 -- granted at once, with nobody queued, which leaves them to the next
@@ -52,8 +54,8 @@
 --        are never revoked: while used >= capacity nothing is granted.
 -- The capacity check of "a" and "t" is as in semaphore_acquire.
 --
--- KEYS[1]  permits hash
--- KEYS[2]  expiry sorted set
+-- KEYS[1]  state hash
+-- KEYS[2]  permits sorted set
 -- KEYS[3]  channel
 -- KEYS[4]  queue: sorted set of waiting ids by arrival
 -- KEYS[5]  queue entries: id -> "expiry_ms weight", plus ':b'
@@ -80,12 +82,22 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mode = ARGV[1]
 local id = ARGV[4]
 
--- h[4]: the id's weight if it is stored (held, or expired and not yet
--- reclaimed); the hash and the expiry set always list the same ids.
-local h = redis.call('HMGET', KEYS[1], ':used', ':cap', ':set', id)
-local used = tonumber(h[1] or '0')
-local stored = tonumber(h[2] or ARGV[2])
-local keep = tonumber(h[3]) -- ms a set capacity is kept, or nil
+-- h[3]: the id's weight if it is listed and weighs more than 1.
+local h = redis.call('HMGET', KEYS[1], ':cap', ':set', id, ':h')
+local stored = tonumber(h[1] or ARGV[2])
+local keep = tonumber(h[2]) -- ms a set capacity is kept, or nil
+-- The weight in use: count, the permits listed, and extra, their weight
+-- beyond one each (':h'); every change below keeps used = count + extra.
+local count, extra = 0, 0
+if not h[1] then
+  redis.call('DEL', KEYS[2]) -- counted nowhere (see semaphore_acquire)
+else
+  count = redis.call('ZCARD', KEYS[2])
+end
+if count > 0 then
+  extra = tonumber(h[4]) or 0
+end
+local used = count + extra
 local freed = 0
 local held = 0
 local latest = 0 -- the latest expiry of a permit granted or renewed here
@@ -108,30 +120,45 @@ local function dequeue(qid)
   end
 end
 
--- Remove permits: ids (their weights from the hash), counted in freed.
+-- Count a permit of weight w in (sign 1) or out (-1) of the weight in use.
+local function tally(w, sign)
+  count = count + sign
+  extra = extra + sign * (w - 1)
+  used = count + extra
+end
+
+-- Remove permits: ids, all listed (their weights from the hash), counted
+-- in freed.
 local function drop(ids)
   if #ids == 0 then
     return
   end
   local weights = redis.call('HMGET', KEYS[1], unpack(ids))
   for i = 1, #ids do
-    freed = freed + tonumber(weights[i] or '0')
+    local w = tonumber(weights[i] or '1')
+    freed = freed + w
+    tally(w, -1)
   end
   redis.call('HDEL', KEYS[1], unpack(ids))
   redis.call('ZREM', KEYS[2], unpack(ids))
 end
 
+-- own: the id's permit expiry if it is listed (held, or expired and not
+-- yet reclaimed).
 local own = nil
-if h[4] then
+if mode ~= 'c' then
   own = redis.call('ZSCORE', KEYS[2], id)
 end
 if mode == 'r' then
-  if h[4] then
-    if own and tonumber(own) > now then
+  if own then
+    if tonumber(own) > now then
       held = 1
     end
-    freed = tonumber(h[4])
-    redis.call('HDEL', KEYS[1], id)
+    freed = tonumber(h[3] or '1')
+    tally(freed, -1)
+    if h[3] then
+      redis.call('HDEL', KEYS[1], id)
+    end
     redis.call('ZREM', KEYS[2], id)
   else
     dequeue(id) -- a held permit is never queued
@@ -142,7 +169,7 @@ end
 -- below without the reclaim, as in semaphore_acquire: a later call that
 -- finds expired permits in its way (and every release) reclaims them.
 local quick = false
-if (mode == 'a' or mode == 't') and not h[4] then
+if (mode == 'a' or mode == 't') and not own then
   local c = tonumber(ARGV[2])
   if keep then
     c = stored
@@ -167,12 +194,6 @@ if own and tonumber(own) <= now then
   own = nil
 end
 drop(expired)
-if freed > 0 then
-  used = math.max(used - freed, 0)
-  if used > 0 and redis.call('EXISTS', KEYS[2]) == 0 then
-    used = 0 -- nothing left to count
-  end
-end
 
 local cap = tonumber(ARGV[2])
 if mode == 'c' then
@@ -185,23 +206,22 @@ local dirty = freed > 0 or mode == 'c' -- the hash needs writing back
 -- A permit was granted or renewed, or a set capacity must be kept from a
 -- release (the permits left may never be released or renewed): set expiries.
 local extend = mode == 'c' or mode == 'r' and keep ~= nil
-local grants = {} -- permits the pass granted: id, weight, ... for the hash
+local grants = {} -- permits the pass granted of more than 1: id, weight, ...
 
--- Write back ':used', the capacity and the permits granted, and, if
--- extend, make both keys last until latest (and a set capacity's
--- retention).
+-- Write back ':h', the capacity and the permits granted, and, if extend,
+-- make both keys last until latest (and a set capacity's retention).
 local function save()
-  if used <= 0 then
+  if count <= 0 then
     used = 0
     redis.call('DEL', KEYS[1], KEYS[2])
     if keep then
-      redis.call('HSET', KEYS[1], ':used', '0', ':cap', num(stored), ':set', num(keep))
+      redis.call('HSET', KEYS[1], ':cap', num(stored), ':set', num(keep))
       redis.call('PEXPIRE', KEYS[1], num(keep))
     end
     return
   end
-  grants[#grants + 1] = ':used'
-  grants[#grants + 1] = num(used)
+  grants[#grants + 1] = ':h'
+  grants[#grants + 1] = num(extra)
   grants[#grants + 1] = ':cap'
   grants[#grants + 1] = num(stored)
   if keep then
@@ -261,9 +281,12 @@ local function pass(self, announce)
       elseif w > stored then
         -- never fits; its Acquire fails at its next attempt
       elseif w <= free and (not blocked or passes < 16) then
-        used, free = used + w, free - w
-        grants[#grants + 1] = qid
-        grants[#grants + 1] = num(w)
+        tally(w, 1)
+        free = free - w
+        if w > 1 then
+          grants[#grants + 1] = qid
+          grants[#grants + 1] = num(w)
+        end
         zargs[#zargs + 1] = num(expiry)
         zargs[#zargs + 1] = qid
         gone[#gone + 1] = qid
@@ -360,8 +383,10 @@ if own then
 end
 if used + n <= stored and (quick or redis.call('EXISTS', KEYS[4]) == 0) then
   -- Nobody queued and it fits: granted without touching the queue.
-  used = used + n
-  grants[1], grants[2] = id, num(n)
+  tally(n, 1)
+  if n > 1 then
+    grants[1], grants[2] = id, ARGV[3]
+  end
   redis.call('ZADD', KEYS[2], num(exp), id)
   latest = exp
   dirty, extend = true, true

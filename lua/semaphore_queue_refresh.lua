@@ -24,11 +24,11 @@
 --            - a permit's expiry has passed (ZRANGE of the first expiry):
 --              its holder died or stalled and will not release, so only a
 --              call that reclaims it frees its capacity;
---            - nothing is held (no permits hash): the queue's head fits;
---            - permits are free (capacity - used > 0) and the queue's head
---              either fits in them or is dead (a pass drops it and serves
---              those behind it; a dead head blocked past its 16 passes
---              would otherwise keep the permits idle).
+--            - nothing is held (no state hash): the queue's head fits;
+--            - permits are free (capacity - weight in use > 0) and the
+--              queue's head either fits in them or is dead (a pass drops
+--              it and serves those behind it; a dead head blocked past
+--              its 16 passes would otherwise keep the permits idle).
 --          A head that does not fit, with nothing expired, is left alone:
 --          that is the ordinary wait for a release, which runs the pass.
 --          Each condition is cleared by the call it causes (reclaimed,
@@ -46,8 +46,8 @@
 -- the call refreshes; on a cluster every key of the call is in one slot
 -- (semaphores whose hash tags share a slot). Time is the server's (TIME).
 --
--- KEYS[4j-3]   permits hash of the j-th semaphore
--- KEYS[4j-2]   its expiry sorted set
+-- KEYS[4j-3]   state hash of the j-th semaphore
+-- KEYS[4j-2]   its permits sorted set
 -- KEYS[4j-1]   its queue: sorted set of waiting ids by arrival
 -- KEYS[4j]     its queue entries: id -> "expiry_ms weight", plus ':b'
 -- ARGV[1]      lease in milliseconds (integer >= 1), for every entry
@@ -84,7 +84,7 @@ local sems = {}
 
 -- What the j-th semaphore is like now: its capacity in force (false if
 -- nothing is held), whether a grant pass would do something, and whether
--- its permits hash or expiry set holds another type of value. Its queue
+-- its state hash or permits set holds another type of value. Its queue
 -- keys are known to be of the right type: a refresh of one of its entries
 -- went through them.
 local function look(j)
@@ -93,14 +93,14 @@ local function look(j)
     return s
   end
   local hk, ek, qk, qek = KEYS[4 * j - 3], KEYS[4 * j - 2], KEYS[4 * j - 1], KEYS[4 * j]
-  local h = redis.pcall('HMGET', hk, ':used', ':cap')
+  local h = redis.pcall('HMGET', hk, ':cap', ':h')
   if h.err then -- (an array has no err)
     wrongType(h)
     s = {wrong = true}
     sems[j] = s
     return s
   end
-  s = {stored = tonumber(h[2]) or false, stuck = false, woken = false, wrong = false}
+  s = {stored = tonumber(h[1]) or false, stuck = false, woken = false, wrong = false}
   sems[j] = s
   if not h[1] then
     s.stuck = true -- nothing held, yet waiters queued
@@ -116,7 +116,12 @@ local function look(j)
     s.stuck = true -- an expired permit that nobody will release
     return s
   end
-  local free = (s.stored or 0) - tonumber(h[1])
+  local count = redis.call('ZCARD', ek) -- the weight in use: see semaphore_acquire
+  local used = count
+  if count > 0 then
+    used = used + (tonumber(h[2]) or 0)
+  end
+  local free = (s.stored or 0) - used
   if free > 0 then
     local head = redis.call('ZRANGE', qk, '0', '0')[1]
     if head then

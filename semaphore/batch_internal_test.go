@@ -63,7 +63,6 @@ func TestRenewPermitsOneCall(t *testing.T) {
 	ps[3].s, ps[9].s = twin, twin
 
 	deleted, expired := ps[0], ps[4] // of a and of b
-	do("HDEL", sems[0].keys[0], deleted.id)
 	do("ZREM", sems[0].keys[1], deleted.id)
 	do("ZADD", sems[1].keys[1], "XX", "1", expired.id)
 	do("DEL", sems[2].keys[0], sems[2].keys[1])

@@ -198,7 +198,6 @@ func TestWatchdogBatchGoneOnlyThatPermit(t *testing.T) {
 			return keyspace.Key(semaphore.DefaultPrefix, ss[i/perSem].Name(), suffix)
 		}
 		for _, cmd := range []rueidis.Completed{
-			client.B().Hdel().Key(key(deleted, "")).Field(ps[deleted].ID()).Build(),
 			client.B().Zrem().Key(key(deleted, ":e")).Member(ps[deleted].ID()).Build(),
 			client.B().Zadd().Key(key(expired, ":e")).Xx().ScoreMember().ScoreMember(1, ps[expired].ID()).Build(),
 		} {

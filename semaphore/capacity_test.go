@@ -128,7 +128,7 @@ func TestSetCapacityOverridesConfigured(t *testing.T) {
 
 // TestSetCapacityExpiredPermitsReclaimed: with a set capacity the hash
 // outlives the permits; permits that expire without a release (their
-// holder died) must still be counted free, not stay in ':used' after the
+// holder died) must still be counted free, not stay in the weight in use after the
 // keys that list them expired.
 func TestSetCapacityExpiredPermitsReclaimed(t *testing.T) {
 	ctx := context.Background()

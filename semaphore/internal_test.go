@@ -50,12 +50,11 @@ func TestOwnExpiredGrantWrittenBack(t *testing.T) {
 	}
 	// 16 expired permits of weight 1 (scores 1..16), the retried id "own"
 	// of weight 2 expired after them, and a live permit of weight 3.
-	hset := []string{"HSET", s.keys[0], ":used", "21", ":cap", "25", "own", "2", "live", "3"}
+	// (21 in use: 18 listed and ':h', the weight beyond one each, 1 + 2.)
+	hset := []string{"HSET", s.keys[0], ":cap", "25", ":h", "3", "own", "2", "live", "3"}
 	zadd := []string{"ZADD", s.keys[1], "17", "own", strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10), "live"}
 	for i := 1; i <= 16; i++ {
-		id := "old" + strconv.Itoa(i)
-		hset = append(hset, id, "1")
-		zadd = append(zadd, strconv.Itoa(i), id)
+		zadd = append(zadd, strconv.Itoa(i), "old"+strconv.Itoa(i))
 	}
 	for _, cmd := range [][]string{hset, zadd} {
 		if _, err := srv.Do(cmd...); err != nil {
@@ -63,7 +62,7 @@ func TestOwnExpiredGrantWrittenBack(t *testing.T) {
 		}
 	}
 	// Only "live" is held (3 of 25): a retry of "own" for 23 does not fit.
-	r, err := s.call(ctx, "own", 23, "")
+	r, err := s.call(ctx, "own", 23, tryOnce)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,12 +207,12 @@ func TestFairBypassLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, err := s.call(ctx, "heavy", 2, "a"); err != nil || r.status != 0 {
+	if r, err := s.call(ctx, "heavy", 2, firstTry); err != nil || r.status != 0 {
 		t.Fatalf("heavy waiter's attempt = %+v, %v; want queued", r, err)
 	}
 	for i := range bypassLimit + 1 {
 		id := "light" + strconv.Itoa(i)
-		r, err := s.call(ctx, id, 1, "a")
+		r, err := s.call(ctx, id, 1, firstTry)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -231,11 +230,11 @@ func TestFairBypassLimit(t *testing.T) {
 	if err := hold.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := s.call(ctx, "heavy", 2, "a"); err != nil || r.status != 1 {
+	if r, err := s.call(ctx, "heavy", 2, afterWait); err != nil || r.status != 1 {
 		t.Fatalf("heavy waiter after the release = %+v, %v; want granted", r, err)
 	}
 	s.cleanup(ctx, "heavy")
-	if r, err := s.call(ctx, "light"+strconv.Itoa(bypassLimit), 1, "a"); err != nil || r.status != 1 {
+	if r, err := s.call(ctx, "light"+strconv.Itoa(bypassLimit), 1, afterWait); err != nil || r.status != 1 {
 		t.Fatalf("last light waiter after the heavy one = %+v, %v; want granted", r, err)
 	}
 }
@@ -254,7 +253,7 @@ func TestFairLeaveGivesBackGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, err := s.call(ctx, "w", 1, "a"); err != nil || r.status != 0 {
+	if r, err := s.call(ctx, "w", 1, firstTry); err != nil || r.status != 0 {
 		t.Fatalf("waiter's attempt = %+v, %v; want queued", r, err)
 	}
 	if err := hold.Release(ctx); err != nil {
@@ -303,43 +302,52 @@ func TestAcquireFastPath(t *testing.T) {
 		b, _ := strconv.ParseInt(do("PTTL", sl.keys[1]), 10, 64)
 		return a, b
 	}
+	// The weight in use: the permits listed and the weight beyond one each.
+	used := func() string {
+		n, _ := strconv.ParseInt(do("ZCARD", sl.keys[1]), 10, 64)
+		extra, _ := strconv.ParseInt(do("HGET", sl.keys[0], ":h"), 10, 64)
+		return strconv.FormatInt(n+extra, 10)
+	}
 	// A long lease, then a short one: the keys keep the long one's expiry.
-	if r, err := sl.call(ctx, "a", 1, ""); err != nil || r.status != 1 {
+	if r, err := sl.call(ctx, "a", 1, tryOnce); err != nil || r.status != 1 {
 		t.Fatalf("acquire a = %+v, %v", r, err)
 	}
-	if r, err := ss.call(ctx, "b", 2, ""); err != nil || r.status != 1 || r.used != 3 {
-		t.Fatalf("acquire b = %+v, %v; want granted with 3 used", r, err)
+	if r, err := ss.call(ctx, "b", 2, tryOnce); err != nil || r.status != 1 || used() != "3" {
+		t.Fatalf("acquire b = %+v, %v, %s used; want granted with 3 used", r, err, used())
 	}
 	if h, e := pttls(); h < 55_000 || e < 55_000 {
 		t.Fatalf("PTTL %d, %d ms after a 1 min and a 50 ms lease, want about a minute", h, e)
 	}
 	// The retry of a live id renews it: still 3 used.
-	if r, err := sl.call(ctx, "a", 1, ""); err != nil || r.status != 1 || r.used != 3 {
-		t.Fatalf("retry of a = %+v, %v; want granted with 3 used", r, err)
+	if r, err := sl.call(ctx, "a", 1, tryOnce); err != nil || r.status != 1 || used() != "3" {
+		t.Fatalf("retry of a = %+v, %v, %s used; want granted with 3 used", r, err, used())
 	}
 	time.Sleep(100 * time.Millisecond) // b expires
 	// c fits beside the expired b: granted without reclaiming it.
-	if r, err := sl.call(ctx, "c", 1, ""); err != nil || r.status != 1 || r.used != 4 {
-		t.Fatalf("acquire c = %+v, %v; want granted with 4 used (b not reclaimed)", r, err)
+	if r, err := sl.call(ctx, "c", 1, tryOnce); err != nil || r.status != 1 || used() != "4" {
+		t.Fatalf("acquire c = %+v, %v, %s used; want granted with 4 used (b not reclaimed)", r, err, used())
 	}
 	// d does not fit until b is reclaimed: then it does.
-	if r, err := sl.call(ctx, "d", 2, ""); err != nil || r.status != 1 || r.used != 4 {
-		t.Fatalf("acquire d = %+v, %v; want granted with 4 used (b reclaimed)", r, err)
+	if r, err := sl.call(ctx, "d", 2, tryOnce); err != nil || r.status != 1 || used() != "4" {
+		t.Fatalf("acquire d = %+v, %v, %s used; want granted with 4 used (b reclaimed)", r, err, used())
+	}
+	if got := do("ZSCORE", sl.keys[1], "b"); got != "" {
+		t.Fatalf("ZSCORE of b = %q, want the expired permit reclaimed", got)
 	}
 	if got := do("HEXISTS", sl.keys[0], "b"); got != "0" {
-		t.Fatalf("HEXISTS b = %s, want the expired permit reclaimed", got)
+		t.Fatalf("HEXISTS b = %s, want the expired permit's weight gone", got)
 	}
 	// A short lease first, on fresh keys, then a long one: extended.
 	for _, k := range sl.keys[:2] {
 		do("DEL", k)
 	}
-	if r, err := ss.call(ctx, "e", 1, ""); err != nil || r.status != 1 {
+	if r, err := ss.call(ctx, "e", 1, tryOnce); err != nil || r.status != 1 {
 		t.Fatalf("acquire e = %+v, %v", r, err)
 	}
 	if h, e := pttls(); h < 40 || e < 40 || h > 1_000 || e > 1_000 {
 		t.Fatalf("PTTL %d, %d ms after a 50 ms lease", h, e)
 	}
-	if r, err := sl.call(ctx, "f", 1, ""); err != nil || r.status != 1 {
+	if r, err := sl.call(ctx, "f", 1, tryOnce); err != nil || r.status != 1 {
 		t.Fatalf("acquire f = %+v, %v", r, err)
 	}
 	if h, e := pttls(); h < 55_000 || e < 55_000 {

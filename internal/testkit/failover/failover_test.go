@@ -253,7 +253,7 @@ func TestSemaphoreFailoverWithLaggingReplica(t *testing.T) {
 				held++
 			}
 			if !redistest.WaitFor(ctx, 10*time.Second, func() bool {
-				n, _ := p.replica.Do("HGET", "sluice:sem:{workers}", ":used")
+				n, _ := p.replica.Do("ZCARD", "sluice:sem:{workers}:e") // the permits listed
 				return n == "5"
 			}) {
 				t.Fatal("replica did not receive the first grants")
