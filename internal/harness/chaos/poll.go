@@ -110,10 +110,11 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local used = 0
 local ids = redis.pcall('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf')
-if not ids.err then
+local cap = redis.pcall('HGET', KEYS[1], ':cap')
+if not ids.err and type(cap) == 'string' then
   for _, id in ipairs(ids) do
     local w = redis.pcall('HGET', KEYS[1], id)
-    used = used + (tonumber(w) or 0)
+    used = used + (tonumber(w) or 1)
   end
 end
 local out = {tostring(now), tostring(used)}
