@@ -1,0 +1,116 @@
+package mutex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// Unlock gives back one hold; the last one releases the lock and wakes a
+// waiter. It returns an error wrapping ErrNotHeld if this Mutex does not
+// hold the lock; after a loss the error wraps Err too, and the first such
+// Unlock also gives back what the server may still keep of the lost hold
+// (the lease margin, a renewal whose reply was late), so that it does not
+// block others for the rest of its lease. If Unlock fails with any other
+// error (the reply was lost), the hold is still counted and calling Unlock
+// again is safe: it never removes two.
+//
+// A final Unlock that succeeds is never followed by a loss signal for that
+// hold: a loss reported while it is in flight (a renewal that ran just after
+// the release and found the key gone) is dropped, since the release itself
+// proves that the hold lasted until then.
+func (m *Mutex) Unlock(ctx context.Context) error {
+	m.op.Lock()
+	defer m.op.Unlock()
+	m.mu.Lock()
+	holds, tokenArg, lostErr, heldGen, orphaned := m.holds, m.tokenArg, m.err, m.gen, m.orphaned
+	switch holds {
+	case 0:
+		m.orphaned, m.unacked = false, false
+	case 1:
+		m.releasing = true // gen stays heldGen: starting a hold takes m.op
+	}
+	m.mu.Unlock()
+	if holds == 0 {
+		if orphaned {
+			m.unlockCall(ctx, "1", tokenArg)
+		}
+		if lostErr != nil {
+			return fmt.Errorf("%w: %w", ErrNotHeld, inner(lostErr))
+		}
+		return fmt.Errorf("%w: %q", ErrNotHeld, m.Name())
+	}
+	left, err := m.unlockCall(ctx, strconv.FormatInt(holds, 10), tokenArg).AsInt64()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	pending := m.pending
+	m.releasing, m.pending = false, nil
+	if err != nil {
+		if pending != nil && m.gen == heldGen && m.holds > 0 {
+			m.loseLocked(pending)
+		}
+		return fmt.Errorf("mutex: unlock %q: %w", m.Name(), inner(err))
+	}
+	if m.gen != heldGen || m.holds == 0 {
+		// The hold was declared lost while this call was in flight (a
+		// partial Unlock; a final one defers the loss). A partial Unlock
+		// leaves holds that the next Unlock gives back.
+		m.unacked = false // told now
+		return fmt.Errorf("%w: %w", ErrNotHeld, inner(m.err))
+	}
+	if left < 0 {
+		// Redis says we do not hold it, before our watchdog noticed.
+		if m.lse != nil {
+			m.lse.Stop()
+		}
+		m.loseLocked(errors.New("found not held at unlock"))
+		m.orphaned, m.unacked = false, false
+		return fmt.Errorf("%w: %w", ErrNotHeld, inner(m.err))
+	}
+	m.holds = left
+	if left == 0 {
+		if m.lse != nil {
+			m.lse.Stop()
+			m.lse = nil
+		}
+		m.token, m.lost = 0, nil
+		if m.scoped != nil {
+			m.endScopedLocked(fmt.Errorf("%w: %q: released", ErrNotHeld, m.Name()))
+		}
+		if o := m.l.obs; o != nil {
+			o.Observe(scriptcache.Event{Kind: scriptcache.EventReleased, Primitive: m.set.prim, Name: m.Name(), Hold: time.Since(epoch) - m.since, Weight: 1})
+		}
+	}
+	return nil
+}
+
+// unlockCall runs mutex_release's Unlock mode for the acquisition named by
+// token, with the given hold count (as sent). Called with m.op held.
+func (m *Mutex) unlockCall(ctx context.Context, holds, token string) scriptcache.Reply {
+	argv := [6]string{"u", m.l.pubMode, m.set.keepMs, m.owner, holds, token}
+	keys := m.releaseKeys()
+	return m.l.release.Exec(ctx, keys[:], argv[:])
+}
+
+// releaseGrant gives back, at once, a grant with the given token that this
+// Mutex will not keep (too few replicas, a stale nested hold, a closed
+// Locker). It runs even if ctx has ended. Called with m.op held.
+func (m *Mutex) releaseGrant(ctx context.Context, token int64) {
+	m.unlockCall(context.WithoutCancel(ctx), "1", strconv.FormatInt(token, 10))
+}
+
+// ForceUnlock releases the lock whoever holds it and wakes a waiter. It
+// reports whether the lock was held. The holder learns of it at its next
+// renewal (or Unlock) and is told through Lost.
+func (m *Mutex) ForceUnlock(ctx context.Context) (bool, error) {
+	keys := m.releaseKeys()
+	n, err := m.l.release.Exec(ctx, keys[:], []string{"f", m.l.pubMode, m.set.keepMs, "", "", ""}).AsInt64()
+	if err != nil {
+		return false, fmt.Errorf("mutex: force unlock %q: %w", m.Name(), inner(err))
+	}
+	return n == 1, nil
+}
