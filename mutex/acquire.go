@@ -112,7 +112,7 @@ type attemptResult struct {
 // attempt runs the lock script once. An outermost attempt uses the Lock
 // call's attempt id, *id, made here on the first attempt. A fair try
 // respects the queue without joining it. waited tells an unfair Lock's
-// attempt after a refusal: if it takes the lock, it marks the hash so that
+// attempt after a refusal: if it takes the lock, it marks the record so that
 // its release publishes a wake-up (the one it was woken by may have been
 // the only one its process got; see mutex_lock's w).
 //
@@ -142,35 +142,41 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try, waited bool) (
 	m.mu.Unlock()
 
 	res.sent = time.Now()
+	if holds > 0 {
+		return res, m.nestOnce(ctx, heldGen, holds, tokenArg, &res)
+	}
+	if *id == "" {
+		*id = m.nextAttemptID()
+	}
 	// On the stack: a rueidis call does not keep them (see
 	// scriptcache.Cache.eval), and other clients get copies.
-	argv := [6]string{m.owner, m.set.leaseMs, strconv.FormatInt(holds, 10), "", "", ""}
-	if holds == 0 {
-		if *id == "" {
-			*id = m.nextAttemptID()
-		}
-		argv[3] = *id
-		switch {
-		case m.set.fair && try:
-			argv[5] = "t"
-		case m.set.fair:
-			argv[5] = "f"
-		case waited:
-			argv[5] = "w"
-		}
-	} else {
-		argv[4] = tokenArg
+	argv := [4]string{m.set.leaseMs, m.owner, *id}
+	nargs := 3
+	switch {
+	case m.set.fair && try:
+		argv[3] = "t"
+	case m.set.fair:
+		argv[3] = "f"
+	case waited:
+		argv[3] = "w"
+	}
+	if argv[3] != "" {
+		nargs = 4
 	}
 	keys := m.lockKeys()
-	var r scriptcache.Array
+	nkeys := len(keys) // a fair call's enqueue writes the entries, KEYS[4]
+	if !m.set.fair {
+		nkeys--
+	}
+	var r lockReply
 	var err error
 	acks := int64(-1) // not asked
-	if m.l.opts.ReplicaAcks > 0 && holds == 0 {
+	if m.l.opts.ReplicaAcks > 0 {
 		var rr scriptcache.Reply
-		attempt := argv[3]
+		attempt := *id
 		// Copies on the heap: the call may outlive this Lock (its caller
 		// left), and its NOSCRIPT retry resends them.
-		rr, acks, err = m.l.bg.ExecWaitOrLate(ctx, m.l.lock, slices.Clone(keys[:]), slices.Clone(argv[:]), int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
+		rr, acks, err = m.l.bg.ExecWaitOrLate(ctx, m.l.lock, slices.Clone(keys[:nkeys]), slices.Clone(argv[:nargs]), int64(m.l.opts.ReplicaAcks), m.l.opts.ReplicaTimeout,
 			func(late scriptcache.Reply, _ int64, _ error) {
 				// Whatever the replicas said, nobody waits for this grant.
 				if grantedOrUnknown(late) || m.set.fair {
@@ -178,11 +184,11 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try, waited bool) (
 				}
 			})
 		if err == nil {
-			r, err = rr.ToArray()
+			r, err = parseLockReply(rr)
 		}
 	} else {
-		rep := m.l.lock.Exec(ctx, keys[:], argv[:])
-		if r, err = rep.ToArray(); err != nil && holds == 0 && !rep.ServerError() {
+		rep := m.l.lock.Exec(ctx, keys[:nkeys], argv[:nargs])
+		if r, err = parseLockReply(rep); err != nil && !rep.ServerError() {
 			// ctx ended before the reply, or the connection failed: the
 			// attempt may run, or have run, and nobody would know of its
 			// grant (or its queue entry). The give-back goes at once; its
@@ -190,26 +196,16 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try, waited bool) (
 			// Redis. A fair Lock's attempt may have queued: it leaves the
 			// queue even after Close (see leaveQueue).
 			if m.set.fair && !try {
-				m.leaveQueue(true, argv[3])
+				m.leaveQueue(true, *id)
 			} else {
-				m.l.giveBack(m, argv[3])
+				m.l.giveBack(m, *id)
 			}
 		}
 	}
 	if err != nil {
 		return res, fmt.Errorf("mutex: lock %q: %w", m.Name(), inner(err))
 	}
-	if r.Len() != 3 {
-		return res, fmt.Errorf("mutex: lock %q: unexpected reply of %d values", m.Name(), r.Len())
-	}
-	got, _ := r.At(0).AsInt64()
-	n, _ := r.At(1).AsInt64()
-	if got < 0 {
-		// A nested Lock whose outer hold is gone (expired, deleted, taken
-		// over): the outer section no longer excludes anyone. Report the
-		// loss; never start a new hold the caller would take for the old.
-		return res, m.foundNotHeld(heldGen)
-	}
+	got, n := r.got, r.n
 	if got == 0 {
 		switch {
 		case n == -2: // free, but a fair waiter before this one has the turn
@@ -228,21 +224,37 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try, waited bool) (
 		res.queued = m.set.fair && !try
 		return res, nil
 	}
-	token, _ := r.At(2).AsInt64()
+	token := r.token
 	if acks >= 0 && acks < int64(m.l.opts.ReplicaAcks) {
 		// Too few replicas have it: a failover now could hand it to
 		// someone else, so give it back.
 		m.releaseGrant(ctx, token)
 		return res, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, m.Name(), acks, m.l.opts.ReplicaAcks)
 	}
-	if holds > 0 {
-		return res, m.nest(heldGen, n, &res)
-	}
 	if err := m.startHold(ctx, res.sent, token, n); err != nil {
 		return res, err
 	}
 	res.ok, res.handed = true, got == 2
 	return res, nil
+}
+
+// nestOnce runs mutex_nest for a Lock of a Mutex that holds acquisition
+// gen (holds of it, with the token tokenArg), and records the hold it
+// grants. Called with m.op held.
+func (m *Mutex) nestOnce(ctx context.Context, gen uint64, holds int64, tokenArg string, res *attemptResult) error {
+	argv := [3]string{m.owner, tokenArg, strconv.FormatInt(holds, 10)}
+	keys := [1]string{m.key(keyLock)}
+	n, err := m.l.nest.Exec(ctx, keys[:], argv[:]).AsInt64()
+	if err != nil {
+		return fmt.Errorf("mutex: lock %q: %w", m.Name(), inner(err))
+	}
+	if n < 0 {
+		// The outer hold is gone (expired, deleted, taken over): the
+		// outer section no longer excludes anyone. Report the loss; never
+		// start a new hold the caller would take for the old.
+		return m.foundNotHeld(gen)
+	}
+	return m.nest(gen, n, res)
 }
 
 // nest records the nested hold a Lock's reply granted (n holds now) in
@@ -346,18 +358,50 @@ func (m *Mutex) foundNotHeld(gen uint64) error {
 	return fmt.Errorf("%w: %q: %w", ErrLost, m.Name(), errFoundNotHeld)
 }
 
-// grantedOrUnknown reports whether the reply to a lock attempt shows that
-// it took the lock, or cannot tell (the connection failed).
-func grantedOrUnknown(r scriptcache.Reply) bool {
-	vals, err := r.ToArray()
+// lockReply is mutex_lock's answer: got is 1 when the lock is held (2
+// when this attempt held it already), with n holds and the token; 0 when
+// refused, with n the remaining lease in ms or a code (-1 no TTL, -2 a fair
+// waiter has the turn, -3 call again at once).
+type lockReply struct{ got, n, token int64 }
+
+// parseLockReply decodes the reply r to an outermost Lock. The common
+// answers are one integer: a grant's token, or -1 - the remaining lease in
+// ms of a refusal; the others a table of three.
+func parseLockReply(r scriptcache.Reply) (lockReply, error) {
+	if err := r.Error(); err != nil {
+		return lockReply{}, err
+	}
+	if v, err := r.AsInt64(); err == nil {
+		if v > 0 {
+			return lockReply{got: 1, n: 1, token: v}, nil
+		}
+		if v < 0 {
+			return lockReply{n: -1 - v}, nil
+		}
+		return lockReply{}, errors.New("unexpected reply 0")
+	}
+	a, err := r.ToArray()
 	if err != nil {
+		return lockReply{}, err
+	}
+	if a.Len() != 3 {
+		return lockReply{}, fmt.Errorf("unexpected reply of %d values", a.Len())
+	}
+	var out lockReply
+	out.got, _ = a.At(0).AsInt64()
+	out.n, _ = a.At(1).AsInt64()
+	out.token, _ = a.At(2).AsInt64()
+	return out, nil
+}
+
+// grantedOrUnknown reports whether the reply to an outermost lock attempt
+// shows that it took the lock, or cannot tell (the connection failed).
+func grantedOrUnknown(r scriptcache.Reply) bool {
+	if r.Error() != nil {
 		return !r.ServerError()
 	}
-	if vals.Len() != 3 {
-		return false
-	}
-	got, _ := vals.At(0).AsInt64()
-	return got >= 1
+	res, err := parseLockReply(r)
+	return err == nil && res.got >= 1
 }
 
 // giveBack releases, in the background, the lock an abandoned outermost
@@ -380,7 +424,7 @@ func (l *Locker) giveBack(m *Mutex, attempt string) bool {
 // sendGiveBack runs mutex_release's give-back of attempt.
 func (l *Locker) sendGiveBack(ctx context.Context, m *Mutex, attempt string) {
 	keys := m.releaseKeys()
-	l.release.Exec(ctx, keys[:], []string{"a", l.pubMode, m.set.keepMs, m.owner, attempt, m.set.leaseMs})
+	l.release.Exec(ctx, keys[:], []string{l.relModes[relGiveBack], m.set.keepMs, m.owner, attempt, m.set.leaseMs})
 }
 
 func notObtained(name string, cause error) error {

@@ -21,8 +21,8 @@
 // exclude each other need a Mutex each. NewMutex is cheap (two
 // allocations, nothing sent to Redis; all of a Locker's Mutexes share its
 // subscriptions), so a request handler can make one per request: a Lock
-// and Unlock pair on a fresh Mutex costs six allocations, on a reused one
-// four (on rueidis, calls one at a time; its pipelining adds about two
+// and Unlock pair on a fresh Mutex costs five allocations, on a reused one
+// three (on rueidis, calls one at a time; its pipelining adds about two
 // under load). A held lock with its Mutex takes about 460 bytes of heap (with a
 // name of a dozen bytes; TestHeldLeases measures it).
 //
@@ -75,7 +75,7 @@
 // new end. A release wakes one waiter per process, which passes its turn
 // on: once it took the lock its release publishes, and if it gives up
 // instead, the next waiter of its process tries in its place. An Unlock
-// publishes only if a Lock was refused since the lock's hash was made (it
+// publishes only if a Lock was refused since the lock's record was made (it
 // lives until the lock has stayed free for a second, or a lease ran out), a
 // Lock that waited took the lock, or fair waiters queued: an uncontended
 // Lock and Unlock publish nothing. On a Redis 7 cluster the channel is
@@ -127,13 +127,17 @@
 //
 // # Keys
 //
-// A lock named N is the hash PREFIX{N}, its channel PREFIX{N}:w, the
-// tombstones of abandoned attempts PREFIX{N}:x and, for fair waiters, the
-// queue PREFIX{N}:q and its entries PREFIX{N}:e (PREFIX defaults to
-// "sluice:mutex:"); the braces keep all in one cluster slot. Every key
-// expires: a free lock leaves none, apart from the released hash for
-// min(1 s, lease), and tombstones and queue keys for a lease after their
-// last use.
+// A lock named N is the string PREFIX{N} (its record: owner, holds, token
+// and the rest packed in one value, so that an uncontended Lock and Unlock
+// are a read and a write each; see lua/mutex_lock.lua), its channel
+// PREFIX{N}:w, the tombstones of abandoned attempts PREFIX{N}:x and, for
+// fair waiters, the queue PREFIX{N}:q and its entries PREFIX{N}:e (PREFIX
+// defaults to "sluice:mutex:"); the braces keep all in one cluster slot.
+// Every key expires: a free lock leaves none, apart from the released
+// record for min(1 s, lease), and tombstones and queue keys for a lease
+// after their last use. A key that holds something else (another type, or
+// a string that is not a lock record) fails every call on that lock with
+// WRONGTYPE, and a renewal batch reports it lost alone.
 //
 // On miniredis (tests, the embedded demo) the rueidis client needs
 // DisableCache and AlwaysRESP2 (pub/sub on its own connection).
@@ -251,11 +255,15 @@ func (o Options) leaseConfig() lease.Config {
 type Locker struct {
 	opts    Options
 	pubMode string // ARGV for the scripts: "s" (SPUBLISH) or "p"
+	// relModes are mutex_release's ARGV[1] for an Unlock, a give-back and
+	// ForceUnlock: "u", "a", "f", in upper case where it must SPUBLISH.
+	relModes [3]string
 
-	lock, release, renew *scriptcache.Script
-	renewBatch, info     *scriptcache.Script
-	queueRefresh         *scriptcache.Script
-	sc                   *scriptcache.Cache
+	lock, nest, release *scriptcache.Script
+	renew               *scriptcache.Script
+	renewBatch, info    *scriptcache.Script
+	queueRefresh        *scriptcache.Script
+	sc                  *scriptcache.Cache
 
 	// defaults are the settings of a Mutex made without options.
 	defaults settings
@@ -300,11 +308,13 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 	l := &Locker{opts: opts, pubMode: "p", sc: sc, bg: scriptexec.NewGroup(ErrClosed), id: newLockerID()}
 	l.defaults.setLease(opts, opts.Lease)
 	l.defaults.fair, l.defaults.prim = opts.Fair, scriptcache.PrimitiveMutex
+	l.relModes = [3]string{"u", "a", "f"}
 	if sc.ShardedPubSub() {
 		l.pubMode = "s"
+		l.relModes = [3]string{"U", "A", "F"}
 	}
 	for name, dst := range map[string]**scriptcache.Script{
-		"mutex_lock": &l.lock, "mutex_release": &l.release, "mutex_renew": &l.renew,
+		"mutex_lock": &l.lock, "mutex_nest": &l.nest, "mutex_release": &l.release, "mutex_renew": &l.renew,
 		"mutex_renew_batch": &l.renewBatch, "mutex_info": &l.info, "mutex_queue_refresh": &l.queueRefresh,
 	} {
 		if *dst, err = sc.Script(name); err != nil {
@@ -442,7 +452,7 @@ func (m *Mutex) makeIDs(name string) {
 
 // The lock's keys, by their index for Mutex.key.
 const (
-	keyLock    = iota // the lock hash
+	keyLock    = iota // the lock record (a string)
 	keyWake           // wake-up channel
 	keyTomb           // tombstones of abandoned attempts
 	keyQueue          // fair queue
@@ -450,7 +460,7 @@ const (
 )
 
 // key returns one of the lock's keys (keyLock, ...). They are substrings
-// of m.ids, which holds "K:w", "K:x", "K:q", "K:e" (K the lock hash) and
+// of m.ids, which holds "K:w", "K:x", "K:q", "K:e" (K the lock record) and
 // then the nonce.
 func (m *Mutex) key(i int) string {
 	n := int(m.keyLen)
@@ -508,7 +518,7 @@ type Mutex struct {
 	// until Context is first called.
 	scoped *lease.Scopes
 
-	keyLen    int32 // length of the lock hash's key; not guarded (set once)
+	keyLen    int32 // length of the lock record's key; not guarded (set once)
 	releasing bool  // the current hold's final Unlock is in flight
 	// orphaned: a hold declared lost (token tokenArg) that the server may
 	// still keep under this owner; the next Unlock gives it back so that
@@ -526,7 +536,7 @@ type settings struct {
 	watchdog bool
 	fair     bool          // waits in the queue
 	leaseMs  string        // lease in ms, as sent
-	keepMs   string        // how long a released hash is kept, in ms
+	keepMs   string        // how long a released record is kept, in ms
 	recheck  time.Duration // how often a fair waiter's queue entry is refreshed
 	prim     string        // Event.Primitive: mutex, or multimutex for a MultiMutex's
 }

@@ -37,14 +37,14 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	m.mu.Unlock()
 	if holds == 0 {
 		if orphaned {
-			m.unlockCall(ctx, "1", tokenArg)
+			m.unlockCall(ctx, 1, tokenArg)
 		}
 		if lostErr != nil {
 			return fmt.Errorf("%w: %w", ErrNotHeld, inner(lostErr))
 		}
 		return fmt.Errorf("%w: %q", ErrNotHeld, m.Name())
 	}
-	left, err := m.unlockCall(ctx, strconv.FormatInt(holds, 10), tokenArg).AsInt64()
+	left, err := m.unlockCall(ctx, holds, tokenArg).AsInt64()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	pending := m.pending
@@ -90,17 +90,38 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 
 // unlockCall runs mutex_release's Unlock mode for the acquisition named by
 // token, with the given hold count (as sent). Called with m.op held.
-func (m *Mutex) unlockCall(ctx context.Context, holds, token string) scriptcache.Reply {
-	argv := [6]string{"u", m.l.pubMode, m.set.keepMs, m.owner, holds, token}
+//
+// An unfair Mutex sends only the lock's record and channel: the queue's
+// keys matter only when fair waiters queued, and then the script asks for
+// every key (-2) before it changes anything, and gets them at once.
+func (m *Mutex) unlockCall(ctx context.Context, holds int64, token string) scriptcache.Reply {
+	argv := [5]string{m.l.relModes[relUnlock], m.set.keepMs, m.owner, token}
+	nargs := 4
+	if holds > 1 {
+		argv[4], nargs = strconv.FormatInt(holds, 10), 5
+	}
 	keys := m.releaseKeys()
-	return m.l.release.Exec(ctx, keys[:], argv[:])
+	if !m.set.fair {
+		r := m.l.release.Exec(ctx, keys[:2], argv[:nargs])
+		if n, err := r.AsInt64(); err != nil || n != -2 {
+			return r
+		}
+	}
+	return m.l.release.Exec(ctx, keys[:], argv[:nargs])
 }
+
+// Indexes of Locker.relModes.
+const (
+	relUnlock = iota
+	relGiveBack
+	relForce
+)
 
 // releaseGrant gives back, at once, a grant with the given token that this
 // Mutex will not keep (too few replicas, a stale nested hold, a closed
 // Locker). It runs even if ctx has ended. Called with m.op held.
 func (m *Mutex) releaseGrant(ctx context.Context, token int64) {
-	m.unlockCall(context.WithoutCancel(ctx), "1", strconv.FormatInt(token, 10))
+	m.unlockCall(context.WithoutCancel(ctx), 1, strconv.FormatInt(token, 10))
 }
 
 // ForceUnlock releases the lock whoever holds it and wakes a waiter. It
@@ -108,7 +129,7 @@ func (m *Mutex) releaseGrant(ctx context.Context, token int64) {
 // renewal (or Unlock) and is told through Lost.
 func (m *Mutex) ForceUnlock(ctx context.Context) (bool, error) {
 	keys := m.releaseKeys()
-	n, err := m.l.release.Exec(ctx, keys[:], []string{"f", m.l.pubMode, m.set.keepMs, "", "", ""}).AsInt64()
+	n, err := m.l.release.Exec(ctx, keys[:], []string{m.l.relModes[relForce], m.set.keepMs}).AsInt64()
 	if err != nil {
 		return false, fmt.Errorf("mutex: force unlock %q: %w", m.Name(), inner(err))
 	}
