@@ -26,9 +26,9 @@ import (
 // rate of the throughput workloads (1,000,000 per second, cost 1), so that
 // every call takes the allowed path, as in ratelimit.allow.x64.
 var scriptArgs = map[string][]string{
-	"ratelimit_fixed":   {"1000000", "1000", "1"}, // limit, window ms, cost
-	"ratelimit_sliding": {"1000000", "1000", "1"}, // limit, window ms, cost
-	"ratelimit_gcra":    {"1", "1000000", "1"},    // interval µs, burst, cost
+	"ratelimit_fixed":   {"1000000", "1000", "1"},    // limit, window ms, cost
+	"ratelimit_sliding": {"1000000", "1000000", "1"}, // limit, window µs, cost
+	"ratelimit_gcra":    {"1", "1000000", "1"},       // interval µs, burst, cost
 }
 
 // ceiling is one way of measuring the ceiling for one script.

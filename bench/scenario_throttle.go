@@ -40,7 +40,7 @@ func throttleScenario(ctx context.Context, s *server, ns string, quick bool) sce
 		sc.Err = err.Error()
 		return sc
 	}
-	mw := ratelimit.Middleware(l, ratelimit.MiddlewareOptions{
+	mw := ratelimit.MustNewMiddleware(l, ratelimit.MiddlewareOptions{
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
 	})
 	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

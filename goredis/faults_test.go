@@ -35,6 +35,28 @@ func newFaultCacheWith(ctxTimeout bool) func(t testing.TB, addr string, _ faultt
 	}
 }
 
+// TestFaultsCoalesced runs them with one round trip in flight at a time
+// (see TestClientCoalesced): no false loss under latency although a
+// renewal may wait for the call in flight, losses signalled under a
+// blackhole, no call sent twice after a lost reply.
+func TestFaultsCoalesced(t *testing.T) {
+	faulttest.Run(t, func(t testing.TB, addr string, _ faulttest.ClientOptions) *scriptcache.Cache {
+		t.Helper()
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { rdb.Close() })
+		c, err := goredis.Wrap(rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		goredis.SetMaxInFlight(c, 1)
+		sc, err := scriptcache.NewFrom(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sc
+	})
+}
+
 // TestFaults runs the fault scenarios (latency, blackhole, lost replies,
 // pub/sub reset, SCRIPT FLUSH storm, kill -9 restart) with the primitives
 // on go-redis: the suite the core runs on rueidis.

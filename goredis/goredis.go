@@ -44,9 +44,26 @@
 //     offers no way to end the call sooner), so it may outlive Close by up
 //     to ReadTimeout. A goroutine-leak check in tests must allow for it, or
 //     use the rueidis client, or ContextTimeoutEnabled and deadlines.
+//   - EvalWait (ReplicaAcks) always takes the second way when ctx can end,
+//     with or without the option: its call may go on after Close until
+//     WAIT's timeout plus 10 s (see Client.EvalWait).
 //
 // Either way the primitive treats a call cut short as of unknown outcome,
 // as it does with rueidis, and no script call is sent twice.
+//
+// On a client of one server (not a cluster), script calls are coalesced:
+// at most four are under way at once (fewer if PoolSize is smaller), and
+// those that come meanwhile go out together, as one pipeline, when one of
+// them ends. Under load that is one round trip for many calls; a queued
+// call also returns when its context ends, and is never sent twice. A hook
+// on the go-redis client sees those calls as a pipeline.
+//
+// go-redis's ErrPoolTimeout and ErrPoolExhausted, which mean that every
+// pooled connection is busy (as they are while calls wait for a server
+// that stopped answering), come back marked as scriptcache.ErrUnavailable,
+// so that ratelimit.Unavailable counts them as an outage and a fallback
+// answers; the text stays go-redis's. ErrClosed, a client its owner
+// closed, is not marked.
 //
 // Keys and arguments go into go-redis commands as *string (no allocation
 // per argument), so a hook that prints a command (cmd.String, tracing)
@@ -93,6 +110,7 @@ type Client struct {
 	// deadlines: the client's ContextTimeoutEnabled, with which go-redis
 	// puts a call's context deadline on its connection's reads and writes.
 	deadlines bool
+	co        coalescer // the calls waiting for a pipeline; not on a cluster
 }
 
 var _ scriptcache.Client = (*Client)(nil)
@@ -107,7 +125,7 @@ func Wrap(c redis.UniversalClient) (*Client, error) {
 		if x == nil {
 			return nil, ErrNilClient
 		}
-		return &Client{single: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled}, nil
+		return &Client{single: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled, co: coalescer{max: min(maxInFlight, x.Options().PoolSize)}}, nil
 	case *redis.ClusterClient:
 		if x == nil {
 			return nil, ErrNilClient
@@ -289,16 +307,26 @@ func storeSha(sha string) any {
 // Eval sends EVALSHA or EVAL. When ctx can end, the call runs in a
 // goroutine of its own and Eval returns ctx.Err() once ctx ends, leaving
 // the call to finish, unless go-redis bounds it by ctx's deadline itself
-// (see the package doc).
+// (see the package doc). On a client of one server, a call that comes
+// while maxInFlight others are under way waits for the next pipeline
+// instead (see coalesce.go), and also returns when ctx ends.
 func (c *Client) Eval(ctx context.Context, sha, body string, keys, args []string) scriptcache.Reply {
+	if err := ctx.Err(); err != nil {
+		return scriptcache.ErrorReply(err)
+	}
 	cmd := evalCmd(ctx, sha, body, keys, args)
+	if q, now := c.co.enter(cmd); !now {
+		rc, err := awaitQueued(ctx, q)
+		if err != nil {
+			return scriptcache.ErrorReply(err)
+		}
+		return reply(rc)
+	}
 	if c.deadlines {
 		if d, ok := ctx.Deadline(); ok {
 			// go-redis ends the call at the deadline, in this goroutine.
-			if err := ctx.Err(); err != nil {
-				return scriptcache.ErrorReply(err) // as await: nothing sent
-			}
 			_ = c.cmd.Process(ctx, cmd)
+			c.leave()
 			if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) && !isServerError(err) && !time.Now().Before(d) {
 				// Its connection's deadline passed, which may be a
 				// moment before ctx's own timer fires: report it as
@@ -318,18 +346,17 @@ func (c *Client) Eval(ctx context.Context, sha, body string, keys, args []string
 // so the goroutine never waits for the caller, and reused (calls) when
 // the caller saw it through.
 type call struct {
-	ctx context.Context
-	cmd redis.Cmder
-	p   interface {
-		Process(context.Context, redis.Cmder) error
-	}
+	ctx  context.Context
+	cmd  redis.Cmder
+	c    *Client
 	done chan struct{}
 }
 
 var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 func (cl *call) run() {
-	_ = cl.p.Process(cl.ctx, cl.cmd)
+	_ = cl.c.cmd.Process(cl.ctx, cl.cmd)
+	cl.c.leave()
 	cl.done <- struct{}{}
 }
 
@@ -340,13 +367,11 @@ func (cl *call) run() {
 func (c *Client) await(ctx context.Context, cmd redis.Cmder) error {
 	if ctx.Done() == nil {
 		_ = c.cmd.Process(ctx, cmd)
+		c.leave()
 		return nil
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	cl := calls.Get().(*call)
-	cl.ctx, cl.cmd, cl.p = ctx, cmd, c.cmd
+	cl.ctx, cl.cmd, cl.c = ctx, cmd, c
 	go cl.run()
 	select {
 	case <-cl.done:
@@ -402,9 +427,30 @@ func reply(cmd *redis.Cmd) scriptcache.Reply {
 	case isServerError(err):
 		return scriptcache.NewReply(nil, err, true)
 	default:
-		return scriptcache.NewReply(nil, err, false)
+		return scriptcache.NewReply(nil, classify(err), false)
 	}
 }
+
+// classify returns err, marked as scriptcache.ErrUnavailable if it is one
+// of go-redis's own errors that mean the server cannot answer now (see
+// scriptcache.ErrUnavailable): ErrPoolTimeout (every pooled connection
+// stayed busy for PoolTimeout, as they do while calls wait for a server
+// that stopped answering) and ErrPoolExhausted (MaxActiveConns reached,
+// the same). Its text is err's. ErrClosed is not marked: a client its
+// owner closed is a programming error, and no fallback answers for it.
+// The standard library's errors (timeouts, failed connections) and the
+// server's error replies need no mark.
+func classify(err error) error {
+	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
+		return unavailableError{err}
+	}
+	return err
+}
+
+// unavailableError is err marked as scriptcache.ErrUnavailable.
+type unavailableError struct{ error }
+
+func (e unavailableError) Unwrap() []error { return []error{e.error, scriptcache.ErrUnavailable} }
 
 // isServerError reports whether err is an error reply from the server.
 func isServerError(err error) bool {
@@ -475,14 +521,64 @@ func value(v any) any {
 // means it did not run: the pair is sent again, whole, on a connection to
 // the primary named (ASKING first for ASK), up to maxRedirects times, as
 // go-redis does for Eval; after MOVED the client reloads its slot map in
-// the background. If ctx has ended by the time the script's reply comes,
-// WAIT is not sent and ctx.Err() is returned with the reply. Unlike Eval,
-// EvalWait does not return before go-redis does: a server that stops
-// answering ends it after ReadTimeout (the script) or timeout plus 10 s
-// (WAIT), when go-redis closes the connection; sluice's scriptcache, which
-// calls it from a goroutine of its own, returns to its caller when ctx
-// ends in any case.
+// the background.
+//
+// When ctx can end, the pair runs in a goroutine of its own and EvalWait
+// returns as soon as ctx ends, as Eval does: with ctx.Err() alone if the
+// script's reply has not come (its outcome is unknown), and with the
+// script's reply if it has, the script having run, while WAIT blocks. A
+// primitive's Close ends its calls in flight this way and waits for them,
+// so a WAIT of ReplicaTimeout, or a server that stopped answering, does
+// not hold Close up (issue 31, item 5). go-redis offers no way to close a
+// connection another goroutine reads, so the call goes on, sending
+// nothing more (no WAIT after a script whose reply came after ctx ended),
+// until its reply comes or go-redis's timeouts end it: ReadTimeout for the
+// script, WAIT's timeout plus 10 s for WAIT. Until then it holds its
+// connection of the pool.
 func (c *Client) EvalWait(ctx context.Context, sha, body string, keys, args []string, replicas int64, timeout time.Duration) (scriptcache.Reply, int64, error) {
+	if ctx.Done() == nil {
+		return c.evalWait(ctx, nil, sha, body, keys, args, replicas, timeout)
+	}
+	if err := ctx.Err(); err != nil {
+		return scriptcache.ErrorReply(err), 0, err
+	}
+	ran := make(chan scriptcache.Reply, 1) // the script's reply, once it has run
+	done := make(chan waitResult, 1)
+	go func() {
+		var res waitResult
+		res.r, res.acks, res.err = c.evalWait(ctx, ran, sha, body, keys, args, replicas, timeout)
+		done <- res
+	}()
+	select {
+	case res := <-done:
+		return res.r, res.acks, res.err
+	case <-ctx.Done():
+	}
+	err := ctx.Err()
+	select {
+	case res := <-done: // it came at the same moment
+		return res.r, res.acks, res.err
+	default:
+	}
+	select {
+	case r := <-ran:
+		return r, 0, fmt.Errorf("goredis: wait: %w", err)
+	default:
+		return scriptcache.ErrorReply(err), 0, err
+	}
+}
+
+// waitResult is what evalWait returns.
+type waitResult struct {
+	r    scriptcache.Reply
+	acks int64
+	err  error
+}
+
+// evalWait is EvalWait in the goroutine that runs it. It sends the
+// script's reply to ran, if ran is not nil, once the script has run and
+// before WAIT is sent.
+func (c *Client) evalWait(ctx context.Context, ran chan<- scriptcache.Reply, sha, body string, keys, args []string, replicas int64, timeout time.Duration) (scriptcache.Reply, int64, error) {
 	node := c.single
 	if c.cluster != nil {
 		key := ""
@@ -491,12 +587,13 @@ func (c *Client) EvalWait(ctx context.Context, sha, body string, keys, args []st
 		}
 		var err error
 		if node, err = c.cluster.MasterForKey(ctx, key); err != nil {
+			err = classify(err)
 			return scriptcache.ErrorReply(err), 0, err
 		}
 	}
 	asking := false
 	for redirects := 0; ; redirects++ {
-		r, acks, err := evalWaitOn(ctx, node, asking, sha, body, keys, args, replicas, timeout)
+		r, acks, err := evalWaitOn(ctx, ran, node, asking, sha, body, keys, args, replicas, timeout)
 		if c.cluster == nil || redirects == maxRedirects {
 			return r, acks, err
 		}
@@ -520,13 +617,17 @@ func (c *Client) EvalWait(ctx context.Context, sha, body string, keys, args []st
 // own commands.
 const maxRedirects = 3
 
-// evalWaitOn runs the pair on a connection of node, after ASKING if asking.
-func evalWaitOn(ctx context.Context, node *redis.Client, asking bool, sha, body string, keys, args []string, replicas int64, timeout time.Duration) (scriptcache.Reply, int64, error) {
+// evalWaitOn runs the pair on a connection of node, after ASKING if
+// asking, and sends the script's reply to ran (if not nil) before WAIT.
+func evalWaitOn(ctx context.Context, ran chan<- scriptcache.Reply, node *redis.Client, asking bool, sha, body string, keys, args []string, replicas int64, timeout time.Duration) (scriptcache.Reply, int64, error) {
 	conn := node.Conn()
 	defer conn.Close()
 	if asking {
 		cmd := redis.NewStatusCmd(ctx, "asking")
 		if err := conn.Process(ctx, cmd); err != nil {
+			if !isServerError(err) {
+				err = classify(err)
+			}
 			return scriptcache.NewReply(nil, err, isServerError(err)), 0, err
 		}
 	}
@@ -539,11 +640,14 @@ func evalWaitOn(ctx context.Context, node *redis.Client, asking bool, sha, body 
 	if err := ctx.Err(); err != nil {
 		return r, 0, err
 	}
+	if ran != nil {
+		ran <- r // once: a script that ran is not redirected
+	}
 	// WAIT takes whole milliseconds; 0 would mean forever.
 	timeout = max(timeout.Truncate(time.Millisecond), time.Millisecond)
 	acks, err := conn.Wait(ctx, int(replicas), timeout).Result()
 	if err != nil {
-		return r, 0, fmt.Errorf("goredis: wait: %w", err)
+		return r, 0, fmt.Errorf("goredis: wait: %w", classify(err))
 	}
 	return r, acks, nil
 }
@@ -587,7 +691,7 @@ func (c *Client) LoadScripts(ctx context.Context, bodies ...string) error {
 	if err := awaitFunc(ctx, func() { errc <- c.loadScripts(ctx, bodies...) }); err != nil {
 		return err
 	}
-	return <-errc
+	return classify(<-errc)
 }
 
 func (c *Client) loadScripts(ctx context.Context, bodies ...string) error {
@@ -661,7 +765,7 @@ func (c *Client) Subscribe(ctx context.Context, channel string, sharded bool, su
 			if isServerError(err) && !scriptcache.Retryable(err.Error()) {
 				return fmt.Errorf("%w: subscribe %q: %w", scriptcache.ErrRefused, channel, err)
 			}
-			return fmt.Errorf("goredis: subscribe %q: %w", channel, err)
+			return fmt.Errorf("goredis: subscribe %q: %w", channel, classify(err))
 		}
 		switch m := msg.(type) {
 		case *redis.Subscription:

@@ -47,6 +47,19 @@ func TestClient(t *testing.T) { clienttest.Run(t, newClient(3)) }
 // go-redis's timeout).
 func TestClientContextTimeout(t *testing.T) { clienttest.Run(t, newClientWith(3, true)) }
 
+// TestClientCoalesced runs it with one round trip in flight at a time, so
+// that every call that comes while another is under way (a watchdog
+// renewal during a Lock, a waiter's retry, a release) goes out in a
+// pipeline of queued calls: the path coalescing takes under load.
+func TestClientCoalesced(t *testing.T) {
+	newC := newClient(3)
+	clienttest.Run(t, func(t testing.TB, addrs []string) scriptcache.Client {
+		c := newC(t, addrs).(*goredis.Client)
+		goredis.SetMaxInFlight(c, 1)
+		return c
+	})
+}
+
 // TestClientRESP2 runs it with RESP2.
 func TestClientRESP2(t *testing.T) {
 	if testing.Short() {

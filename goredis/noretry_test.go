@@ -2,6 +2,7 @@ package goredis_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -111,4 +112,86 @@ func TestScriptNotRetriedContextTimeout(t *testing.T) {
 	if got != "1" {
 		t.Errorf("counter after a lost reply = %s; the script ran more than once", got)
 	}
+}
+
+// TestPipelineNotRetried: calls coalesced into a pipeline whose replies
+// are lost may have run, so go-redis must not send the pipeline again
+// either. Plain go-redis pipelined Evals, which go-redis retries, are the
+// control.
+func TestPipelineNotRetried(t *testing.T) {
+	keys := []string{"pipe-a", "pipe-b", "pipe-c"}
+	got := lostPipeline(t, keys, func(rdb *redis.Client) error {
+		c, err := goredis.Wrap(rdb)
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for _, r := range goredis.EvalPipelined(c, incr, keys...) {
+			if r.Error() != nil && r.ServerError() {
+				t.Errorf("lost reply reported as a server error: %v", r.Error())
+			}
+			errs = append(errs, r.Error())
+		}
+		return errors.Join(errs...)
+	})
+	for i, n := range got {
+		if n != "1" {
+			t.Errorf("counter %s after a lost pipeline = %s; the call ran more than once", keys[i], n)
+		}
+	}
+	control := lostPipeline(t, keys, func(rdb *redis.Client) error {
+		_, err := rdb.Pipelined(context.Background(), func(p redis.Pipeliner) error {
+			for _, k := range keys {
+				p.Eval(context.Background(), incr, []string{k})
+			}
+			return nil
+		})
+		return err
+	})
+	t.Logf("plain go-redis pipelined Evals after lost replies: counters %v (above 1: go-redis sent them again)", control)
+}
+
+// lostPipeline is lostReply for a pipeline of INCRs of keys: it returns
+// the counters afterwards.
+func lostPipeline(t *testing.T, keys []string, call func(rdb *redis.Client) error) []string {
+	t.Helper()
+	srv := redistest.NewServer(t)
+	proxy, err := faultproxy.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), PoolSize: 1})
+	t.Cleanup(func() { rdb.Close() })
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	proxy.DropReplies(true)
+	done := make(chan error, 1)
+	go func() { done <- call(rdb) }()
+	if !redistest.WaitFor(context.Background(), 10*time.Second, func() bool {
+		for _, k := range keys {
+			if n, _ := srv.Do("GET", k); n != "1" {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatal("the pipeline did not run")
+	}
+	proxy.ResetAll()
+	proxy.DropReplies(false)
+	select {
+	case err := <-done:
+		t.Logf("pipeline after the lost replies: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the pipeline did not return after its connection was reset")
+	}
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		if out[i], err = srv.Do("GET", k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
 }

@@ -18,4 +18,9 @@ var files embed.FS
 // FS returns the read-only file system of all scripts, named NAME.lua. It
 // is a function, not a variable, so that no importer can swap the scripts
 // every other importer runs.
-func FS() fs.FS { return files }
+//
+// Test binaries built with the build tag sluice_mutation (the mutation
+// runner's, internal/harness/mutation) read the scripts from the directory
+// named by SLUICE_MUTATION_LUA_DIR instead, when it is set; no other build
+// contains that switch (mutation.go).
+func FS() fs.FS { return scripts() }

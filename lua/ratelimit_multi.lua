@@ -25,7 +25,7 @@
 --          fixed window: -limit per window (integer <= -1), window in
 --               milliseconds (integer >= 1)
 --          sliding window: -limit per window (integer <= -1), -window
---               in milliseconds (integer <= -1)
+--               in microseconds (integer <= -1000)
 -- ARGV[2n+1]  cost: how many requests this call is (integer >= 0; 0 only
 --          peeks); 1 when absent
 --
@@ -126,7 +126,7 @@ for i = 1, n do
     reply[w], reply[w + 1] = count + cost, window_end
     if window_end - now_ms > ttl then ttl = window_end - now_ms end
   else -- sliding window
-    local limit, window = -a, -b * 1000
+    local limit, window = -a, -b
     local idx = floor(abs / window)
     local elapsed = abs - idx * window
     local s1 = st[j]
@@ -216,7 +216,7 @@ for pass = 1, 2 do
           retry = left
         end
       else -- sliding window
-        local limit, window = -a, -b * 1000
+        local limit, window = -a, -b
         local idx = floor(abs / window)
         local elapsed = abs - idx * window
         local cur, prev = 0, 0

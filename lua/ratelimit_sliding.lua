@@ -16,7 +16,7 @@
 -- KEYS[1]  hash key; fields w (index of the current window), c (its count),
 --          p (count of the window before it)
 -- ARGV[1]  limit: requests allowed per window (integer >= 1)
--- ARGV[2]  window in milliseconds (integer >= 1)
+-- ARGV[2]  window in microseconds (integer >= 1000), the precision of TIME
 -- ARGV[3]  cost: how many requests this call is (integer >= 0; 0 only peeks)
 --
 -- Returns  {allowed (1|0), remaining after this call, microseconds until a
@@ -27,7 +27,7 @@
 -- Arithmetic on the strings of ARGV, TIME and HMGET converts them to numbers
 -- directly, which is cheaper than calling tonumber (the inputs are numbers).
 local limit = ARGV[1] + 0
-local window = ARGV[2] * 1000
+local window = ARGV[2] + 0
 local cost = ARGV[3] + 0
 
 local t = redis.call('TIME')

@@ -29,7 +29,12 @@
 // scriptcache.Source (redis, deny_cache, local; fail_open, fail_closed,
 // local). Every attribute takes a handful of values, so the number of
 // series is fixed, unless Options.Names adds the lock, semaphore or limit
-// name (never a rate-limited client's key), which makes one series per name.
+// name, which makes one series per name. Those names come from the
+// configuration, never from a request: a rate limiter reports its key
+// prefix or policy names, never a client's key, and the concurrency
+// middleware's per-client semaphores the prefix their names share (see
+// semaphore.WithEventName for semaphores of your own named after request
+// data).
 package sluiceotel
 
 import (
@@ -48,9 +53,12 @@ const ScopeName = "github.com/sluicekit/sluice/otel"
 
 // Options configures New. The zero value is the default.
 type Options struct {
-	// Names adds attribute "name": the lock or semaphore name, or for a
-	// rate limiter its key prefix (Allow) or policy names (AllowPolicies).
-	// Use it only when names are few: each makes its own series.
+	// Names adds attribute "name": the lock or semaphore name (or its
+	// semaphore.WithEventName), or for a rate limiter its key prefix
+	// (Allow) or policy names (AllowPolicies), for the concurrency
+	// middleware the prefix of its semaphores. Use it only when names are
+	// few: each makes its own series, and an entry in the Observer's
+	// memory for as long as it lives.
 	Names bool
 	// Buckets are the histogram bucket boundaries, in seconds. Default
 	// DefaultBuckets().

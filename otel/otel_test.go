@@ -3,6 +3,7 @@ package sluiceotel_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -22,6 +23,7 @@ import (
 	sluiceotel "github.com/sluicekit/sluice/otel"
 	"github.com/sluicekit/sluice/ratelimit"
 	"github.com/sluicekit/sluice/scriptcache"
+	"github.com/sluicekit/sluice/semaphore"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -262,5 +264,79 @@ func TestNames(t *testing.T) {
 	}
 	if _, err := sluiceotel.New(nil, sluiceotel.Options{}); err == nil {
 		t.Error("New(nil) succeeded")
+	}
+}
+
+// TestNamesConcurrencyMiddleware serves 50 clients through the
+// concurrency middleware with Names on: the name attribute of every
+// series must come from the configuration, never from a client's key, so
+// there is one series per instrument and attribute set, not one per
+// client (issue 31, item 6: 50 clients made 50 series of
+// sluice.semaphore.*, each with an IP).
+func TestNamesConcurrencyMiddleware(t *testing.T) {
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	obs, err := sluiceotel.New(mp, sluiceotel.Options{Names: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := scriptcache.New(ctx, redistest.Client(t, redistest.Single(t).Addr()), scriptcache.WithObserver(obs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := semaphore.NewManager(sc, semaphore.Options{Prefix: fmt.Sprintf("otel-test-%d:", time.Now().UnixNano())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mgr.Close()
+	mw, err := ratelimit.NewConcurrencyMiddleware(mgr, ratelimit.ConcurrencyOptions{Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	const clients = 50
+	for i := range clients {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = fmt.Sprintf("192.0.2.%d:1", i+1)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != http.StatusOK {
+			t.Fatalf("client %d: %d; want 200", i+1, w.Code)
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	const want = "rl-conc:11:concurrency:2:"
+	series := map[string][]string{} // instrument: names of its data points
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			var sets []attribute.Set
+			switch d := m.Data.(type) {
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					sets = append(sets, p.Attributes)
+				}
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					sets = append(sets, p.Attributes)
+				}
+			}
+			for _, set := range sets {
+				name, _ := set.Value("name")
+				series[m.Name] = append(series[m.Name], name.AsString())
+			}
+		}
+	}
+	for _, inst := range []string{"sluice.semaphore.wait", "sluice.semaphore.hold"} {
+		if got := series[inst]; len(got) != 1 || got[0] != want {
+			t.Errorf("%s: series named %q; want one, named %q", inst, got, want)
+		}
+	}
+	if got := value(t, rm, "sluice.semaphore.wait", attribute.String("name", want)); got != clients {
+		t.Errorf("sluice.semaphore.wait{name=%q} = %d; want %d", want, got, clients)
 	}
 }

@@ -97,7 +97,7 @@ func BenchmarkMiddlewareFlood(b *testing.B) {
 				b.Fatal(err)
 			}
 			var errs atomic.Int64
-			h := Middleware(l, MiddlewareOptions{OnError: func(*http.Request, error) { errs.Add(1) }})(okHandler)
+			h := MustNewMiddleware(l, MiddlewareOptions{OnError: func(*http.Request, error) { errs.Add(1) }})(okHandler)
 			defer func() {
 				if n := errs.Load(); n > 0 {
 					b.Logf("%d requests not checked (Redis slower than the timeout)", n)

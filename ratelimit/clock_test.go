@@ -54,7 +54,7 @@ func TestDenialHeadersAgree(t *testing.T) {
 			l, _ := newFrozenLimiter(t, tt.opts, tt.at)
 			// A generous timeout: miniredis is slow, and a loaded machine
 			// must not turn an answer into a timeout.
-			h := Middleware(l, MiddlewareOptions{Timeout: time.Minute, OnError: func(_ *http.Request, err error) { t.Errorf("OnError: %v", err) }})(okHandler)
+			h := MustNewMiddleware(l, MiddlewareOptions{Timeout: time.Minute, OnError: func(_ *http.Request, err error) { t.Errorf("OnError: %v", err) }})(okHandler)
 			for i := range tt.allowed {
 				if w := serve(h, request("192.0.2.1:1")); w.Code != http.StatusOK {
 					t.Fatalf("request %d: status %d; want 200", i+1, w.Code)

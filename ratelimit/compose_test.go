@@ -32,7 +32,7 @@ func newStack(t *testing.T, rateOuter bool) stack {
 	s := stack{mgr: newManager(t), entered: make(chan struct{}), release: make(chan struct{})}
 	l := newLimiter(t, newCache(t, redistest.Single(t).Addr()), Options{Algorithm: FixedWindow, Limit: PerMinute(2)})
 	fail := func(_ *http.Request, err error) { t.Errorf("OnError: %v", err) }
-	rate := Middleware(l, MiddlewareOptions{OnError: fail})
+	rate := MustNewMiddleware(l, MiddlewareOptions{OnError: fail})
 	conc, err := NewConcurrencyMiddleware(s.mgr, ConcurrencyOptions{Limit: 1, OnError: fail})
 	if err != nil {
 		t.Fatal(err)
@@ -156,7 +156,7 @@ func TestStackedSameName(t *testing.T) {
 	mgr := newManager(t)
 	l := newLimiter(t, newCache(t, redistest.Single(t).Addr()), Options{Algorithm: FixedWindow, Limit: PerMinute(5)})
 	fail := func(_ *http.Request, err error) { t.Errorf("OnError: %v", err) }
-	rate := Middleware(l, MiddlewareOptions{OnError: fail, PolicyName: "api"})
+	rate := MustNewMiddleware(l, MiddlewareOptions{OnError: fail, PolicyName: "api"})
 	conc, err := NewConcurrencyMiddleware(mgr, ConcurrencyOptions{Limit: 3, OnError: fail, PolicyName: "api"})
 	if err != nil {
 		t.Fatal(err)

@@ -127,6 +127,11 @@ type ConcurrencyOptions struct {
 //     by the rate limit: choose this order when requests turned away for
 //     being too many at once must not spend a client's rate.
 //
+// The semaphores report to the observer of mgr's Cache under the prefix
+// their names share (scriptcache.Event.Name), which the configuration
+// makes (Name and Limit), never under a client's key: a metric labelled
+// with the name gets one series per middleware, not one per client.
+//
 // The permit is given back when the handler returns, also by a panic. A
 // client that goes away cancels the request's context; a handler that
 // watches it (as net/http handlers should) returns, which frees the
@@ -160,6 +165,7 @@ func NewConcurrencyMiddleware(mgr *semaphore.Manager, opts ConcurrencyOptions) (
 	}
 	c := &concurrency{mgr: mgr, opts: opts, keyFunc: keyFunc, timeout: opts.Timeout}
 	c.prefix = concurrencyPrefix(opts)
+	c.event = semaphore.WithEventName(c.prefix)
 	if c.timeout == 0 {
 		c.timeout = DefaultTimeout
 	}
@@ -191,7 +197,8 @@ type concurrency struct {
 	mgr         *semaphore.Manager
 	opts        ConcurrencyOptions
 	keyFunc     func(r *http.Request) (string, error)
-	prefix      string // of every semaphore name, see concurrencyPrefix
+	prefix      string           // of every semaphore name, see concurrencyPrefix
+	event       semaphore.Option // reports the semaphores' events under prefix
 	timeout     time.Duration
 	unavailable string   // Retry-After of the 503, or ""
 	retry       string   // Retry-After of the 429
@@ -205,6 +212,10 @@ func (c *concurrency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 		next.ServeHTTP(w, r)
 		return
 	}
+	if se, ok := refusal(err); ok {
+		refuse(w, se)
+		return
+	}
 	var p *semaphore.Permit
 	if err == nil {
 		var sem *semaphore.Semaphore
@@ -212,7 +223,7 @@ func (c *concurrency) serve(next http.Handler, w http.ResponseWriter, r *http.Re
 		// name the semaphore refuses would be an error for every
 		// request of the client.
 		name := c.prefix + boundKey(key, maxKeyLen-len(c.prefix))
-		if sem, err = c.mgr.NewSemaphore(name, int64(c.opts.Limit)); err == nil {
+		if sem, err = c.mgr.NewSemaphore(name, int64(c.opts.Limit), c.event); err == nil {
 			// Not r.Context(), as in the rate middleware: the decision must
 			// not be the client's.
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), c.timeout)

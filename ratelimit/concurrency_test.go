@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -249,4 +250,46 @@ func TestConcurrencyName(t *testing.T) {
 	}
 	close(bh.release)
 	wg.Wait()
+}
+
+// TestConcurrencyEventNames serves 50 clients through the concurrency
+// middleware with an observer on the Manager's cache: every event must be
+// named after the middleware's configuration, never after a client's key
+// (issue 31, item 6: with the otel observer's Names on, each client made
+// series of its own, named with its IP, and a permanent entry in the
+// observer's map).
+func TestConcurrencyEventNames(t *testing.T) {
+	rec := &recorder{}
+	sc := observedCache(t, redistest.Single(t).Addr(), rec)
+	mgr, err := semaphore.NewManager(sc, semaphore.Options{Prefix: testPrefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mgr.Close)
+	for _, tc := range []struct {
+		opts ConcurrencyOptions
+		want string
+	}{
+		{ConcurrencyOptions{Limit: 2}, "rl-conc:11:concurrency:2:"},
+		{ConcurrencyOptions{Limit: 3, Name: "uploads"}, "rl-conc:7:uploads:3:"},
+	} {
+		mw, err := NewConcurrencyMiddleware(mgr, tc.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := mw(okHandler)
+		const clients = 50
+		for i := range clients {
+			if w := serve(h, request(fmt.Sprintf("192.0.2.%d:1", i+1))); w.Code != http.StatusOK {
+				t.Fatalf("client %d: %d; want 200", i+1, w.Code)
+			}
+		}
+		names := map[string]int{}
+		for _, e := range rec.take() {
+			names[e.Name]++
+		}
+		if len(names) != 1 || names[tc.want] != 2*clients {
+			t.Errorf("%+v: event names %v; want only %q, %d times (an acquisition and a release per client)", tc.opts, names, tc.want, 2*clients)
+		}
+	}
 }

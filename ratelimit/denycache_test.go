@@ -226,3 +226,71 @@ func TestDenyCacheGeneration(t *testing.T) {
 		t.Fatal("denial sent after the removal was not cached; want it cached")
 	}
 }
+
+// TestDenyCacheCostFigures checks that a request of cost n answered from
+// the deny cache carries the figures of cost n, as Redis would give them
+// (Result.RetryAfter: "a request of the same cost"), not those of the cost
+// 1 denial the cache holds: a Limiter with the cache and one without it,
+// on the same keys, must agree. A Policies set's per-policy room too.
+func TestDenyCacheCostFigures(t *testing.T) {
+	sc := newCache(t, redistest.Single(t).Addr())
+	ctx := context.Background()
+	for _, algo := range algorithms {
+		t.Run(algo.String(), func(t *testing.T) {
+			lim := Limit{Rate: 10, Period: time.Second, Burst: 4}
+			if algo != GCRA {
+				lim = Limit{Rate: 4, Period: time.Minute}
+			}
+			prefix := testPrefix(t)
+			cached := newLimiter(t, sc, Options{Algorithm: algo, Limit: lim, Prefix: prefix})
+			direct := newLimiter(t, sc, Options{Algorithm: algo, Limit: lim, Prefix: prefix, DisableDenyCache: true})
+			for range 4 {
+				allow(t, cached, "k", 1)
+			}
+			if res := allow(t, cached, "k", 1); res.Allowed {
+				t.Fatalf("fifth call allowed: %+v", res)
+			}
+			got := allow(t, cached, "k", 3) // from the cache (or Redis, for the sliding window)
+			want := allow(t, direct, "k", 3)
+			if got.Allowed || want.Allowed {
+				t.Fatalf("cost 3 allowed: cached %+v, Redis %+v", got, want)
+			}
+			// want was computed after got, so it may be a little shorter.
+			if got.RetryAfter < want.RetryAfter-20*time.Millisecond || got.RetryAfter > want.RetryAfter+time.Second {
+				t.Fatalf("cost 3: RetryAfter %v from the deny cache, Redis says %v", got.RetryAfter, want.RetryAfter)
+			}
+		})
+	}
+	t.Run("policies", func(t *testing.T) {
+		prefix := testPrefix(t)
+		ps, err := NewPolicies(
+			Policy{Name: "tight", Algorithm: FixedWindow, Limit: Limit{Rate: 2, Period: time.Minute}},
+			Policy{Name: "loose", Algorithm: GCRA, Limit: Limit{Rate: 3, Period: time.Minute}},
+		)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cached := newLimiter(t, sc, Options{Limit: PerMinute(1), Prefix: prefix})
+		direct := newLimiter(t, sc, Options{Limit: PerMinute(1), Prefix: prefix, DisableDenyCache: true})
+		for range 2 {
+			if _, err := cached.AllowPolicies(ctx, "k", 1, ps); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d, err := cached.AllowPolicies(ctx, "k", 1, ps); err != nil || d.Allowed {
+			t.Fatalf("third call: %+v, %v; want denied by tight", d, err)
+		}
+		// loose has 1 left: room for cost 1, none for cost 2.
+		got, err := cached.AllowPolicies(ctx, "k", 2, ps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := direct.AllowPolicies(ctx, "k", 2, ps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Results[1].Allowed != want.Results[1].Allowed || got.Results[1].Allowed {
+			t.Fatalf("cost 2: loose policy had room %v from the deny cache, Redis says %v (1 left)", got.Results[1].Allowed, want.Results[1].Allowed)
+		}
+	})
+}

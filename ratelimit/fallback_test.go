@@ -82,7 +82,7 @@ func TestFallbackLocalUnderAttack(t *testing.T) {
 
 	// The hole FallbackLocal closes: FallbackOpen serves the flooding
 	// client that the local limiter denies.
-	open := Middleware(l, MiddlewareOptions{Timeout: 20 * time.Millisecond, OnError: func(*http.Request, error) {}})(okHandler)
+	open := MustNewMiddleware(l, MiddlewareOptions{Timeout: 20 * time.Millisecond, OnError: func(*http.Request, error) {}})(okHandler)
 	for i := range 2 {
 		if w := serve(open, flooder); w.Code != http.StatusOK {
 			t.Errorf("FallbackOpen, flooding request %d: status %d; want 200 (the fail-open hole)", i+1, w.Code)

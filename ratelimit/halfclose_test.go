@@ -64,7 +64,7 @@ func TestMiddlewareHalfClose(t *testing.T) {
 	sc := newCache(t, redistest.NewServer(t).Addr())
 	l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(1), DisableDenyCache: true})
 	var errs errRecorder
-	h := Middleware(l, MiddlewareOptions{OnError: errs.record, KeyFunc: keyAfterHalfClose("203.0.113.50")})(okHandler)
+	h := MustNewMiddleware(l, MiddlewareOptions{OnError: errs.record, KeyFunc: keyAfterHalfClose("203.0.113.50")})(okHandler)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	served := 0
@@ -99,7 +99,7 @@ func TestMiddlewareHalfCloseRedisDown(t *testing.T) {
 		okHandler(w, r)
 	})
 	var errs errRecorder
-	h := Middleware(l, MiddlewareOptions{OnError: errs.record, KeyFunc: keyAfterHalfClose("203.0.113.51")})(handler)
+	h := MustNewMiddleware(l, MiddlewareOptions{OnError: errs.record, KeyFunc: keyAfterHalfClose("203.0.113.51")})(handler)
 	hs := httptest.NewServer(h)
 	defer hs.Close()
 	if code := halfClosedGet(t, hs.Listener.Addr().String()); code != http.StatusServiceUnavailable {
@@ -112,7 +112,7 @@ func TestMiddlewareHalfCloseRedisDown(t *testing.T) {
 		t.Errorf("errors reported %v; want 1 (Redis down)", errs.list())
 	}
 	// A client still there is served: fail-open is unchanged.
-	open := Middleware(l, MiddlewareOptions{OnError: errs.record})(handler)
+	open := MustNewMiddleware(l, MiddlewareOptions{OnError: errs.record})(handler)
 	if w := serve(open, request("203.0.113.52:1")); w.Code != http.StatusOK || ran.Load() != 1 {
 		t.Errorf("connected client with Redis down: status %d, handler ran %d times; want 200 and 1", w.Code, ran.Load())
 	}
@@ -136,7 +136,7 @@ func TestMiddlewareHalfCloseSlowRedis(t *testing.T) {
 	var errs errRecorder
 	// A generous timeout: a loaded machine must not turn a denial into a
 	// timeout.
-	h := Middleware(l, MiddlewareOptions{OnError: errs.record, Timeout: time.Minute})(okHandler)
+	h := MustNewMiddleware(l, MiddlewareOptions{OnError: errs.record, Timeout: time.Minute})(okHandler)
 	hs := httptest.NewServer(h)
 	defer hs.Close()
 	served := 0

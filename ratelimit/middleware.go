@@ -33,21 +33,21 @@ const DefaultTimeout = 200 * time.Millisecond
 // client choose its own key. Configure the header your proxy writes.
 type ClientIPHeader int
 
-const (
-	// XForwardedFor reads X-Forwarded-For, the comma-separated list a proxy
-	// appends its peer to (nginx $proxy_add_x_forwarded_for, HAProxy
-	// "option forwardfor", AWS and Google load balancers, Envoy). It is
-	// the zero value and the default because it is what most proxies write.
-	XForwardedFor ClientIPHeader = iota
-	// XRealIP reads X-Real-IP, one address a proxy sets to its peer
-	// (nginx "proxy_set_header X-Real-IP $remote_addr"). If the header
-	// appears on several lines, the last is read.
-	XRealIP
-	// Forwarded reads the for= parameters of RFC 7239 Forwarded, one
-	// element per proxy. Obfuscated identifiers ("_hidden") and "unknown"
-	// name no address, so they stop the walk like an unparsable entry.
-	Forwarded
-)
+// XForwardedFor reads X-Forwarded-For, the comma-separated list a proxy
+// appends its peer to (nginx $proxy_add_x_forwarded_for, HAProxy
+// "option forwardfor", AWS and Google load balancers, Envoy). It is
+// the zero value and the default because it is what most proxies write.
+const XForwardedFor ClientIPHeader = 0
+
+// XRealIP reads X-Real-IP, one address a proxy sets to its peer
+// (nginx "proxy_set_header X-Real-IP $remote_addr"). If the header
+// appears on several lines, the last is read.
+const XRealIP ClientIPHeader = 1
+
+// Forwarded reads the for= parameters of RFC 7239 Forwarded, one
+// element per proxy. Obfuscated identifiers ("_hidden") and "unknown"
+// name no address, so they stop the walk like an unparsable entry.
+const Forwarded ClientIPHeader = 2
 
 // String returns the header's name.
 func (h ClientIPHeader) String() string {
@@ -84,32 +84,32 @@ func (h ClientIPHeader) String() string {
 // each key starts from a full bucket when the fallback begins.
 type Fallback int
 
-const (
-	// FallbackOpen passes requests unlimited while Redis fails. It is the
-	// zero value and the default. A request whose client is gone (its
-	// context is done) is never passed unlimited: it gets a 503, since it
-	// may only have half-closed and would read the response.
-	FallbackOpen Fallback = iota
-	// FallbackClosed rejects requests with 503 Service Unavailable (and
-	// UnavailableRetryAfter, if set) while Redis fails.
-	FallbackClosed
-	// FallbackLocal decides requests with an in-process limiter while
-	// Redis fails, and for LocalHold after each failure.
-	//
-	// The local limiter is a GCRA token bucket per key with the Limiter's
-	// Rate, Period and capacity (Burst for GCRA, Rate for the windows),
-	// whatever its algorithm. Its accuracy: per process, each key gets at
-	// most its capacity at once and Rate per Period after, counted from
-	// the first local decision for the key; N processes admit up to N
-	// times that. It holds at most LocalKeys keys; when full, a new key
-	// evicts the least recently used one, which starts from a full bucket
-	// if it comes back. A flooding key is always recently used, so it is
-	// only evicted if more than LocalKeys/16 other keys (of its shard)
-	// arrive between two of its requests; each of those is limited as a
-	// key of its own. A request whose KeyFunc fails with an outage
-	// (Unavailable) gets a 503, since there is no key to limit locally.
-	FallbackLocal
-)
+// FallbackOpen passes requests unlimited while Redis fails. It is the
+// zero value and the default. A request whose client is gone (its
+// context is done) is never passed unlimited: it gets a 503, since it
+// may only have half-closed and would read the response.
+const FallbackOpen Fallback = 0
+
+// FallbackClosed rejects requests with 503 Service Unavailable (and
+// UnavailableRetryAfter, if set) while Redis fails.
+const FallbackClosed Fallback = 1
+
+// FallbackLocal decides requests with an in-process limiter while
+// Redis fails, and for LocalHold after each failure.
+//
+// The local limiter is a GCRA token bucket per key with the Limiter's
+// Rate, Period and capacity (Burst for GCRA, Rate for the windows),
+// whatever its algorithm. Its accuracy: per process, each key gets at
+// most its capacity at once and Rate per Period after, counted from
+// the first local decision for the key; N processes admit up to N
+// times that. It holds at most LocalKeys keys; when full, a new key
+// evicts the least recently used one, which starts from a full bucket
+// if it comes back. A flooding key is always recently used, so it is
+// only evicted if more than LocalKeys/16 other keys (of its shard)
+// arrive between two of its requests; each of those is limited as a
+// key of its own. A request whose KeyFunc fails with an outage
+// (Unavailable) gets a 503, since there is no key to limit locally.
+const FallbackLocal Fallback = 2
 
 // String returns the fallback's name.
 func (f Fallback) String() string {
@@ -137,10 +137,12 @@ const DefaultLocalHold = time.Second
 // means its default; negative or out-of-range values are errors.
 type MiddlewareOptions struct {
 	// KeyFunc returns the limiter key of a request. An empty key with a nil
-	// error lets the request through unlimited (for health checks, say); an
-	// error is told to OnError and then handled as a Redis error is: by
-	// the Fallback if Unavailable(err), by 500 otherwise (ErrNoClientIP,
-	// say: a listener whose peers have no IP address). A key
+	// error lets the request through unlimited (for health checks, say); a
+	// *StatusError answers the request with its client error status (a
+	// request without the header its key comes from); any other error is
+	// told to OnError and then handled as a Redis error is: by the
+	// Fallback if Unavailable(err), by 500 otherwise (ErrNoClientIP, say:
+	// a listener whose peers have no IP address). A key
 	// longer than 1024 bytes, or one that starts with "~#", is counted
 	// under "~#" and its SHA-256, so that a client cannot escape its limit
 	// by sending a long key (which the Limiter itself refuses).
@@ -210,8 +212,8 @@ type MiddlewareOptions struct {
 	// built per request. The request is counted in all of them only when
 	// all have room, and every one is reported in the header fields, as
 	// named policies. A nil set means the Limiter's own Limit; an error is
-	// handled as KeyFunc's is (OnError, then the Fallback if Unavailable,
-	// else 500). Default nil:
+	// handled as KeyFunc's is (a *StatusError answers the request; any
+	// other goes to OnError, then the Fallback if Unavailable, else 500). Default nil:
 	// the Limiter's own Limit for every request.
 	PolicyFunc func(r *http.Request) (*Policies, error)
 	// PolicyName names the policy in the RateLimit-Policy and RateLimit
@@ -269,10 +271,10 @@ func NewMiddleware(l *Limiter, opts MiddlewareOptions) (func(http.Handler) http.
 	}, nil
 }
 
-// Middleware is NewMiddleware for handler chains built at start-up: it
-// panics where NewMiddleware returns an error (a nil l or an option out of
-// range), as regexp.MustCompile does.
-func Middleware(l *Limiter, opts MiddlewareOptions) func(http.Handler) http.Handler {
+// MustNewMiddleware is NewMiddleware for handler chains built at start-up:
+// it panics where NewMiddleware returns an error (a nil l or an option out
+// of range), as regexp.MustCompile does for Compile.
+func MustNewMiddleware(l *Limiter, opts MiddlewareOptions) func(http.Handler) http.Handler {
 	mw, err := NewMiddleware(l, opts)
 	if err != nil {
 		panic(err)
@@ -315,7 +317,9 @@ func (c *checker) init(l *Limiter, timeout time.Duration, local bool, keys int, 
 			keys = DefaultLocalKeys
 		}
 		c.local = newLocalLimiter(keys)
-		c.localPolicy = []localPolicy{localPolicyOf(l.limit, l.capacity)}
+		if l.script != nil { // else every decision has a Policies set
+			c.localPolicy = []localPolicy{localPolicyOf(l.limit, l.capacity)}
+		}
 		c.hold = hold
 		if c.hold == 0 {
 			c.hold = DefaultLocalHold
@@ -341,6 +345,8 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 		return nil, fmt.Errorf("%w: negative LocalHold %v", ErrInvalidOptions, opts.LocalHold)
 	case opts.Fallback != FallbackLocal && (opts.LocalKeys != 0 || opts.LocalHold != 0):
 		return nil, fmt.Errorf("%w: LocalKeys and LocalHold need Fallback FallbackLocal", ErrInvalidOptions)
+	case l.script == nil && opts.PolicyFunc == nil:
+		return nil, fmt.Errorf("%w: a Limiter without a Limit needs a PolicyFunc", ErrInvalidOptions)
 	}
 	keyFunc, err := requestKeyFunc(opts.KeyFunc, opts.TrustedProxies, opts.ClientIPHeader, opts.IPv4PrefixLen, opts.IPv6PrefixLen)
 	if err != nil {
@@ -362,6 +368,9 @@ func newMiddleware(l *Limiter, opts MiddlewareOptions) (*middleware, error) {
 		name = `"default"`
 	}
 	m.names = []string{name}
+	if l.script == nil {
+		return m, nil // no Limit of its own: PolicyFunc supplies every set
+	}
 	capacity := strconv.Itoa(l.capacity)
 	// The quota is what may be sent at once; the window is how long it
 	// takes to earn it back: the Period for windows (Burst == Rate), Burst
@@ -432,6 +441,10 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		decided, asked = err == nil, true
 	}
 	if !decided {
+		if se, ok := refusal(err); ok && !asked {
+			refuse(w, se)
+			return
+		}
 		m.opts.OnError(r, err)
 		if !Unavailable(err) {
 			// A configuration or semantic error, not an outage: no
@@ -537,6 +550,9 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 // local fallback: it is reported to the observer as refused and returned,
 // and the caller must refuse the request.
 func (m *checker) decide(parent context.Context, key string, ps *Policies, one *[1]Result, report func(error)) (Decision, error) {
+	if ps == nil && m.l.script == nil {
+		return Decision{}, ErrNoLimit // a configuration error: never the fallback
+	}
 	key = boundKey(key, maxKeyLen)
 	// A key the deny cache answers needs no context and no timer: this is
 	// the path a flood from one client takes.

@@ -204,7 +204,7 @@ func TestMiddlewareKeys(t *testing.T) {
 	sc := newCache(t, redistest.Single(t).Addr())
 	newHandler := func(t *testing.T, opts MiddlewareOptions) http.Handler {
 		l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(1)})
-		return Middleware(l, opts)(okHandler)
+		return MustNewMiddleware(l, opts)(okHandler)
 	}
 	t.Run("spoofed XFF from untrusted peer", func(t *testing.T) {
 		h := newHandler(t, MiddlewareOptions{TrustedProxies: testProxies})
@@ -295,7 +295,7 @@ func TestMiddlewareHeaders(t *testing.T) {
 	sc := newCache(t, redistest.Single(t).Addr())
 	t.Run("fixed window", func(t *testing.T) {
 		l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(2)})
-		h := Middleware(l, MiddlewareOptions{XRateLimitHeaders: true})(okHandler)
+		h := MustNewMiddleware(l, MiddlewareOptions{XRateLimitHeaders: true})(okHandler)
 		for i, want := range []struct {
 			code      int
 			remaining string
@@ -337,7 +337,7 @@ func TestMiddlewareHeaders(t *testing.T) {
 	t.Run("gcra burst", func(t *testing.T) {
 		l := newLimiter(t, sc, Options{Limit: Limit{Rate: 1, Period: 10 * time.Second, Burst: 3}})
 		var denied Result
-		h := Middleware(l, MiddlewareOptions{
+		h := MustNewMiddleware(l, MiddlewareOptions{
 			PolicyName: `per "ip"`,
 			OnDenied: func(w http.ResponseWriter, r *http.Request, res Result) {
 				denied = res
@@ -367,7 +367,7 @@ func TestMiddlewareHeaders(t *testing.T) {
 	})
 	t.Run("disabled", func(t *testing.T) {
 		l := newLimiter(t, sc, Options{Limit: PerMinute(1)})
-		h := Middleware(l, MiddlewareOptions{DisableHeaders: true})(okHandler)
+		h := MustNewMiddleware(l, MiddlewareOptions{DisableHeaders: true})(okHandler)
 		w := serve(h, request("192.0.2.1:1"))
 		if w.Header().Get("RateLimit") != "" || w.Header().Get("RateLimit-Policy") != "" {
 			t.Errorf("headers sent with DisableHeaders: %v", w.Header())
@@ -386,8 +386,8 @@ func TestMiddlewareRedisDown(t *testing.T) {
 	sc := newCache(t, srv.Addr())
 	l := newLimiter(t, sc, Options{Limit: PerMinute(100)})
 	var errs errRecorder
-	open := Middleware(l, MiddlewareOptions{OnError: errs.record, Timeout: 100 * time.Millisecond})(okHandler)
-	closed := Middleware(l, MiddlewareOptions{OnError: errs.record, Timeout: 100 * time.Millisecond, Fallback: FallbackClosed})(okHandler)
+	open := MustNewMiddleware(l, MiddlewareOptions{OnError: errs.record, Timeout: 100 * time.Millisecond})(okHandler)
+	closed := MustNewMiddleware(l, MiddlewareOptions{OnError: errs.record, Timeout: 100 * time.Millisecond, Fallback: FallbackClosed})(okHandler)
 	if w := serve(open, request("192.0.2.1:1")); w.Code != 200 || w.Header().Get("RateLimit") == "" {
 		t.Fatalf("with Redis up: status %d, RateLimit %q; want 200 with headers", w.Code, w.Header().Get("RateLimit"))
 	}
@@ -515,7 +515,7 @@ func TestMiddlewareFloodCostsNoRedisCalls(t *testing.T) {
 	srv := redistest.NewServer(t)
 	sc := newCache(t, srv.Addr())
 	l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(1)})
-	h := Middleware(l, MiddlewareOptions{})(okHandler)
+	h := MustNewMiddleware(l, MiddlewareOptions{})(okHandler)
 	resetStats(t, srv)
 	for i := range 200 {
 		w := serve(h, request("203.0.113.9:1"))
@@ -571,7 +571,7 @@ func TestNewMiddlewareValidation(t *testing.T) {
 					t.Errorf("Middleware panicked with %v; want the NewMiddleware error", p)
 				}
 			}()
-			Middleware(tt.l, tt.opts)
+			MustNewMiddleware(tt.l, tt.opts)
 		})
 	}
 	for _, opts := range []MiddlewareOptions{
@@ -648,7 +648,7 @@ func TestMiddlewareUnavailableRetryAfter(t *testing.T) {
 		retry time.Duration
 		want  string
 	}{{0, ""}, {1500 * time.Millisecond, "2"}, {time.Minute, "60"}} {
-		h := Middleware(l, MiddlewareOptions{OnError: errs.record, Fallback: FallbackClosed, UnavailableRetryAfter: tc.retry})(okHandler)
+		h := MustNewMiddleware(l, MiddlewareOptions{OnError: errs.record, Fallback: FallbackClosed, UnavailableRetryAfter: tc.retry})(okHandler)
 		w := serve(h, request("192.0.2.1:1"))
 		if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != tc.want {
 			t.Errorf("UnavailableRetryAfter %v: status %d, Retry-After %q; want 503, %q", tc.retry, w.Code, w.Header().Get("Retry-After"), tc.want)

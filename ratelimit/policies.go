@@ -103,7 +103,7 @@ func NewPolicies(ps ...Policy) (*Policies, error) {
 		// Names hold no ';' or ',', so the text is unambiguous. The state
 		// key is derived from it: it must not change between versions
 		// that share the state's format, so that they count together.
-		fmt.Fprintf(&id, "%s;%s;%s;%s,", pol.Name, c.code, c.arg0, c.arg1)
+		fmt.Fprintf(&id, "%s;%s;%s;%s,", pol.Name, c.code, c.arg0, c.idArg1)
 	}
 	p.id = id.String()
 	for i, pol := range ps {
@@ -187,8 +187,13 @@ func (l *Limiter) AllowPolicies(ctx context.Context, key string, n int, ps *Poli
 	start := l.now()
 	var gen uint64
 	if n > 0 && l.deny != nil {
-		if d, ok := l.cachedDecision(key, ps, start, n); ok {
-			return d, nil // reported by cachedDecision
+		// The cache keeps each policy's figures for cost 1; a larger cost
+		// asks Redis for its own (which policies have room for it, and
+		// how long it waits).
+		if n == 1 {
+			if d, ok := l.cachedDecision(key, ps, start, n); ok {
+				return d, nil // reported by cachedDecision
+			}
 		}
 		gen = l.deny.generation(key)
 	}
@@ -287,10 +292,10 @@ func denyEntryOf(d Decision, start time.Time) *denyEntry {
 	return e
 }
 
-// cachedDecision returns the deny cache's answer for a request of cost >= 1
+// cachedDecision returns the deny cache's answer for a request of cost 1
 // for key under ps at now, if it has one, and reports it as a decision of
-// cost n. Policies that had room report
-// what Redis last said of them.
+// cost n (1). Policies that had room report what Redis last said of them:
+// their figures are for cost 1, which is why a larger cost asks Redis.
 func (l *Limiter) cachedDecision(key string, ps *Policies, now time.Time, n int) (Decision, bool) {
 	if l.deny == nil {
 		return Decision{}, false

@@ -236,7 +236,7 @@ func TestMiddlewarePolicies(t *testing.T) {
 		Policy{Name: "hour", Algorithm: FixedWindow, Limit: PerHour(100)},
 	)
 	pro := newPolicies(t, Policy{Name: "pro-second", Limit: PerSecond(10)})
-	h := Middleware(l, MiddlewareOptions{
+	h := MustNewMiddleware(l, MiddlewareOptions{
 		// miniredis is slow: a loaded machine must not turn an answer
 		// into a timeout.
 		Timeout:        time.Minute,
@@ -307,7 +307,7 @@ func TestFallbackLocalPolicies(t *testing.T) {
 		Policy{Name: "day", Algorithm: SlidingWindow, Limit: Limit{Rate: 100, Period: 24 * time.Hour}},
 	)
 	var errs errRecorder
-	h := Middleware(l, MiddlewareOptions{
+	h := MustNewMiddleware(l, MiddlewareOptions{
 		Fallback: FallbackLocal, Timeout: 20 * time.Millisecond, LocalHold: time.Hour, OnError: errs.record,
 		PolicyFunc: func(*http.Request) (*Policies, error) { return ps, nil },
 	})(okHandler)
@@ -438,6 +438,11 @@ return s`
 		}
 		if !slices.Equal(after, want) {
 			t.Fatalf("state written %q; want %q", after, want)
+		}
+		// Three numbers per policy and nothing more: the list above ends
+		// at a nil, which select counts.
+		if out, err := srv.Do("EVAL", `return select('#', cmsgpack.unpack(redis.call('GET', KEYS[1])))`, "1", key); err != nil || out != "9" {
+			t.Fatalf("the state holds %s values (%v); want 9", out, err)
 		}
 	})
 

@@ -79,10 +79,13 @@
 // # Keys
 //
 // A key is stored as Prefix + "{" + key + "}" + a suffix naming the
-// algorithm (":g", ":f", ":s"), or for a Policies set ":m:" and a hash of
-// its policies and limits, so keys from user input stay inside the prefix
-// and each key hashes to one cluster slot. Limiters with different limits
-// must use different prefixes; sets need not.
+// algorithm and the limit (":g:" interval ":" burst for GCRA, ":f:" rate
+// ":" window in ms, ":s:" rate ":" window in µs), or for a Policies set
+// ":m:" and a hash of its policies and limits, so keys from user input
+// stay inside the prefix, each key hashes to one cluster slot, and
+// Limiters with different limits never share a counter, whatever their
+// prefixes (a deploy that changes a Limit starts its keys afresh).
+// Limiter.RedisKey tells the key of one client.
 package ratelimit
 
 import (
@@ -102,6 +105,10 @@ var (
 	ErrNilCache = errors.New("ratelimit: nil script cache")
 	// ErrInvalidLimit means Options.Limit is out of range.
 	ErrInvalidLimit = errors.New("ratelimit: invalid limit")
+	// ErrNoLimit means a call needs the Limiter's own Limit (Allow, a
+	// middleware or Check without a Policies set), and the Limiter was
+	// made without one, to run Policies sets and counters only.
+	ErrNoLimit = errors.New("ratelimit: limiter has no limit of its own")
 	// ErrInvalidAlgorithm means Options.Algorithm is not one of the
 	// constants.
 	ErrInvalidAlgorithm = errors.New("ratelimit: invalid algorithm")
@@ -139,7 +146,11 @@ type Limit struct {
 	Rate int
 	// Period is the window (FixedWindow, SlidingWindow) or the time the GCRA
 	// bucket takes to refill Rate tokens. Required, between 1ms and 366
-	// days.
+	// days, and kept as given to the precision of the algorithm's clock,
+	// never cut: a whole number of milliseconds for FixedWindow (its
+	// window is a Redis TTL), of microseconds for SlidingWindow (it
+	// counts on Redis TIME); any for GCRA. Another is refused
+	// (ErrInvalidLimit).
 	Period time.Duration
 	// Burst is the GCRA bucket size: how many requests may arrive at once
 	// after a quiet spell. 0 means Rate. The window algorithms allow Rate per
@@ -157,6 +168,10 @@ func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute} }
 // PerHour returns a limit of rate requests per hour.
 func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour} }
 
+// PerDay returns a limit of rate requests per 24 hours (a rolling day
+// from the first request with FixedWindow, not a calendar day).
+func PerDay(rate int) Limit { return Limit{Rate: rate, Period: 24 * time.Hour} }
+
 // String returns the limit as "RATE/PERIOD", with ", burst N" for a Burst
 // other than 0.
 func (l Limit) String() string {
@@ -170,21 +185,21 @@ func (l Limit) String() string {
 // Algorithm selects how a Limiter counts.
 type Algorithm int
 
-const (
-	// GCRA is a token bucket: Burst requests at once, refilled at Rate per
-	// Period. It is the zero value and the default.
-	GCRA Algorithm = iota
-	// FixedWindow allows Rate requests per window of Period that starts with
-	// the first request; up to 2*Rate can pass around a window boundary.
-	FixedWindow
-	// SlidingWindow allows about Rate requests in any Period, estimating the
-	// count from the current and the previous window, weighted as if the
-	// previous window's requests were spread evenly. At most Rate pass in
-	// one aligned window; when the previous window's requests all came at
-	// its very end, up to 2*Rate-1 can pass within one Period across the
-	// boundary (see the package documentation).
-	SlidingWindow
-)
+// GCRA is a token bucket: Burst requests at once, refilled at Rate per
+// Period. It is the zero value and the default.
+const GCRA Algorithm = 0
+
+// FixedWindow allows Rate requests per window of Period that starts with
+// the first request; up to 2*Rate can pass around a window boundary.
+const FixedWindow Algorithm = 1
+
+// SlidingWindow allows about Rate requests in any Period, estimating the
+// count from the current and the previous window, weighted as if the
+// previous window's requests were spread evenly. At most Rate pass in
+// one aligned window; when the previous window's requests all came at
+// its very end, up to 2*Rate-1 can pass within one Period across the
+// boundary (see the package documentation).
+const SlidingWindow Algorithm = 2
 
 // String returns the algorithm's name.
 func (a Algorithm) String() string {
@@ -211,11 +226,16 @@ const DefaultDenyCacheSize = 10_000
 type Options struct {
 	// Algorithm selects the counting method. Default GCRA.
 	Algorithm Algorithm
-	// Limit is the rate. Required.
+	// Limit is the rate of Allow, AllowN, Wait and of the middlewares and
+	// Check without a Policies set. It may be left zero (with Algorithm)
+	// for a Limiter that runs only Policies sets (a middleware whose
+	// PolicyFunc always returns one, say) and counters: the calls that need
+	// it then return ErrNoLimit.
 	Limit Limit
 	// Prefix starts every key. Default DefaultPrefix ("sluice:rl:"). It
-	// must not contain '{' or '}'. Limiters of one algorithm with different
-	// Limits must not share a prefix: they would share counters.
+	// must not contain '{' or '}'. Limiters with different Limits may
+	// share it: the limit is part of each key (see Keys in the package
+	// documentation).
 	Prefix string
 	// DenyCacheSize caps the number of keys the local deny cache holds.
 	// Default DefaultDenyCacheSize (10,000 keys, a few hundred bytes each).
@@ -231,6 +251,7 @@ type Options struct {
 type Limiter struct {
 	script   *scriptcache.Script
 	multi    *scriptcache.Script // ratelimit_multi
+	counters *scriptcache.Script // ratelimit_counters
 	reset    *scriptcache.Script // ratelimit_reset
 	sc       *scriptcache.Cache
 	algo     Algorithm
@@ -287,9 +308,16 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 	if sc == nil {
 		return nil, ErrNilCache
 	}
-	c, err := compile(opts.Algorithm, opts.Limit)
-	if err != nil {
-		return nil, err
+	own := opts.Limit != Limit{}
+	if !own && opts.Algorithm != GCRA {
+		return nil, fmt.Errorf("%w: Algorithm %v without a Limit", ErrInvalidOptions, opts.Algorithm)
+	}
+	var c compiled
+	var err error
+	if own {
+		if c, err = compile(opts.Algorithm, opts.Limit); err != nil {
+			return nil, err
+		}
 	}
 	prefix := opts.Prefix
 	if prefix == "" {
@@ -310,7 +338,7 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 		capacity: c.capacity,
 		arg0:     c.arg0,
 		arg1:     c.arg1,
-		suffix:   c.suffix,
+		suffix:   c.suffix + ":" + c.arg0 + ":" + c.arg1,
 		unit:     c.unit,
 		obs:      sc.Observer(),
 		obsName:  prefix,
@@ -319,15 +347,20 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 	if l.multi, err = sc.Script("ratelimit_multi"); err != nil {
 		return nil, fmt.Errorf("ratelimit: %w", err)
 	}
+	if l.counters, err = sc.Script("ratelimit_counters"); err != nil {
+		return nil, fmt.Errorf("ratelimit: %w", err)
+	}
 	if l.reset, err = sc.Script("ratelimit_reset"); err != nil {
 		return nil, fmt.Errorf("ratelimit: %w", err)
 	}
-	s, err := sc.Script(name)
-	if err != nil {
-		return nil, fmt.Errorf("ratelimit: %w", err)
+	if own {
+		s, err := sc.Script(name)
+		if err != nil {
+			return nil, fmt.Errorf("ratelimit: %w", err)
+		}
+		l.script = s
+		l.args1 = []string{l.arg0, l.arg1, "1"}
 	}
-	l.script = s
-	l.args1 = []string{l.arg0, l.arg1, "1"}
 	if !opts.DisableDenyCache {
 		size := opts.DenyCacheSize
 		if size == 0 {
@@ -342,9 +375,10 @@ func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
 type compiled struct {
 	capacity   int    // most cost one call can be allowed: Rate or Burst
 	arg0, arg1 string // the script's first two arguments
+	idArg1     string // arg1 as the state key of Policies names it
 	script     string // single-limit script
 	code       string // algorithm code of ratelimit_multi
-	suffix     string // key suffix, so algorithms never share a key
+	suffix     string // key suffix, so algorithms never share a key (New adds the limit)
 	unit       time.Duration
 }
 
@@ -366,10 +400,29 @@ func compile(algo Algorithm, lim Limit) (compiled, error) {
 		}
 		c.capacity = lim.Rate
 		c.arg0 = strconv.Itoa(lim.Rate)
-		c.arg1 = strconv.FormatInt(lim.Period.Milliseconds(), 10)
 		if algo == FixedWindow {
+			// The window is the counter's TTL, which Redis keeps in
+			// milliseconds: a finer Period cannot be kept, and cutting
+			// it would change the rate (1.999ms would run as 1ms).
+			if lim.Period%time.Millisecond != 0 {
+				return c, fmt.Errorf("%w: fixed window period %v is not a whole number of milliseconds, the precision of the TTL that is its window (SlidingWindow and GCRA take microseconds)", ErrInvalidLimit, lim.Period)
+			}
+			c.arg1 = strconv.FormatInt(lim.Period.Milliseconds(), 10)
+			c.idArg1 = c.arg1
 			c.script, c.code, c.suffix, c.unit = "ratelimit_fixed", "f", ":f", time.Millisecond
 		} else {
+			// Windows are counted on Redis TIME, in microseconds.
+			if lim.Period%time.Microsecond != 0 {
+				return c, fmt.Errorf("%w: sliding window period %v is not a whole number of microseconds, the precision of the Redis TIME it counts on", ErrInvalidLimit, lim.Period)
+			}
+			c.arg1 = strconv.FormatInt(lim.Period.Microseconds(), 10)
+			// The state key of Policies names a whole number of
+			// milliseconds as versions that sent milliseconds did, so
+			// that they count together (see NewPolicies).
+			c.idArg1 = strconv.FormatInt(lim.Period.Milliseconds(), 10)
+			if lim.Period%time.Millisecond != 0 {
+				c.idArg1 = c.arg1 + "us"
+			}
 			c.script, c.code, c.suffix, c.unit = "ratelimit_sliding", "s", ":s", time.Microsecond
 		}
 	case GCRA:
@@ -378,7 +431,10 @@ func compile(algo Algorithm, lim Limit) (compiled, error) {
 			burst = lim.Rate
 		}
 		c.capacity = burst
-		interval := float64(lim.Period.Microseconds()) / float64(lim.Rate)
+		// The whole Period, to the nanosecond: the interval may be
+		// fractional. (Exact for whole microseconds: the same text as
+		// from Period.Microseconds(), which cut finer periods.)
+		interval := float64(lim.Period) / float64(time.Microsecond) / float64(lim.Rate)
 		if interval*float64(burst) > float64(maxPeriod.Microseconds()) {
 			return c, fmt.Errorf("%w: burst %d at %v takes longer than %v to refill", ErrInvalidLimit, burst, lim, maxPeriod)
 		}
@@ -387,12 +443,18 @@ func compile(algo Algorithm, lim Limit) (compiled, error) {
 		// embedded Lua interpreters (miniredis's) do not.
 		c.arg0 = strconv.FormatFloat(interval, 'f', -1, 64)
 		c.arg1 = strconv.Itoa(burst)
+		c.idArg1 = c.arg1
 		c.script, c.code, c.suffix, c.unit = "ratelimit_gcra", "g", ":g", time.Microsecond
 	default:
 		return c, fmt.Errorf("%w: %d", ErrInvalidAlgorithm, int(algo))
 	}
 	return c, nil
 }
+
+// RedisKey returns the Redis key that holds key's state for this Limiter
+// (without a Policies set): for an operator's look with redis-cli, or a
+// DEL. key is the one Allow takes, which must be a valid key.
+func (l *Limiter) RedisKey(key string) string { return keyspace.Key(l.prefix, key, l.suffix) }
 
 // Limit returns the limiter's Limit, with Burst as configured.
 func (l *Limiter) Limit() Limit { return l.limit }
@@ -421,6 +483,8 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 		return Result{}, fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
 	switch {
+	case l.script == nil:
+		return Result{}, ErrNoLimit
 	case n < 0:
 		return Result{}, fmt.Errorf("%w: %d", ErrInvalidCost, n)
 	case n > l.capacity:
@@ -431,7 +495,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 	start := l.now()
 	var gen uint64
 	if n > 0 && l.deny != nil {
-		if res, ok := l.deny.lookup(key, start, l.capacity); ok {
+		if res, ok := l.cachedDenialOf(key, start, n); ok {
 			if l.obs != nil {
 				l.observe(l.obsName, false, n, scriptcache.SourceDenyCache)
 			}
@@ -445,7 +509,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 	if n != 1 {
 		args = []string{l.arg0, l.arg1, strconv.Itoa(n)}
 	}
-	reply, err := l.script.Exec(ctx, []string{keyspace.Key(l.prefix, key, l.suffix)}, args).ToArray()
+	reply, err := l.script.Exec(ctx, []string{l.RedisKey(key)}, args).ToArray()
 	if err != nil {
 		return Result{}, fmt.Errorf("ratelimit: %w", err)
 	}
@@ -510,6 +574,26 @@ func (l *Limiter) cachedDenial(key string, now time.Time) (Result, bool) {
 	return res, ok
 }
 
+// cachedDenialOf returns the deny cache's answer for a request of cost n
+// >= 1 for key at now, with that cost's figures, if the entry tells them.
+// An entry is the denial of cost 1 (see denialCoversAll): every cost is
+// denied until it ends, and a larger cost waits longer. A fixed window
+// admits any cost at its end; GCRA admits cost n (n-1) emission intervals
+// after cost 1; a sliding window's wait for n depends on counts the entry
+// does not keep, so such a call asks Redis.
+func (l *Limiter) cachedDenialOf(key string, now time.Time, n int) (Result, bool) {
+	if n > 1 && l.algo == SlidingWindow {
+		return Result{}, false
+	}
+	res, ok := l.deny.lookup(key, now, l.capacity)
+	if ok && n > 1 && l.algo == GCRA {
+		more := time.Duration(n-1) * l.limit.Period / time.Duration(l.limit.Rate)
+		res.RetryAfter += more
+		res.ResetAfter = max(res.ResetAfter, res.RetryAfter)
+	}
+	return res, ok
+}
+
 // denialCoversAll reports whether a denial of cost n means that every cost
 // >= 1 stays denied for res.RetryAfter. For n == 1 that is what RetryAfter
 // says (a larger cost needs longer). A fixed window with nothing left stays
@@ -534,8 +618,12 @@ func (l *Limiter) Reset(ctx context.Context, key string, sets ...*Policies) erro
 	if err := keyspace.CheckName(key); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
-	keys := []string{keyspace.Key(l.prefix, key, l.suffix)}
-	ids := []string{""}
+	var keys, ids []string
+	if l.script != nil {
+		keys, ids = []string{l.RedisKey(key)}, []string{""}
+	} else if len(sets) == 0 {
+		return ErrNoLimit
+	}
 	for _, ps := range sets {
 		if ps == nil {
 			return fmt.Errorf("%w: nil *Policies", ErrInvalidOptions)

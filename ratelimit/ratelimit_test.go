@@ -249,7 +249,7 @@ func TestKeysStayInPrefix(t *testing.T) {
 					if res := allow(t, l, key, 1); !res.Allowed {
 						t.Fatalf("%v: first call for %q denied (%+v): keys collide", algo, key, res)
 					}
-					full := keyspace.Key(l.prefix, key, l.suffix)
+					full := l.RedisKey(key)
 					if !strings.HasPrefix(full, l.prefix+"{") {
 						t.Fatalf("key %q outside prefix %q", full, l.prefix)
 					}
@@ -267,7 +267,7 @@ func TestKeysStayInPrefix(t *testing.T) {
 func ttl(t *testing.T, sc *scriptcache.Cache, l *Limiter, key string) time.Duration {
 	t.Helper()
 	c := raw(sc)
-	ms, err := c.Do(context.Background(), c.B().Pttl().Key(keyspace.Key(l.prefix, key, l.suffix)).Build()).AsInt64()
+	ms, err := c.Do(context.Background(), c.B().Pttl().Key(l.RedisKey(key)).Build()).AsInt64()
 	if err != nil {
 		t.Fatalf("PTTL: %v", err)
 	}
@@ -312,11 +312,14 @@ func TestFixedWindowRepairsTTL(t *testing.T) {
 				if res.Allowed != tc.allowed {
 					t.Fatalf("count %s: Allowed %v; want %v", tc.count, res.Allowed, tc.allowed)
 				}
-				if d := ttl(t, sc, l, tc.key); d <= 0 || d > time.Minute {
-					t.Fatalf("count %s: PTTL %v after the call; want in (0, 1m]", tc.count, d)
+				// Generous: the machine may be slow, and a counter repaired
+				// with another TTL (the cost's milliseconds) is far below.
+				if d := ttl(t, sc, l, tc.key); d <= 30*time.Second || d > time.Minute {
+					t.Fatalf("count %s: PTTL %v after the call; want in (30s, 1m]: the window given again", tc.count, d)
 				}
-				if res.ResetAfter <= 0 || (!res.Allowed && res.RetryAfter != res.ResetAfter) {
-					t.Fatalf("count %s: got %+v; want a positive ResetAfter (= RetryAfter when denied)", tc.count, res)
+				// The whole window again, allowed or denied.
+				if res.ResetAfter != time.Minute || (!res.Allowed && res.RetryAfter != res.ResetAfter) {
+					t.Fatalf("count %s: got %+v; want ResetAfter 1m, the window given again (= RetryAfter when denied)", tc.count, res)
 				}
 			}
 		})
@@ -480,6 +483,7 @@ func TestLimitString(t *testing.T) {
 	}{
 		{PerSecond(3), "3/1s"},
 		{PerMinute(60), "60/1m0s"},
+		{PerDay(1000), "1000/24h0m0s"},
 		{Limit{Rate: 1, Period: time.Hour, Burst: 5}, "1/1h0m0s, burst 5"},
 	} {
 		if got := tt.l.String(); got != tt.want {
@@ -537,4 +541,38 @@ func TestCostAboveLimit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLimitInKey checks both sides of the default keying: Limiters with
+// different limits on one prefix (the default, say) never share a counter,
+// and Limiters with the same limit do, whatever process they are in, so
+// that a fleet counts together.
+func TestLimitInKey(t *testing.T) {
+	forEach(t, func(t *testing.T, sc *scriptcache.Cache, algo Algorithm) {
+		prefix := testPrefix(t)
+		newL := func(lim Limit) *Limiter {
+			return newLimiter(t, sc, Options{Algorithm: algo, Limit: lim, Prefix: prefix, DisableDenyCache: true})
+		}
+		two, twoAgain, three := newL(PerMinute(2)), newL(PerMinute(2)), newL(PerMinute(3))
+		ratesOf := map[*Limiter]string{two: "2/min", twoAgain: "2/min (another Limiter)", three: "3/min"}
+		if two.RedisKey("k") == three.RedisKey("k") {
+			t.Fatalf("limits 2/min and 3/min share the key %q", two.RedisKey("k"))
+		}
+		if two.RedisKey("k") != twoAgain.RedisKey("k") {
+			t.Fatalf("two Limiters of 2/min have keys %q and %q", two.RedisKey("k"), twoAgain.RedisKey("k"))
+		}
+		// 2/min allows two, then refuses; the second Limiter of the same
+		// limit sees those two; 3/min still has all three.
+		for i, c := range []struct {
+			l    *Limiter
+			want bool
+		}{{two, true}, {twoAgain, true}, {two, false}, {twoAgain, false}, {three, true}, {three, true}, {three, true}, {three, false}} {
+			if res := allow(t, c.l, "k", 1); res.Allowed != c.want {
+				t.Fatalf("call %d, %s: allowed %v, want %v (%+v)", i+1, ratesOf[c.l], res.Allowed, c.want, res)
+			}
+		}
+		if got := ttl(t, sc, three, "k"); got <= 0 {
+			t.Fatalf("PTTL of %s = %v, want > 0: RedisKey does not name the key Allow wrote", three.RedisKey("k"), got)
+		}
+	})
 }

@@ -43,7 +43,7 @@ func TestMiddlewareSemanticError(t *testing.T) {
 	wrongType(t, addr, l, client)
 	for _, fb := range []Fallback{FallbackOpen, FallbackClosed, FallbackLocal} {
 		var errs errRecorder
-		h := Middleware(l, MiddlewareOptions{Fallback: fb, OnError: errs.record})(okHandler)
+		h := MustNewMiddleware(l, MiddlewareOptions{Fallback: fb, OnError: errs.record})(okHandler)
 		for i := range 2 {
 			if w := serve(h, request(client+":1")); w.Code != http.StatusInternalServerError {
 				t.Errorf("%v, request %d: status %d; want 500", fb, i+1, w.Code)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluicekit/sluice/scriptcache"
 	"github.com/sluicekit/sluice/semaphore"
 )
 
@@ -37,6 +38,12 @@ import (
 //     reports a connection it dropped (a failover, a topology change) with
 //     the same ErrClosing as a client its owner closed, so the two cannot
 //     be told apart;
+//   - scriptcache.ErrUnavailable, which another client's adapter wraps
+//     around its own errors of the kind: the go-redis adapter
+//     (module github.com/sluicekit/sluice/goredis) around ErrPoolTimeout
+//     and ErrPoolExhausted, every pooled connection being busy, as they
+//     are while calls wait for a server that stopped answering (go-redis's
+//     ErrClosed, a client its owner closed, is not one);
 //   - an error reply of a server that is busy with something that passes
 //     or refuses service for a while: LOADING, BUSY, MASTERDOWN, TRYAGAIN,
 //     CLUSTERDOWN, READONLY, MOVED, ASK, NOREPLICAS, MISCONF, OOM, and
@@ -89,7 +96,7 @@ var unavailableErrs = [...]error{
 	syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EPIPE,
 	syscall.ETIMEDOUT, syscall.EHOSTUNREACH, syscall.ENETUNREACH,
 	rueidis.ErrClosing, rueidis.ErrNoAddr, rueidis.ErrNoSlot,
-	semaphore.ErrNotReplicated,
+	scriptcache.ErrUnavailable, semaphore.ErrNotReplicated,
 }
 
 // serverError returns the message of the error reply err wraps, if it

@@ -67,6 +67,12 @@ func TestUnavailable(t *testing.T) {
 		{"rueidis closing", wrap(rueidis.ErrClosing), true},
 		{"rueidis no addr", rueidis.ErrNoAddr, true},
 		{"rueidis no slot", rueidis.ErrNoSlot, true},
+		// Another client's own, marked by its adapter (go-redis's pool
+		// timeout: goredis.TestPoolExhaustedUnavailable); unmarked, the
+		// same text says nothing.
+		{"adapter: unavailable", wrap(fmt.Errorf("%w: redis: connection pool timeout", scriptcache.ErrUnavailable)), true},
+		{"unmarked pool timeout", errors.New("redis: connection pool timeout"), false},
+		{"rueidis recycled dedicated client", rueidis.ErrDedicatedClientRecycled, false},
 		// Replicas that did not acknowledge.
 		{"not replicated", wrap(semaphore.ErrNotReplicated), true},
 		// go-redis error replies (rueidis ones: TestUnavailableServerErrors).

@@ -24,7 +24,9 @@ import (
 // send a script call twice: a call whose connection broke after it was sent
 // may have run, and running it again would act twice (a reentrant Lock
 // would count two holds). Redirections (MOVED, ASK), which mean the call did
-// not run, may be followed.
+// not run, may be followed. An error of the client's own that means the
+// server cannot answer now (a pool with no free connection in time) wraps
+// ErrUnavailable, so that a fallback may answer for it.
 type Client interface {
 	// Cluster reports whether the client talks to a Redis Cluster, where all
 	// keys of one call must hash to one slot.
@@ -41,8 +43,14 @@ type Client interface {
 	// EvalWait sends the same call followed by WAIT replicas timeout on one
 	// connection that no other caller uses, and returns the script's reply,
 	// how many replicas acknowledged and an error for the pair. When ctx
-	// ends mid-call, the connection is closed, so nothing sent on it can
-	// still run afterwards.
+	// ends mid-call, it returns at once with an error wrapping ctx.Err()
+	// (and the script's reply, if the client has it), and sends nothing
+	// more for the call: no WAIT after a script whose reply came too late.
+	// A script cut short so is of unknown outcome, as with Eval: closing a
+	// connection does not take back what was sent on it. A client that
+	// can close the call's connection then does (rueidis), so WAIT does
+	// not block it on the server; one that cannot (go-redis) leaves the
+	// call to its own timeouts.
 	EvalWait(ctx context.Context, sha, body string, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error)
 
 	// LoadScripts sends SCRIPT LOAD of every body to every node the client
@@ -62,6 +70,17 @@ type Client interface {
 // ErrRefused is wrapped by the error Client.Subscribe returns when the server
 // refused the subscription with an error reply that retrying cannot fix.
 var ErrRefused = errors.New("scriptcache: refused by server")
+
+// ErrUnavailable is wrapped by an error of a Client that means the server
+// cannot answer now in terms only that client knows: go-redis's
+// ErrPoolTimeout, say, when every pooled connection is stuck on a server
+// that stopped answering. ratelimit.Unavailable, which decides whether a
+// fallback may answer for an error, knows the errors of the standard
+// library (timeouts, failed connections), the server's error replies and
+// rueidis's own; any other client's reach it through ErrUnavailable. An
+// error that retrying cannot fix (a client its owner closed, a
+// configuration error) must not wrap it.
+var ErrUnavailable = errors.New("scriptcache: server unavailable")
 
 // Retryable reports whether an error reply with message msg comes from a
 // server that is busy with something that passes: a cluster moving slots or

@@ -160,10 +160,13 @@ const (
 //
 // Name is the name the application chose for a lock or semaphore, so a
 // metric labelled with it has as many series as the application has
-// names; adapters should make that label optional. For a rate limiter it is
-// never the per-client key (that would make one series per client): it is
-// the Limiter's key prefix for Allow and AllowN, and the comma-separated
-// policy names for AllowPolicies.
+// names; adapters should make that label optional. A semaphore made with
+// semaphore.WithEventName reports under that name instead. For a rate
+// limiter it is never the per-client key (that would make one series per
+// client): it is the Limiter's key prefix for Allow and AllowN, and the
+// comma-separated policy names for AllowPolicies; the concurrency
+// middleware's semaphores, one per client, report under the prefix their
+// names share.
 type Event struct {
 	Kind      EventKind
 	Primitive string // PrimitiveMutex, ...; see the constants

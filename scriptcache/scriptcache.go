@@ -231,6 +231,7 @@ func (s *Script) SHA1() string { return s.sha }
 // On a rueidis client, ctx's deadline does not reach the connection, which
 // other callers share (see New).
 func (s *Script) Exec(ctx context.Context, keys, args []string) Reply {
+	traced(s.name)
 	if err := s.c.checkSlots(keys); err != nil {
 		return ErrorReply(err)
 	}
@@ -301,12 +302,13 @@ func (c *Cache) eval(ctx context.Context, sha, body string, keys, args []string)
 // WAIT blocks its connection, so the pair goes on a connection of its own
 // (Client.EvalWait); unlike Exec, the call can carry a deadline without
 // harming other callers. When ctx ends mid-call, or 5 s after WAIT's
-// timeout if no reply has come (a server that stopped answering), the
-// call's connection is closed, so nothing sent on it can still run, and
-// ExecWait returns: the script may or may not have run. A call that must
+// timeout if no reply has come (a server that stopped answering),
+// ExecWait returns and nothing more is sent for the call (see
+// Client.EvalWait): the script may or may not have run. A call that must
 // first open a connection is bounded by the client's dial timeout rather
 // than by ctx (see New).
 func (s *Script) ExecWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
+	traced(s.name)
 	if err := s.c.checkSlots(keys); err != nil {
 		return ErrorReply(err), 0, err
 	}

@@ -3,6 +3,7 @@ package semaphore_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -35,7 +36,16 @@ func (r *recorder) take() []scriptcache.Event {
 	return out
 }
 
+// TestObserveSemaphore checks every event a Semaphore reports, named after
+// the semaphore, or after WithEventName's name when given (the errors
+// they carry still name the semaphore).
 func TestObserveSemaphore(t *testing.T) {
+	for _, event := range []string{"", "pool"} {
+		t.Run("event="+event, func(t *testing.T) { testObserveSemaphore(t, event) })
+	}
+}
+
+func testObserveSemaphore(t *testing.T, event string) {
 	ctx := context.Background()
 	rec := &recorder{}
 	sc, err := scriptcache.New(ctx, redistest.Client(t, redistest.Single(t).Addr()), scriptcache.WithObserver(rec))
@@ -48,7 +58,12 @@ func TestObserveSemaphore(t *testing.T) {
 	}
 	defer mgr.Close()
 	name := uniqueName(t)
-	s, err := mgr.NewSemaphore(name, 3)
+	var opts []semaphore.Option
+	wantName := name
+	if event != "" {
+		opts, wantName = append(opts, semaphore.WithEventName(event)), event
+	}
+	s, err := mgr.NewSemaphore(name, 3, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,11 +113,28 @@ func TestObserveSemaphore(t *testing.T) {
 	}
 	for i, e := range ev {
 		w := want[i]
-		if e.Kind != w.kind || e.Weight != w.weight || e.Reason != w.reason || e.Primitive != "semaphore" || e.Name != name {
-			t.Errorf("event %d = %+v; want %v of weight %d, reason %q", i, e, w.kind, w.weight, w.reason)
+		if e.Kind != w.kind || e.Weight != w.weight || e.Reason != w.reason || e.Primitive != "semaphore" || e.Name != wantName {
+			t.Errorf("event %d = %+v; want %v of weight %d, reason %q, name %q", i, e, w.kind, w.weight, w.reason, wantName)
 		}
 	}
-	if ev[0].Wait <= 0 || ev[3].Hold <= 0 || !errors.Is(ev[5].Err, semaphore.ErrLost) {
-		t.Errorf("events %+v: want a wait, a hold and the loss's error", ev)
+	if ev[0].Wait <= 0 || ev[3].Hold <= 0 || !errors.Is(ev[5].Err, semaphore.ErrLost) || !strings.Contains(ev[5].Err.Error(), name) {
+		t.Errorf("events %+v: want a wait, a hold and the loss's error, naming the semaphore", ev)
+	}
+}
+
+func TestWithEventNameRefused(t *testing.T) {
+	sc, err := scriptcache.New(context.Background(), redistest.Client(t, redistest.Single(t).Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := semaphore.NewManager(sc, semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mgr.Close()
+	for _, name := range []string{"", strings.Repeat("x", 1025)} {
+		if _, err := mgr.NewSemaphore(uniqueName(t), 1, semaphore.WithEventName(name)); !errors.Is(err, semaphore.ErrInvalidOptions) {
+			t.Errorf("WithEventName of %d bytes: %v; want ErrInvalidOptions", len(name), err)
+		}
 	}
 }

@@ -431,6 +431,7 @@ func (m *Manager) NewSemaphore(name string, capacity int64, opts ...Option) (*Se
 	s := &Semaphore{
 		m:        m,
 		name:     name,
+		event:    name,
 		capacity: capacity,
 		capArg:   strconv.FormatInt(capacity, 10),
 		keys: []string{keyspace.Key(p, name, ""), keyspace.Key(p, name, ":e"), keyspace.Key(p, name, ":w"),
@@ -454,7 +455,7 @@ func (m *Manager) NewSemaphore(name string, capacity int64, opts ...Option) (*Se
 }
 
 // Option configures one Semaphore (Options configures the Manager).
-// WithOwner makes one; the zero Option changes nothing.
+// WithOwner and WithEventName make one; the zero Option changes nothing.
 type Option struct {
 	apply func(*Semaphore) error
 }
@@ -478,6 +479,29 @@ func WithOwner(owner string) Option {
 			return fmt.Errorf("%w: owner must be 1 to %d bytes without spaces or control characters", ErrInvalidOptions, maxOwnerLen)
 		}
 		s.owner = owner
+		return nil
+	}}
+}
+
+// maxEventName is the longest name of WithEventName, in bytes: that of a
+// semaphore name.
+const maxEventName = 1024
+
+// WithEventName makes the Semaphore report its events to the Cache's
+// observer (scriptcache.Event.Name: metric labels, log records) under name
+// instead of its own name. Use it for semaphores named after request data,
+// such as one per client: each name would otherwise make metric series of
+// its own, named with the client's data, and an entry in the observer's
+// memory that never goes. Give the name of what the configuration made,
+// as ratelimit's concurrency middleware does with the prefix its
+// semaphores' names share. Errors still name the semaphore. name must be
+// 1 to 1024 bytes (ErrInvalidOptions).
+func WithEventName(name string) Option {
+	return Option{func(s *Semaphore) error {
+		if name == "" || len(name) > maxEventName {
+			return fmt.Errorf("%w: event name must be 1 to %d bytes", ErrInvalidOptions, maxEventName)
+		}
+		s.event = name
 		return nil
 	}}
 }
@@ -532,6 +556,7 @@ type Semaphore struct {
 	group    *lease.Group // renews its permits' watchdog leases with others; nil for a fixed lease
 	qgroup   *lease.Group // refreshes its fair waiters' queue entries with others; nil if not fair
 	owner    string       // labels its permits' ids (WithOwner); "" for none
+	event    string       // the Name of its events (WithEventName): name unless set
 }
 
 // Name returns the semaphore's name.
@@ -563,10 +588,10 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (*Permit, error) {
 // known ones).
 func (s *Semaphore) observeAcquire(o scriptcache.Observer, start time.Time, n int64, p *Permit, err error, busy string) {
 	if p != nil {
-		o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquired, Primitive: scriptcache.PrimitiveSemaphore, Name: s.name, Wait: time.Since(start), Weight: n, Handoff: p.handoff})
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquired, Primitive: scriptcache.PrimitiveSemaphore, Name: s.event, Wait: time.Since(start), Weight: n, Handoff: p.handoff})
 		return
 	}
-	o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquireFailed, Primitive: scriptcache.PrimitiveSemaphore, Name: s.name, Wait: time.Since(start), Weight: n,
+	o.Observe(scriptcache.Event{Kind: scriptcache.EventAcquireFailed, Primitive: scriptcache.PrimitiveSemaphore, Name: s.event, Wait: time.Since(start), Weight: n,
 		Reason: obs.FailReason(err, ErrClosed, ErrNotReplicated, busy), Err: err})
 }
 
@@ -1300,7 +1325,7 @@ func (p *Permit) Release(ctx context.Context) error {
 			p.scoped.End(fmt.Errorf("%w: %q: released", ErrNotHeld, p.s.name))
 		}
 		if o := p.s.m.obs; o != nil {
-			o.Observe(scriptcache.Event{Kind: scriptcache.EventReleased, Primitive: scriptcache.PrimitiveSemaphore, Name: p.s.name, Hold: time.Since(p.since), Weight: p.weight})
+			o.Observe(scriptcache.Event{Kind: scriptcache.EventReleased, Primitive: scriptcache.PrimitiveSemaphore, Name: p.s.event, Hold: time.Since(p.since), Weight: p.weight})
 		}
 		return nil
 	}
@@ -1427,7 +1452,7 @@ func (p *Permit) loseLocked(err error) {
 	}
 	p.err = err
 	if o := p.s.m.obs; o != nil { // before the holder is told
-		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: scriptcache.PrimitiveSemaphore, Name: p.s.name, Hold: time.Since(p.since), Weight: p.weight,
+		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: scriptcache.PrimitiveSemaphore, Name: p.s.event, Hold: time.Since(p.since), Weight: p.weight,
 			Reason: obs.LossReason(err), Err: err})
 	}
 	close(p.lost)

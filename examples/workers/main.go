@@ -6,11 +6,16 @@
 //	go run ./workers -redis 127.0.0.1:6379
 //
 // It starts -procs copies of itself, each with -workers goroutines that
-// take jobs from a Redis list. Every job counts itself in and out of a
-// Redis counter while it runs; each process reports the highest count it
-// saw, which never exceeds the capacity. A copy started by hand with
-// -procs 0 works the same queue as one more process; kill one with kill -9
-// and its permits come back within -lease.
+// take jobs from a Redis list, and prints each one's pid. Every job enters
+// itself in a Redis set of running jobs for as long as its permit holds;
+// each process reports the most entries it saw, which never exceeds the
+// capacity. A copy started by hand with -procs 0 works the same queue as
+// one more process. Kill one with kill -9 (run prints their pids): its
+// permits come back within -lease and the others go on; the parent reports
+// the killed process (its jobs in flight are lost), prints its summary and
+// exits with status 1.
+// Every key the program leaves has a TTL: the queue an hour, the set of
+// running jobs a lease.
 package main
 
 import (
@@ -101,6 +106,8 @@ func run(ctx context.Context, c config, out io.Writer) (tally, error) {
 	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, c.key("queue"), c.key("running"))
 		p.RPush(ctx, c.key("queue"), jobs...)
+		// Left behind if every process is killed: it goes on its own.
+		p.PExpire(ctx, c.key("queue"), queueTTL)
 		return nil
 	})
 	if err != nil {
@@ -112,41 +119,61 @@ func run(ctx context.Context, c config, out io.Writer) (tally, error) {
 		return tally{}, err
 	}
 	start := time.Now()
-	var mu sync.Mutex
+	var mu sync.Mutex // guards out, total and errs
 	var total tally
-	errs := make([]error, c.procs)
+	var errs []error
 	var wg sync.WaitGroup
 	for i := range c.procs {
+		cmd := exec.CommandContext(ctx, self, c.workerArgs()...)
+		cmd.Env = append(os.Environ(), workerEnv+"=1")
+		cmd.Stderr = os.Stderr
+		var stdout strings.Builder
+		cmd.Stdout = &stdout
+		if err := cmd.Start(); err != nil {
+			mu.Lock()
+			errs = append(errs, fmt.Errorf("process %d: %w", i, err))
+			mu.Unlock()
+			break // the ones started still work the queue
+		}
+		mu.Lock()
+		fmt.Fprintf(out, "process %d: pid %d\n", i, cmd.Process.Pid)
+		mu.Unlock()
 		wg.Go(func() {
-			cmd := exec.CommandContext(ctx, self, c.workerArgs()...)
-			cmd.Env = append(os.Environ(), workerEnv+"=1")
-			cmd.Stderr = os.Stderr
-			stdout, err := cmd.Output()
-			if err != nil {
-				errs[i] = fmt.Errorf("process %d: %w", i, err)
-				return
-			}
+			err := cmd.Wait()
 			var t tally
-			for l := range strings.Lines(string(stdout)) {
+			for l := range strings.Lines(stdout.String()) {
 				if _, err := fmt.Sscanf(l, "done %d peak %d", &t.Done, &t.Peak); err == nil {
 					break
 				}
 			}
 			mu.Lock()
 			defer mu.Unlock()
+			if err != nil {
+				// Killed, say: the jobs it had taken are lost, and its
+				// permits come back when their lease ends, so the
+				// others go on.
+				fmt.Fprintf(out, "process %d (pid %d): %v; the jobs it did are not counted, those it had in flight are lost\n", i, cmd.Process.Pid, err)
+				errs = append(errs, fmt.Errorf("process %d (pid %d): %w", i, cmd.Process.Pid, err))
+				return
+			}
 			fmt.Fprintf(out, "process %d (pid %d): %d jobs, at most %d running at once\n", i, cmd.Process.Pid, t.Done, t.Peak)
 			total.Done += t.Done
 			total.Peak = max(total.Peak, t.Peak)
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return total, err
-	}
-	fmt.Fprintf(out, "%d processes x %d workers did %d of %d jobs in %s, at most %d at once (capacity %d)\n",
+	fmt.Fprintf(out, "%d processes x %d workers did %d of %d jobs in %s, at most %d at once (capacity %d)",
 		c.procs, c.workers, total.Done, c.jobs, time.Since(start).Round(time.Millisecond), total.Peak, c.capacity)
-	return total, nil
+	if len(errs) > 0 {
+		fmt.Fprintf(out, "; %d of %d processes failed", len(errs), c.procs)
+	}
+	fmt.Fprintln(out)
+	return total, errors.Join(errs...)
 }
+
+// queueTTL is how long the queue of jobs lasts at most, so that a run whose
+// processes were all killed leaves nothing behind for ever.
+const queueTTL = time.Hour
 
 // workerEnv marks a process started by run, for the test binary.
 const workerEnv = "WORKERS_CHILD"
@@ -170,7 +197,10 @@ func work(ctx context.Context, c config, out io.Writer) (tally, error) {
 		return tally{}, err
 	}
 	defer mgr.Close()
-	sem, err := mgr.NewSemaphore("jobs", int64(c.capacity))
+	c.lease, _ = mgr.Lease() // the default if -lease was 0
+	// The owner label shows in Holders, and in the ids of the permits, so
+	// an operator can tell whose they are.
+	sem, err := mgr.NewSemaphore("jobs", int64(c.capacity), semaphore.WithOwner(owner()))
 	if err != nil {
 		return tally{}, err
 	}
@@ -199,6 +229,9 @@ func work(ctx context.Context, c config, out io.Writer) (tally, error) {
 	return t, errors.Join(errs...)
 }
 
+// owner labels the permits of this process: "pid-" and its pid.
+func owner() string { return "pid-" + strconv.Itoa(os.Getpid()) }
+
 // job takes a permit, then a job, and does it. It returns done false when
 // the queue is empty, and how many jobs were running, this one included.
 func job(ctx context.Context, c config, rdb *redis.Client, sem *semaphore.Semaphore) (done bool, running int, err error) {
@@ -218,17 +251,51 @@ func job(ctx context.Context, c config, rdb *redis.Client, sem *semaphore.Semaph
 	} else if err != nil {
 		return false, 0, err
 	}
-	n, err := rdb.Incr(ctx, c.key("running")).Result()
+	n, err := enter(ctx, c, rdb, p)
 	if err != nil {
 		return false, 0, err
 	}
-	defer rdb.Decr(context.WithoutCancel(ctx), c.key("running"))
-	select { // the work itself
-	case <-time.After(c.job):
-	case <-p.Lost(): // the permit expired or was taken away: stop
-		return false, int(n), fmt.Errorf("permit lost: %w", p.Err())
-	case <-ctx.Done():
-		return false, int(n), ctx.Err()
+	defer rdb.ZRem(context.WithoutCancel(ctx), c.key("running"), p.ID())
+	// The entry lasts as long as the permit: renewed as the permit is.
+	renew := time.NewTicker(c.lease / 3)
+	defer renew.Stop()
+	work := time.After(c.job)
+	for { // the work itself
+		select {
+		case <-work:
+			return true, n, nil
+		case <-renew.C:
+			if _, err := enter(ctx, c, rdb, p); err != nil {
+				return false, n, err
+			}
+		case <-p.Lost(): // the permit expired or was taken away: stop
+			return false, n, fmt.Errorf("permit lost: %w", p.Err())
+		case <-ctx.Done():
+			return false, n, ctx.Err()
+		}
 	}
-	return true, int(n), nil
+}
+
+// enter adds the job of permit p to the set of running jobs, or renews its
+// entry there, and returns how many entries the set has. An entry counts
+// until the permit's HeldUntil, which is before the permit expires: the
+// job of a process killed with kill -9 stops counting before its permit
+// can go to another job, so the count never exceeds the capacity unless
+// the semaphore does. The set itself expires a lease after its last entry
+// was made or renewed. (Entries end on this machine's clock: run the
+// processes on machines whose clocks agree.)
+func enter(ctx context.Context, c config, rdb *redis.Client, p *semaphore.Permit) (int, error) {
+	key := c.key("running")
+	var card *redis.IntCmd
+	_, err := rdb.TxPipelined(ctx, func(tx redis.Pipeliner) error {
+		tx.ZRemRangeByScore(ctx, key, "-inf", strconv.FormatInt(time.Now().UnixMilli(), 10))
+		tx.ZAdd(ctx, key, redis.Z{Score: float64(p.HeldUntil().UnixMilli()), Member: p.ID()})
+		tx.PExpire(ctx, key, c.lease)
+		card = tx.ZCard(ctx, key)
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return int(card.Val()), nil
 }

@@ -108,6 +108,8 @@ func New(l *ratelimit.Limiter, opts Options) (*Interceptors, error) {
 	switch {
 	case l == nil:
 		return nil, fmt.Errorf("%w: nil *ratelimit.Limiter", ratelimit.ErrInvalidOptions)
+	case l.Limit() == (ratelimit.Limit{}) && opts.PolicyFunc == nil:
+		return nil, fmt.Errorf("%w: a Limiter without a Limit needs a PolicyFunc", ratelimit.ErrInvalidOptions)
 	case opts.Timeout < 0:
 		return nil, fmt.Errorf("%w: negative Timeout %v", ratelimit.ErrInvalidOptions, opts.Timeout)
 	case opts.Fallback < ratelimit.FallbackOpen || opts.Fallback > ratelimit.FallbackLocal:

@@ -200,12 +200,14 @@ func TestRedisDown(t *testing.T) {
 
 func TestNewValidation(t *testing.T) {
 	l := newLimiter(t, redistest.Single(t).Addr(), ratelimit.Options{Limit: ratelimit.PerHour(1)})
+	setsOnly := newLimiter(t, redistest.Single(t).Addr(), ratelimit.Options{})
 	for _, tt := range []struct {
 		name string
 		l    *ratelimit.Limiter
 		opts Options
 	}{
 		{"nil limiter", nil, Options{}},
+		{"no limit, no PolicyFunc", setsOnly, Options{}},
 		{"negative timeout", l, Options{Timeout: -1}},
 		{"unknown fallback", l, Options{Fallback: 3}},
 		{"local keys without local", l, Options{LocalKeys: 5}},
@@ -270,8 +272,8 @@ func TestSemanticErrorInternal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The default key of a loopback peer; GCRA keys end in ":g".
-	if _, err := srv.Do("RPUSH", prefix+"{127.0.0.1}:g", "x"); err != nil {
+	// The default key of a loopback peer.
+	if _, err := srv.Do("RPUSH", l.RedisKey("127.0.0.1"), "x"); err != nil {
 		t.Fatal(err)
 	}
 	noKey := func(context.Context, string) (string, error) { return "", ErrNoKey }

@@ -8,6 +8,12 @@ require (
 	github.com/redis/rueidis v1.0.79
 	github.com/sluicekit/sluice v0.1.0
 	github.com/sluicekit/sluice/goredis v0.1.0
+	github.com/sluicekit/sluice/grpc v0.1.0
+	github.com/sluicekit/sluice/otel v0.1.0
+	go.opentelemetry.io/otel v1.47.0
+	go.opentelemetry.io/otel/sdk/metric v1.47.0
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261026165753-2ffab32bce7e
+	google.golang.org/grpc v1.85.0
 	golang.org/x/sys v0.48.0
 )
 

@@ -198,8 +198,8 @@ func (g *Group) ExecOrLate(ctx context.Context, s *scriptcache.Script, keys, arg
 // call itself is bounded as ExecWait bounds it (WAIT's timeout plus a
 // slack of 5 s), whatever ctx says: if no reply comes by then (a server
 // that stopped answering), late gets an error that is not a Redis reply:
-// the outcome is unknown, and the connection, which was the call's own,
-// has been closed, so nothing sent on it can still run.
+// the outcome is unknown, and nothing more is sent for the call (see
+// scriptcache.Client.EvalWait).
 //
 // It costs a goroutine while in flight when ctx can be cancelled; that
 // goroutine is g's, and g.Close gives up the call, as for ExecOrLate; once

@@ -16,7 +16,12 @@
 //   - a semaphore's permits held by holders not told of a loss never weigh
 //     more than its capacity;
 //   - rate limits: allowed cost in any span of one period within each
-//     algorithm's documented bound;
+//     algorithm's documented bound; on keys one goroutine alone uses, an
+//     exact model of each algorithm says what must be allowed and what
+//     must be refused, and the figures and header fields of each answer,
+//     through the Limiters, the middlewares with each Fallback, the
+//     Checker and the gRPC interceptors (exact.go, fallback.go,
+//     headers.go, grpc.go; README.md in this directory lists the checks);
 //   - every error is one of the documented sentinels or a context error,
 //     unless a fault was in force around the call; nothing panics;
 //   - after the workload, no lock or permit is left held (renewed for
@@ -78,6 +83,11 @@ type Config struct {
 	// (a single server's fault proxy, or every node of a cluster) and
 	// returns a function that closes that client. nil means rueidis.
 	Client func(ctx context.Context, addrs []string, cluster bool) (*scriptcache.Cache, func(), error)
+	// RouteClient, if set, builds the client of a node's rate-limit
+	// routes, gRPC server and Checker (fallback.go), as Client does: a
+	// client of its own, such as a go-redis client with a small pool that
+	// a slowed network exhausts. nil: they share the node's client.
+	RouteClient func(ctx context.Context, addrs []string, cluster bool) (*scriptcache.Cache, func(), error)
 	// Logf reports progress and the schedule (t.Logf).
 	Logf func(format string, args ...any)
 }
@@ -125,6 +135,7 @@ type world struct {
 	admin    *node // no proxy: the operator's ForceUnlock
 
 	inflight inflight
+	metrics  *metricsCheck // the limits workload's observer (metrics.go)
 
 	capacitySet atomic.Bool // a SetCapacity was sent (faults.go)
 	races       int         // expiry races staged (race.go), by the partition stream only
@@ -152,6 +163,7 @@ type node struct {
 	once        sync.Once
 	cuts        atomic.Int32 // blackholes in force on proxy (faults.go)
 	longHolds   atomic.Int32 // long holds in progress (longHolder)
+	limits      *limitNode   // the limits workload's routes (fallback.go)
 }
 
 // Run runs one seed and returns its report. The caller fails the test on
@@ -188,6 +200,10 @@ func Run(t testing.TB, cfg Config) Report {
 		w.hist.capacity["s"+strconv.Itoa(i)] = semCap
 	}
 	w.policies = w.newPolicies(t)
+	var err error
+	if w.metrics, err = newMetricsCheck(); err != nil {
+		t.Fatal(err)
+	}
 	for i := range cfg.Nodes {
 		w.nodes = append(w.nodes, w.newNode(t, i, true))
 	}
@@ -221,6 +237,7 @@ func Run(t testing.TB, cfg Config) Report {
 		wg.Go(func() { w.longHolder(ctx, n, rand.New(rand.NewPCG(long, 0x1009))) })
 		wg.Go(func() { w.hotSemaphore(ctx, n, rand.New(rand.NewPCG(hot, 0x5e3))) })
 		wg.Go(func() { w.httpClient(ctx, n, rand.New(rand.NewPCG(client, 0x4177))) })
+		w.startLimits(ctx, &wg, n)
 	}
 	var opFaults, partFaults map[string]int
 	var ow sync.WaitGroup
@@ -235,11 +252,13 @@ func Run(t testing.TB, cfg Config) Report {
 	}
 	wg.Wait()
 	w.heal()
-	var probes sync.WaitGroup
-	probes.Go(w.probeSeams)
-	w.probeWakeUps(w.cfg.Lease / 4)
-	w.probeLateTries()
-	probes.Wait()
+	if probesOn() {
+		var probes sync.WaitGroup
+		probes.Go(w.probeSeams)
+		w.probeWakeUps(w.cfg.Lease / 4)
+		w.probeLateTries()
+		probes.Wait()
+	}
 
 	w.checkQuiet(t)
 	for _, n := range w.nodes {
@@ -259,9 +278,12 @@ func Run(t testing.TB, cfg Config) Report {
 	}
 	w.hist.checkTokens()
 	w.hist.checkLiveness(w.cfg.Lease / 4)
-	w.probePolicies()
+	if probesOn() {
+		w.probePolicies()
+	}
 	w.lim.check(w.hist)
 	w.lim.checkWindows(w.hist)
+	w.checkMetrics()
 
 	r := Report{Seed: cfg.Seed, Ops: w.ops, Holds: w.hist.holdsBy(), Faults: faults,
 		Schedule: slices.Concat(sched.lines(w.cl != nil), opSched.lines(w.cl != nil), partSched.lines(w.cl != nil)), CloseTook: w.closeTook}
@@ -317,6 +339,9 @@ func (w *world) newNode(t testing.TB, i int, proxied bool) *node {
 		w.lim.limits[algoName(spec.algo)] = spec
 	}
 	w.newRoutes(t, n)
+	if i >= 0 {
+		w.newLimitNode(t, n)
+	}
 	return n
 }
 
@@ -363,6 +388,7 @@ func (n *node) closeOnce() (took time.Duration) {
 	wg.Go(n.fair.Close)
 	wg.Go(n.sems.Close)
 	wg.Go(n.fairSems.Close)
+	wg.Go(n.limits.close)
 	wg.Wait()
 	took = time.Since(start)
 	n.closeClient()

@@ -403,8 +403,9 @@ func (w *world) apply(ctx context.Context, f fault) error {
 		done := w.hist.operator(f.res, "SET of the HTTP limiter's key to a string")
 		at := time.Now()
 		var owner *redistest.Server
-		if owner, err = w.owner(httpLimitKey); err == nil {
-			_, err = owner.Do("SET", httpLimitKey, "operator", "PX", strconv.FormatInt(w.cfg.Lease.Milliseconds(), 10))
+		key := w.nodes[0].limiters[0].RedisKey(httpClientKey) // every node's fixed-window Limiter has the same
+		if owner, err = w.owner(key); err == nil {
+			_, err = owner.Do("SET", key, "operator", "PX", strconv.FormatInt(w.cfg.Lease.Milliseconds(), 10))
 		}
 		if err == nil {
 			done()

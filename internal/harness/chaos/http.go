@@ -12,10 +12,9 @@ import (
 	"github.com/sluicekit/sluice/ratelimit"
 )
 
-// httpLimitKey is the Redis key of the rate route's counter: the
-// fixed-window Limiter's prefix, the route's one client key, and the
-// algorithm's suffix.
-const httpLimitKey = "sluice:rl:fixed:{client}:f"
+// httpClientKey is the rate route's one client key; the fixed-window
+// Limiter's RedisKey of it is the route's counter.
+const httpClientKey = "client"
 
 // Two concurrency middlewares with different limits share each node's
 // semaphore Manager (as the docs ask: one Manager per process), and a
@@ -33,7 +32,7 @@ type httpRoutes struct {
 type inflight [2]atomic.Int64
 
 func (w *world) newRoutes(t testing.TB, n *node) {
-	key := func(*http.Request) (string, error) { return "client", nil }
+	key := func(*http.Request) (string, error) { return httpClientKey, nil }
 	quiet := func(*http.Request, error) {}
 	for i, limit := range concLimits {
 		mw, err := ratelimit.NewConcurrencyMiddleware(n.sems, ratelimit.ConcurrencyOptions{Limit: limit, KeyFunc: key, OnError: quiet})

@@ -19,11 +19,11 @@ import (
 // -run 'TestChaos/cluster' runs seeds on a cluster.
 func TestChaos(t *testing.T) {
 	chaos.Suite(t,
-		chaos.Variant{Name: "single", Seeds: []uint64{1}, Config: chaos.Config{Client: chaosClient}},
-		chaos.Variant{Name: "cluster", Config: chaos.Config{Client: chaosClient, Cluster: true}},
+		chaos.Variant{Name: "single", Seeds: []uint64{1}, Config: chaos.Config{Client: chaosClient, RouteClient: smallPool}},
+		chaos.Variant{Name: "cluster", Config: chaos.Config{Client: chaosClient, RouteClient: smallPool, Cluster: true}},
 		// ContextTimeoutEnabled, which the README recommends: calls with a
 		// deadline run in their callers' goroutines.
-		chaos.Variant{Name: "single-deadlines", Seeds: []uint64{1}, Config: chaos.Config{Client: chaosClientDeadlines}},
+		chaos.Variant{Name: "single-deadlines", Seeds: []uint64{1}, Config: chaos.Config{Client: chaosClientDeadlines, RouteClient: smallPool}},
 	)
 }
 
@@ -55,6 +55,30 @@ func chaosClientWith(ctx context.Context, addrs []string, cluster, deadlines boo
 	} else {
 		rdb = redis.NewClient(&redis.Options{Addr: addrs[0], DialTimeout: time.Second,
 			ReadTimeout: lease, WriteTimeout: lease, MaxRetries: -1, ContextTimeoutEnabled: deadlines})
+	}
+	sc, err := goredis.New(ctx, rdb)
+	if err != nil {
+		rdb.Close()
+		return nil, nil, err
+	}
+	return sc, func() { rdb.Close() }, nil
+}
+
+// smallPool is the client of a node's rate-limit routes, gRPC server and
+// Checker: go-redis with a pool of two connections and a PoolTimeout
+// shorter than the routes' Timeout (200 ms), so that a slowed or
+// blackholed network, which holds both connections for ReadTimeout,
+// exhausts the pool: go-redis then answers redis.ErrPoolTimeout, an
+// outage that the routes' fallbacks must decide.
+func smallPool(ctx context.Context, addrs []string, cluster bool) (*scriptcache.Cache, func(), error) {
+	const lease = 2 * time.Second
+	var rdb redis.UniversalClient
+	if cluster {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, DialTimeout: time.Second, ReadTimeout: lease, WriteTimeout: lease,
+			MaxRetries: -1, PoolSize: 2, PoolTimeout: 50 * time.Millisecond})
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: addrs[0], DialTimeout: time.Second, ReadTimeout: lease, WriteTimeout: lease,
+			MaxRetries: -1, PoolSize: 2, PoolTimeout: 50 * time.Millisecond})
 	}
 	sc, err := goredis.New(ctx, rdb)
 	if err != nil {

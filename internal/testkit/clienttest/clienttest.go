@@ -145,6 +145,7 @@ var contractTests = []test{
 	{"LoadScriptsAndNoScript", testLoadScripts},
 	{"EvalWait", testEvalWait},
 	{"EvalWaitLongTimeout", testEvalWaitLong},
+	{"EvalWaitCancel", testEvalWaitCancel},
 	{"Subscribe", testSubscribe},
 	{"SubscribeRefused", testSubscribeRefused},
 }
@@ -460,6 +461,105 @@ func testEvalWaitLong(t *testing.T, e *env) {
 	if n, err := r.AsInt64(); err != nil || n != 1 {
 		t.Errorf("script reply = %d, %v", n, err)
 	}
+}
+
+// testEvalWaitCancel ends EvalWait's context while WAIT blocks for a
+// replica that does not exist, with a timeout of 20 s: EvalWait must
+// return at once with the context's error, whether the server still
+// answers or has stopped (SIGSTOP) meanwhile. A primitive's Close ends such calls this way
+// and waits for them (issue 31, item 5: go-redis waited out WAIT, 20 s,
+// or its read timeout on a stopped server). It runs on a server of its
+// own, on the single target only: a cluster client takes the same path
+// once it has picked a node.
+func testEvalWaitCancel(t *testing.T, e *env) {
+	if e.cluster {
+		t.Skip("same path as single")
+	}
+	srv := redistest.NewServer(t)
+	client := e.newC(t, []string{srv.Addr()})
+	k := key(t, "wc", "k")
+	body := "return redis.call('INCR', KEYS[1])"
+	for i, stop := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(context.Background())
+		type result struct {
+			r    scriptcache.Reply
+			acks int64
+			err  error
+		}
+		done := make(chan result, 1)
+		before := blocked(t, srv)
+		go func() {
+			r, acks, err := client.EvalWait(ctx, "", body, []string{k}, nil, 1, 20*time.Second)
+			done <- result{r, acks, err}
+		}()
+		waitBlocked(t, srv, before)
+		resume := pauseIf(t, srv, stop)
+		start := time.Now()
+		cancel()
+		var got result
+		select {
+		case got = <-done:
+		case <-time.After(signal):
+			t.Fatalf("server stopped %v: EvalWait still running %v after its context ended, with WAIT's timeout 20 s", stop, signal)
+		}
+		took := time.Since(start)
+		resume()
+		if !errors.Is(got.err, context.Canceled) {
+			t.Errorf("server stopped %v: EvalWait cancelled in WAIT = %v after %v; want an error wrapping context.Canceled", stop, got.err, took)
+		}
+		if got.acks != 0 {
+			t.Errorf("server stopped %v: %d acks; want 0", stop, got.acks)
+		}
+		// The script ran before WAIT: its reply, if the client kept it,
+		// says so; an error must not pass for the server's.
+		if n, err := got.r.AsInt64(); err == nil && n != int64(i+1) || err != nil && got.r.ServerError() {
+			t.Errorf("server stopped %v: the script's reply = %d, %v (server error %v); want %d or no reply", stop, n, err, got.r.ServerError(), i+1)
+		}
+	}
+}
+
+// blocked returns how many clients srv has blocked in a command (WAIT).
+func blocked(t testing.TB, srv *redistest.Server) int {
+	t.Helper()
+	out, err := srv.Do("INFO", "clients")
+	if err != nil {
+		t.Fatalf("INFO clients: %v", err)
+	}
+	for _, line := range strings.Fields(out) {
+		if v, ok := strings.CutPrefix(line, "blocked_clients:"); ok {
+			var n int
+			if _, err := fmt.Sscan(v, &n); err != nil {
+				t.Fatalf("INFO clients: %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("INFO clients without blocked_clients: %q", out)
+	return 0
+}
+
+// waitBlocked waits until srv has more than n clients blocked in a
+// command: a call under test has reached WAIT. (A WAIT that a client left
+// to its own timeout may still block on the server, so the count before
+// the call is the baseline.)
+func waitBlocked(t testing.TB, srv *redistest.Server, n int) {
+	t.Helper()
+	if !redistest.WaitFor(context.Background(), signal, func() bool { return blocked(t, srv) > n }) {
+		t.Fatalf("%s: no more than %d clients blocked after %v", srv.Addr(), n, signal)
+	}
+}
+
+// pauseIf stops srv (SIGSTOP) if stop is set, and returns what resumes it
+// (also when the test ends).
+func pauseIf(t testing.TB, srv *redistest.Server, stop bool) (resume func()) {
+	t.Helper()
+	if !stop {
+		return func() {}
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	return srv.Resumer(t)
 }
 
 // sub runs Subscribe in a goroutine and reports what it calls.

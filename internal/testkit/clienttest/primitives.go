@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -25,6 +26,7 @@ const signal = 10 * time.Second
 
 var primitiveTests = []test{
 	{"CacheScripts", testCacheScripts},
+	{"CacheConcurrent", testCacheConcurrent},
 	{"MutexBasics", testMutexBasics},
 	{"MutexWakeUp", testMutexWakeUp},
 	{"MutexForceUnlock", testMutexForceUnlock},
@@ -35,6 +37,7 @@ var primitiveTests = []test{
 	{"SemaphoreFair", testSemaphoreFair},
 	{"RateLimit", testRateLimit},
 	{"AbandonedAttempt", testAbandonedAttempt},
+	{"CloseDuringReplicaWait", testCloseDuringReplicaWait},
 }
 
 // name returns a lock or limiter name unique to this run of the test: the
@@ -699,5 +702,125 @@ func testAbandonedAttempt(t *testing.T, e *env) {
 	}
 	if err := a.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// testCacheConcurrent runs many script calls at once through a cache,
+// with the scripts flushed from every node midway: each call must get its
+// own reply (a client that coalesces calls into pipelines must not mix
+// them up), a NOSCRIPT among many must be reloaded for each, and every
+// call must run exactly once.
+func testCacheConcurrent(t *testing.T, e *env) {
+	ctx := context.Background()
+	sc := cache(t, e.client, scriptcache.WithFS(testFS))
+	incr, err := sc.Script("incr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo, err := sc.Script("echo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const goroutines, calls = 32, 40
+	tag := name(t, "cc")
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Go(func() {
+			k := key(t, tag, fmt.Sprint(g)) // one slot per tag: a cluster sees one node, others see theirs
+			for i := range calls {
+				if g == 0 && i == calls/2 {
+					for _, n := range e.nodes {
+						if err := n.FlushScripts(); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}
+				arg := fmt.Sprintf("%d/%d", g, i)
+				if s, err := echo.Exec(ctx, []string{k}, []string{arg}).ToString(); err != nil || s != k+arg {
+					errs <- fmt.Errorf("goroutine %d call %d: echo = %q, %w; want %q", g, i, s, err, k+arg)
+					return
+				}
+				if n, err := incr.Exec(ctx, []string{k}, nil).AsInt64(); err != nil || n != int64(i+1) {
+					errs <- fmt.Errorf("goroutine %d call %d: incr = %d, %w; want %d (each call once)", g, i, n, err, i+1)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// testCloseDuringReplicaWait closes a Manager and a Locker while an Acquire
+// or Lock with ReplicaAcks, whose caller has left, waits in WAIT for a
+// replica that does not exist (ReplicaTimeout 20 s): Close must return at
+// once, on a server that answers and on one that has stopped (SIGSTOP)
+// meanwhile (issue 31, item 5: on go-redis, Close waited out WAIT, or its
+// read timeout on a stopped server). The README: a server that stopped
+// answering cannot hold Close up.
+func testCloseDuringReplicaWait(t *testing.T, e *env) {
+	if e.cluster {
+		t.Skip("same path as single; stopping a node of the shared cluster would disturb it")
+	}
+	srv := redistest.NewServer(t)
+	const replicaTimeout = 20 * time.Second
+	for _, stop := range []bool{false, true} {
+		for _, prim := range []string{"semaphore", "mutex"} {
+			t.Run(fmt.Sprintf("%s/stopped=%v", prim, stop), func(t *testing.T) {
+				sc := cache(t, e.newC(t, []string{srv.Addr()}))
+				var acquire func(ctx context.Context) error
+				var closeIt func()
+				switch prim {
+				case "semaphore":
+					m := manager(t, sc, semaphore.Options{ReplicaAcks: 1, ReplicaTimeout: replicaTimeout})
+					s, err := m.NewSemaphore(name(t, "sem"), 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					acquire = func(ctx context.Context) error { _, err := s.Acquire(ctx, 1); return err }
+					closeIt = m.Close
+				default:
+					l := locker(t, sc, mutex.Options{ReplicaAcks: 1, ReplicaTimeout: replicaTimeout})
+					m := newMutex(t, l, name(t, "mu"))
+					acquire = m.Lock
+					closeIt = l.Close
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				done := make(chan error, 1)
+				before := blocked(t, srv)
+				go func() { done <- acquire(ctx) }()
+				waitBlocked(t, srv, before)
+				resume := pauseIf(t, srv, stop)
+				cancel()
+				select {
+				case err := <-done:
+					if !errors.Is(err, context.Canceled) {
+						t.Errorf("%s in WAIT, its context cancelled = %v; want an error wrapping context.Canceled", prim, err)
+					}
+				case <-time.After(signal):
+					t.Fatalf("%s in WAIT still running %v after its context ended", prim, signal)
+				}
+				start := time.Now()
+				closed := make(chan struct{})
+				go func() {
+					defer close(closed)
+					closeIt()
+				}()
+				select {
+				case <-closed:
+				case <-time.After(signal):
+					t.Errorf("%s: Close still running after %v, with a call in WAIT (ReplicaTimeout %v) whose caller left", prim, signal, replicaTimeout)
+					<-closed
+					t.Logf("Close returned after %v", time.Since(start))
+				}
+				resume()
+			})
+		}
 	}
 }

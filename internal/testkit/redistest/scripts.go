@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
-
-	"github.com/sluicekit/sluice/lua"
 )
 
 // MutatedScripts returns package lua's scripts with, in the script named
@@ -20,12 +18,12 @@ func MutatedScripts(t testing.TB, script string, oldNew ...string) fs.FS {
 		t.Fatalf("MutatedScripts: %d texts, want old/new pairs", len(oldNew))
 	}
 	files := fstest.MapFS{}
-	entries, err := fs.ReadDir(lua.FS(), ".")
+	entries, err := fs.ReadDir(pristine(), ".")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
-		b, err := fs.ReadFile(lua.FS(), e.Name())
+		b, err := fs.ReadFile(pristine(), e.Name())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,7 +4,8 @@
 # patch is built in a scratch copy and the harness runs the given seeds
 # (default 1 2 3; MUTANT_SEEDS="1 2 3 4 5 6 7 8 9 10" for the 9-of-10 rule) on
 # the single-server variant (MUTANT_VARIANT=cluster for the other).
-# A mutant is caught by a seed when the run reports a violation or fails.
+# A mutant is caught by a seed when the test binary exits non-zero: a
+# violation, a failure, a panic, or goroutines left over (goleak).
 #
 #   internal/harness/chaos/mutants/run.sh              # every mutant
 #   internal/harness/chaos/mutants/run.sh do-swallow   # some, by name
@@ -34,11 +35,16 @@ for name in "${names[@]}"; do
   caught=0 total=0 how=""
   for s in $seeds; do
     total=$((total + 1))
-    out=$(cd "$tree/internal/harness/chaos" && SLUICE_REQUIRE_REDIS=1 SLUICE_CHAOS_SEED=$s "$scratch/$name.test" -test.run "TestChaos/${MUTANT_VARIANT:-single}$" -test.count=1 2>&1 || true)
-    if ! grep -q '^PASS$' <<<"$out"; then
+    # Caught is decided on the exit status, not on the output: goleak
+    # (redistest.Main) reports leaked goroutines after the tests printed
+    # PASS, and then exits non-zero.
+    status=0
+    out=$(cd "$tree/internal/harness/chaos" && SLUICE_REQUIRE_REDIS=1 SLUICE_CHAOS_SEED=$s "$scratch/$name.test" -test.run "TestChaos/${MUTANT_VARIANT:-single}$" -test.count=1 2>&1) || status=$?
+    if [ "$status" -ne 0 ]; then
       caught=$((caught + 1))
       [ -n "$how" ] || how=$(grep -m1 -E '^\s+at [0-9.]+s: ' <<<"$out" | sed 's/^ *//' | cut -c1-160 || true)
-      [ -n "$how" ] || how=$(grep -m1 -E 'panic|FAIL' <<<"$out" | cut -c1-160 || true)
+      [ -n "$how" ] || how=$(grep -m1 -E 'panic|FAIL|goleak' <<<"$out" | cut -c1-160 || true)
+      [ -n "$how" ] || how="exit status $status"
     fi
   done
   echo "$name: caught by $caught of $total seeds${how:+ (first: $how)}"
