@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/sluicekit/sluice/scriptcache"
+	"github.com/sluicekit/sluice"
 )
 
 // The physical ceiling: how many calls per second the server itself can run
@@ -59,7 +59,7 @@ func measureCeilings(ctx context.Context, b *bench, scripts []string) []ceiling 
 		return []ceiling{{Method: "setup", Err: err.Error()}}
 	}
 	defer client.Close()
-	cache, err := scriptcache.New(ctx, client)
+	cache, err := sluice.New(ctx, client)
 	if err != nil {
 		return []ceiling{{Method: "setup", Err: err.Error()}}
 	}

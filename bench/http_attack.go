@@ -13,8 +13,8 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/ratelimit"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // The 65k-key attack of issue 14, over HTTP: Redis is slowed past the
@@ -162,7 +162,7 @@ func attackOnce(ctx context.Context, b *bench, fb ratelimit.Fallback, dur time.D
 		return run, err
 	}
 	defer c.Close()
-	sc, err := scriptcache.New(ctx, c)
+	sc, err := sluice.New(ctx, c)
 	if err != nil {
 		return run, err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/ratelimit"
 	"github.com/sluicekit/sluice/scriptcache"
 )
@@ -132,7 +133,7 @@ func openMiddlewareServer(ctx context.Context, s *server, ns string) (*httpTarge
 		return nil, err
 	}
 	cc := &countingClient{Client: c}
-	sc, err := scriptcache.New(ctx, cc)
+	sc, err := sluice.New(ctx, cc)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -362,7 +363,7 @@ func runHTTPLoad(ctx context.Context, b *bench, name string, pace time.Duration)
 	defer ping.Close()
 
 	// The limiter's script, loaded as the library loads it.
-	cache, err := scriptcache.New(ctx, ping)
+	cache, err := sluice.New(ctx, ping)
 	var gcra *scriptcache.Script
 	if err == nil {
 		gcra, err = cache.Script("ratelimit_gcra")

@@ -7,7 +7,7 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/sluicekit/sluice/scriptcache"
+	"github.com/sluicekit/sluice"
 )
 
 // The raw reference: the fixed-window script sent as a bare EVALSHA per
@@ -22,7 +22,7 @@ func init() {
 			if err != nil {
 				return nil, nil, err
 			}
-			cache, err := scriptcache.New(ctx, client)
+			cache, err := sluice.New(ctx, client)
 			if err != nil {
 				client.Close()
 				return nil, nil, err

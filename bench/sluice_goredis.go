@@ -5,10 +5,10 @@ package main
 import (
 	"context"
 
+	"github.com/sluicekit/sluice"
 	sluicegoredis "github.com/sluicekit/sluice/goredis"
 	sluicemutex "github.com/sluicekit/sluice/mutex"
 	"github.com/sluicekit/sluice/ratelimit"
-	"github.com/sluicekit/sluice/scriptcache"
 	sluicesem "github.com/sluicekit/sluice/semaphore"
 )
 
@@ -69,7 +69,7 @@ func init() {
 }
 
 // openGoRedisCache is openCache on a go-redis client.
-func openGoRedisCache(ctx context.Context, s *server) (*scriptcache.Cache, func(), error) {
+func openGoRedisCache(ctx context.Context, s *server) (*sluice.Client, func(), error) {
 	client := s.goRedis()
 	sc, err := sluicegoredis.New(ctx, client)
 	if err != nil {

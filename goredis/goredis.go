@@ -4,8 +4,8 @@
 // module runs on rueidis and does not depend on go-redis.
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
-//	sc, err := goredis.New(ctx, rdb)
-//	locks, err := mutex.NewLocker(sc, mutex.Options{})
+//	client, err := goredis.New(ctx, rdb) // a *sluice.Client, as sluice.New returns
+//	locks, err := mutex.NewLocker(client, mutex.Options{})
 //
 // Wrap adapts a *redis.Client (including the Sentinel failover client of
 // redis.NewFailoverClient) or a *redis.ClusterClient to scriptcache.Client;
@@ -83,6 +83,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
@@ -139,7 +140,8 @@ func Wrap(c redis.UniversalClient) (*Client, error) {
 }
 
 // New wraps c (see Wrap) and loads sluice's scripts into every node it
-// knows: the script cache every primitive's constructor takes.
+// knows: the *sluice.Client every primitive's constructor takes, as
+// sluice.New returns for rueidis.
 //
 // If ctx ends before the server answers, the error wraps ctx.Err() and,
 // when a connection to the server could not be opened, the reason
@@ -147,7 +149,7 @@ func Wrap(c redis.UniversalClient) (*Client, error) {
 // retries failed dials until ctx ends and only logs why they failed. To
 // find it, New dials the server once itself if loading has not finished
 // within 100 ms (or half the time left to ctx's deadline, if less).
-func New(ctx context.Context, c redis.UniversalClient, opts ...scriptcache.Option) (*scriptcache.Cache, error) {
+func New(ctx context.Context, c redis.UniversalClient, opts ...sluice.Option) (*sluice.Client, error) {
 	w, err := Wrap(c)
 	if err != nil {
 		return nil, err

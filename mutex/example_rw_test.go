@@ -8,8 +8,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/mutex"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // exampleLocker starts a miniredis and returns a Locker on it and a
@@ -19,7 +19,7 @@ func exampleLocker() (*mutex.Locker, func()) {
 	client, _ := rueidis.NewClient(rueidis.ClientOption{
 		InitAddress: []string{mr.Addr()}, DisableCache: true, AlwaysRESP2: true,
 	})
-	sc, err := scriptcache.New(context.Background(), client)
+	sc, err := sluice.New(context.Background(), client)
 	if err != nil {
 		panic(err)
 	}

@@ -9,8 +9,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/mutex"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // The quick start of the README. Against a real Redis the client needs no
@@ -24,7 +24,7 @@ func Example() {
 	defer client.Close()
 
 	ctx := context.Background()
-	sc, err := scriptcache.New(ctx, client)
+	sc, err := sluice.New(ctx, client)
 	if err != nil {
 		panic(err)
 	}
@@ -93,7 +93,7 @@ func Example_inventory() {
 	})
 	defer client.Close()
 	ctx := context.Background()
-	sc, _ := scriptcache.New(ctx, client)
+	sc, _ := sluice.New(ctx, client)
 	locks, _ := mutex.NewLocker(sc, mutex.Options{})
 	defer locks.Close()
 
@@ -154,7 +154,7 @@ func ExampleMutex_Do() {
 	})
 	defer client.Close()
 	ctx := context.Background()
-	sc, _ := scriptcache.New(ctx, client)
+	sc, _ := sluice.New(ctx, client)
 	locks, _ := mutex.NewLocker(sc, mutex.Options{})
 	defer locks.Close()
 
@@ -182,7 +182,7 @@ func ExampleMutex_HeldUntil() {
 	})
 	defer client.Close()
 	ctx := context.Background()
-	sc, _ := scriptcache.New(ctx, client)
+	sc, _ := sluice.New(ctx, client)
 	locks, _ := mutex.NewLocker(sc, mutex.Options{})
 	defer locks.Close()
 

@@ -6,10 +6,11 @@
 // held lease. Create one per process and Close it on shutdown. A Mutex is one
 // owner of one named lock:
 //
-//	locks, err := mutex.NewLocker(sc, mutex.Options{})
+//	client, err := sluice.New(ctx, rdb) // or goredis.New for go-redis
+//	locks, err := mutex.NewLocker(client, mutex.Options{})
 //	defer locks.Close()
-//	m, err := locks.NewMutex("order:42")
-//	if err := m.Lock(ctx); err != nil { ... }
+//	m, err := locks.Lock(ctx, "order:42") // NewMutex, then its Lock
+//	if err != nil { ... }
 //	defer m.Unlock(ctx)
 //
 // # Owners and reentrancy
@@ -24,7 +25,7 @@
 // and Unlock pair on a fresh Mutex costs five allocations, on a reused one
 // three (on rueidis, calls one at a time; its pipelining adds about two
 // under load). A held lock with its Mutex takes about 460 bytes of heap (with a
-// name of a dozen bytes; TestHeldLeases measures it).
+// name of a dozen bytes, measured by the package's tests).
 //
 // # Leases
 //
@@ -41,7 +42,7 @@
 // channel closes and Err returns an error wrapping ErrLost and the reason.
 // Loss is judged on the client clock, counting each lease from before the
 // request that set it was sent and giving it up a margin early (a tenth of
-// the lease, 5 ms to 1 s; see internal/lease), so the signal comes before
+// the lease, at least 5 ms and at most 1 s), so the signal comes before
 // Redis could have let anyone else in, provided the process is scheduled
 // within that margin: a process stopped for longer (a VM pause, SIGSTOP,
 // swapping) hears of the loss too late. HeldUntil and Valid read the client
@@ -155,6 +156,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/internal/notify"
@@ -189,14 +191,14 @@ var (
 	// Lock returns it rather than silently polling at the pace of the
 	// holder's lease. The releasing scripts PUBLISH too, so such a user
 	// cannot Unlock either.
-	ErrSubscribe = notify.ErrSubscribe
+	ErrSubscribe = errors.New("mutex: subscription refused")
 )
 
 // Defaults for Options.
 const (
-	DefaultWatchdogLease  = lease.DefaultWatchdogLease
+	DefaultWatchdogLease  = 30 * time.Second
 	DefaultPrefix         = "sluice:mutex:"
-	DefaultReplicaTimeout = lease.DefaultReplicaTimeout
+	DefaultReplicaTimeout = 100 * time.Millisecond
 )
 
 // Options configure a Locker. The zero value is the default.
@@ -297,9 +299,9 @@ type Locker struct {
 }
 
 // NewLocker returns a Locker that runs its scripts through sc.
-func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
+func NewLocker(sc *sluice.Client, opts Options) (*Locker, error) {
 	if sc == nil {
-		return nil, fmt.Errorf("%w: nil script cache", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: nil client", ErrInvalidOptions)
 	}
 	opts, err := opts.withDefaults()
 	if err != nil {
@@ -322,7 +324,7 @@ func NewLocker(sc *scriptcache.Cache, opts Options) (*Locker, error) {
 		}
 	}
 	l.obs = sc.Observer()
-	l.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), l.obs, scriptcache.PrimitiveMutex)
+	l.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), l.obs, scriptcache.PrimitiveMutex, ErrSubscribe)
 	l.keeper = lease.NewKeeper()
 	l.groups = l.keeper.NewSlots(sc.Cluster(), l.renewLeases)
 	l.rwGroups = l.keeper.NewSlots(sc.Cluster(), l.renewRW)

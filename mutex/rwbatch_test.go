@@ -240,7 +240,7 @@ func TestWatchdogRWBatchGoneOnlyThatHold(t *testing.T) {
 				}
 				err := all[i].Err()
 				if !errors.Is(err, mutex.ErrLost) || !errors.Is(err, lease.ErrGone) ||
-					!strings.Contains(err.Error(), kind+": "+"lease: not held any more: deleted, expired or forced") {
+					!strings.Contains(err.Error(), kind+": "+"not held any more: deleted, expired or forced") {
 					t.Fatalf("%s (%d): Err() = %v, want ErrLost of the %s hold found deleted, expired or forced by a renewal", all[i].Name(), i, err, kind)
 				}
 			}

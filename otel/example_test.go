@@ -17,10 +17,10 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/mutex"
 	sluiceotel "github.com/sluicekit/sluice/otel"
 	"github.com/sluicekit/sluice/ratelimit"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // Export sluice's metrics to Prometheus: an OpenTelemetry MeterProvider
@@ -57,7 +57,7 @@ func Example_prometheus() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	sc, err := scriptcache.New(ctx, client, scriptcache.WithObserver(obs))
+	sc, err := sluice.New(ctx, client, sluice.WithObserver(obs))
 	if err != nil {
 		log.Fatal(err)
 	}

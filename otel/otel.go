@@ -1,11 +1,11 @@
 // Package sluiceotel records what sluice's primitives do as OpenTelemetry
-// metrics. It is a scriptcache.Observer:
+// metrics. It is a sluice.Observer:
 //
 //	obs, err := sluiceotel.New(otel.GetMeterProvider(), sluiceotel.Options{})
-//	sc, err := scriptcache.New(ctx, client, scriptcache.WithObserver(obs))
+//	client, err := sluice.New(ctx, rdb, sluice.WithObserver(obs))
 //
 // and every mutex.Locker, semaphore.Manager and ratelimit.Limiter made from
-// sc reports through it. The instruments (seconds for durations):
+// client reports through it. The instruments (seconds for durations):
 //
 //	sluice.lock.wait                histogram  time from Lock to the grant  {primitive}
 //	sluice.lock.hold                histogram  time from the grant to the release  {primitive}
@@ -26,7 +26,7 @@
 // Primitive is mutex, rwmutex or multimutex for locks, semaphore for
 // permits. A decision counts one request whatever its cost. Reasons are the
 // scriptcache Reason constants, sources and modes the names of
-// scriptcache.Source (redis, deny_cache, local; fail_open, fail_closed,
+// sluice.Source (redis, deny_cache, local; fail_open, fail_closed,
 // local). Every attribute takes a handful of values, so the number of
 // series is fixed, unless Options.Names adds the lock, semaphore or limit
 // name, which makes one series per name. Those names come from the
@@ -45,7 +45,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/sluicekit/sluice/scriptcache"
+	"github.com/sluicekit/sluice"
 )
 
 // ScopeName is the instrumentation scope of the instruments.
@@ -76,7 +76,7 @@ func DefaultBuckets() []float64 {
 var ErrNilMeterProvider = errors.New("sluiceotel: nil MeterProvider")
 
 // Observer records sluice's events as metrics; it implements
-// scriptcache.Observer. It is safe for concurrent use.
+// sluice.Observer. It is safe for concurrent use.
 type Observer struct {
 	names bool
 
@@ -91,11 +91,11 @@ type Observer struct {
 
 // attrKey identifies one attribute set.
 type attrKey struct {
-	kind      scriptcache.EventKind
+	kind      sluice.EventKind
 	primitive string
 	name      string
 	reason    string
-	source    scriptcache.Source
+	source    sluice.Source
 	flag      bool // allowed, or a failed reload
 }
 
@@ -153,12 +153,12 @@ func unitOf(name string) string {
 	return name
 }
 
-// Observe records e. It implements scriptcache.Observer.
-func (o *Observer) Observe(e scriptcache.Event) {
+// Observe records e. It implements sluice.Observer.
+func (o *Observer) Observe(e sluice.Event) {
 	ctx := context.Background()
-	sem := e.Primitive == scriptcache.PrimitiveSemaphore
+	sem := e.Primitive == sluice.PrimitiveSemaphore
 	switch e.Kind {
-	case scriptcache.EventAcquired:
+	case sluice.EventAcquired:
 		attrs := o.attrs(attrKey{kind: e.Kind, primitive: e.Primitive, name: e.Name})
 		if sem {
 			o.semWait.Record(ctx, e.Wait.Seconds(), attrs)
@@ -172,35 +172,35 @@ func (o *Observer) Observe(e scriptcache.Event) {
 				o.lockHandoffs.Add(ctx, 1, attrs)
 			}
 		}
-	case scriptcache.EventAcquireFailed:
+	case sluice.EventAcquireFailed:
 		attrs := o.attrs(attrKey{kind: e.Kind, primitive: e.Primitive, name: e.Name, reason: e.Reason})
 		if sem {
 			o.semFailures.Add(ctx, 1, attrs)
 		} else {
 			o.lockFailures.Add(ctx, 1, attrs)
 		}
-	case scriptcache.EventReleased:
+	case sluice.EventReleased:
 		attrs := o.attrs(attrKey{kind: e.Kind, primitive: e.Primitive, name: e.Name})
 		if sem {
 			o.semHold.Record(ctx, e.Hold.Seconds(), attrs)
 		} else {
 			o.lockHold.Record(ctx, e.Hold.Seconds(), attrs)
 		}
-	case scriptcache.EventLost:
+	case sluice.EventLost:
 		attrs := o.attrs(attrKey{kind: e.Kind, primitive: e.Primitive, name: e.Name, reason: e.Reason})
 		if sem {
 			o.semLosses.Add(ctx, 1, attrs)
 		} else {
 			o.lockLosses.Add(ctx, 1, attrs)
 		}
-	case scriptcache.EventDecision:
+	case sluice.EventDecision:
 		o.decisions.Add(ctx, 1, o.attrs(attrKey{kind: e.Kind, name: e.Name, source: e.Source, flag: e.Allowed}))
-	case scriptcache.EventFallback:
+	case sluice.EventFallback:
 		o.fallbacks.Add(ctx, 1, o.attrs(attrKey{kind: e.Kind, name: e.Name, source: e.Source}))
-	case scriptcache.EventScriptReload:
+	case sluice.EventScriptReload:
 		o.reloads.Add(ctx, 1, o.attrs(attrKey{kind: e.Kind, name: e.Name, flag: e.Err != nil}))
-	case scriptcache.EventSubscription:
-		if e.Reason == scriptcache.ReasonResubscribed {
+	case sluice.EventSubscription:
+		if e.Reason == sluice.ReasonResubscribed {
 			o.resub.Add(ctx, 1, o.attrs(attrKey{kind: e.Kind, primitive: e.Primitive, reason: e.Reason}))
 		} else {
 			o.subErrors.Add(ctx, 1, o.attrs(attrKey{kind: e.Kind, primitive: e.Primitive, reason: e.Reason}))
@@ -210,7 +210,7 @@ func (o *Observer) Observe(e scriptcache.Event) {
 
 // attrs returns the attribute option of k, made once per distinct k.
 func (o *Observer) attrs(k attrKey) metric.MeasurementOption {
-	if !o.names && k.kind != scriptcache.EventScriptReload {
+	if !o.names && k.kind != sluice.EventScriptReload {
 		k.name = ""
 	}
 	o.mu.RLock()
@@ -221,11 +221,11 @@ func (o *Observer) attrs(k attrKey) metric.MeasurementOption {
 	}
 	var kv []attribute.KeyValue
 	switch k.kind {
-	case scriptcache.EventScriptReload:
+	case sluice.EventScriptReload:
 		kv = append(kv, attribute.String("script", k.name), attribute.Bool("failed", k.flag))
-	case scriptcache.EventDecision:
+	case sluice.EventDecision:
 		kv = append(kv, attribute.Bool("allowed", k.flag), attribute.String("source", k.source.String()))
-	case scriptcache.EventFallback:
+	case sluice.EventFallback:
 		kv = append(kv, attribute.String("mode", k.source.String()))
 	default:
 		if k.primitive != "" {
@@ -235,7 +235,7 @@ func (o *Observer) attrs(k attrKey) metric.MeasurementOption {
 			kv = append(kv, attribute.String("reason", k.reason))
 		}
 	}
-	if o.names && k.name != "" && k.kind != scriptcache.EventScriptReload {
+	if o.names && k.name != "" && k.kind != sluice.EventScriptReload {
 		kv = append(kv, attribute.String("name", k.name))
 	}
 	opt = metric.WithAttributeSet(attribute.NewSet(kv...))

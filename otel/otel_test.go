@@ -18,11 +18,11 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/mutex"
 	sluiceotel "github.com/sluicekit/sluice/otel"
 	"github.com/sluicekit/sluice/ratelimit"
-	"github.com/sluicekit/sluice/scriptcache"
 	"github.com/sluicekit/sluice/semaphore"
 )
 
@@ -91,7 +91,7 @@ func TestMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc, err := scriptcache.New(ctx, client, scriptcache.WithObserver(obs))
+	sc, err := sluice.New(ctx, client, sluice.WithObserver(obs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,10 +239,10 @@ func TestNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	obs.Observe(scriptcache.Event{Kind: scriptcache.EventAcquired, Primitive: scriptcache.PrimitiveSemaphore, Name: "pool", Wait: time.Millisecond, Weight: 2, Handoff: true})
-	obs.Observe(scriptcache.Event{Kind: scriptcache.EventFallback, Primitive: scriptcache.PrimitiveRateLimit, Name: "api", Source: scriptcache.SourceFailOpen})
-	obs.Observe(scriptcache.Event{Kind: scriptcache.EventSubscription, Primitive: scriptcache.PrimitiveMutex, Name: "ch", Reason: scriptcache.ReasonRefused})
-	obs.Observe(scriptcache.Event{Kind: scriptcache.EventSubscription, Primitive: scriptcache.PrimitiveMutex, Name: "ch", Reason: scriptcache.ReasonResubscribed})
+	obs.Observe(sluice.Event{Kind: sluice.EventAcquired, Primitive: sluice.PrimitiveSemaphore, Name: "pool", Wait: time.Millisecond, Weight: 2, Handoff: true})
+	obs.Observe(sluice.Event{Kind: sluice.EventFallback, Primitive: sluice.PrimitiveRateLimit, Name: "api", Source: sluice.SourceFailOpen})
+	obs.Observe(sluice.Event{Kind: sluice.EventSubscription, Primitive: sluice.PrimitiveMutex, Name: "ch", Reason: sluice.ReasonRefused})
+	obs.Observe(sluice.Event{Kind: sluice.EventSubscription, Primitive: sluice.PrimitiveMutex, Name: "ch", Reason: sluice.ReasonResubscribed})
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(ctx, &rm); err != nil {
 		t.Fatal(err)
@@ -282,7 +282,7 @@ func TestNamesConcurrencyMiddleware(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc, err := scriptcache.New(ctx, redistest.Client(t, redistest.Single(t).Addr()), scriptcache.WithObserver(obs))
+	sc, err := sluice.New(ctx, redistest.Client(t, redistest.Single(t).Addr()), sluice.WithObserver(obs))
 	if err != nil {
 		t.Fatal(err)
 	}

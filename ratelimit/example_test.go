@@ -11,15 +11,15 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/ratelimit"
-	"github.com/sluicekit/sluice/scriptcache"
 	"github.com/sluicekit/sluice/semaphore"
 )
 
 // Examples run on miniredis so that their output is deterministic; use a
 // real Redis server or cluster in production.
 // Its clock is stopped, as if every call came at the same instant.
-func newScriptCache() (*scriptcache.Cache, func()) {
+func newScriptCache() (*sluice.Client, func()) {
 	mr, err := miniredis.Run()
 	if err != nil {
 		panic(err)
@@ -29,7 +29,7 @@ func newScriptCache() (*scriptcache.Cache, func()) {
 	if err != nil {
 		panic(err)
 	}
-	sc, err := scriptcache.New(context.Background(), client)
+	sc, err := sluice.New(context.Background(), client)
 	if err != nil {
 		panic(err)
 	}

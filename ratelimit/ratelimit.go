@@ -95,14 +95,15 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // Errors returned by this package; check them with errors.Is.
 var (
-	// ErrNilCache means New was given a nil *scriptcache.Cache.
-	ErrNilCache = errors.New("ratelimit: nil script cache")
+	// ErrNilCache means New was given a nil *sluice.Client.
+	ErrNilCache = errors.New("ratelimit: nil client")
 	// ErrInvalidLimit means Options.Limit is out of range.
 	ErrInvalidLimit = errors.New("ratelimit: invalid limit")
 	// ErrNoLimit means a call needs the Limiter's own Limit (Allow, a
@@ -304,7 +305,7 @@ type Result struct {
 }
 
 // New returns a Limiter that runs on sc's Redis.
-func New(sc *scriptcache.Cache, opts Options) (*Limiter, error) {
+func New(sc *sluice.Client, opts Options) (*Limiter, error) {
 	if sc == nil {
 		return nil, ErrNilCache
 	}

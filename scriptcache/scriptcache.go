@@ -1,5 +1,9 @@
 // Package scriptcache runs sluice's Lua scripts on Redis: the single way every
-// other sluice package talks to the server's scripting engine.
+// other sluice package talks to the server's scripting engine. It is the
+// machinery under sluice.Client (which is this package's Cache): programs
+// that use the primitives start at package sluice; this package is for
+// adapter authors (Client, Reply, NewFrom) and for running scripts of one's
+// own (Cache.Script).
 //
 // New reads every NAME.lua file of an fs.FS (the scripts of package lua by
 // default), computes their SHA1 digests locally and loads them with SCRIPT

@@ -37,7 +37,7 @@ func TestErrorText(t *testing.T) {
 			p := acquire(t, e.sem(t, name, 2), 1)
 			e.mgr.Close()
 			return waitLost(t, p)
-		}, `semaphore: permit lost: "%s": manager closed: lease: keeper closed`, []error{semaphore.ErrLost, semaphore.ErrClosed}},
+		}, `semaphore: permit lost: "%s": manager closed: lease keeper closed`, []error{semaphore.ErrLost, semaphore.ErrClosed}},
 		{"release of a permit lost by Close, then deleted", func(t *testing.T, name string) error {
 			e := newEnv(t, addrs, semaphore.Options{})
 			p := acquire(t, e.sem(t, name, 2), 1)
@@ -47,7 +47,7 @@ func TestErrorText(t *testing.T) {
 				t.Fatal(err)
 			}
 			return p.Release(ctx)
-		}, `semaphore: permit not held: permit lost: "%s": manager closed: lease: keeper closed`, []error{semaphore.ErrNotHeld, semaphore.ErrLost, semaphore.ErrClosed}},
+		}, `semaphore: permit not held: permit lost: "%s": manager closed: lease keeper closed`, []error{semaphore.ErrNotHeld, semaphore.ErrLost, semaphore.ErrClosed}},
 		{"try acquire of a full semaphore", func(t *testing.T, name string) error {
 			s := e.sem(t, name, 1)
 			acquire(t, s, 1)

@@ -12,7 +12,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 
-	"github.com/sluicekit/sluice/scriptcache"
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/semaphore"
 )
 
@@ -32,7 +32,7 @@ func exampleManager() (*semaphore.Manager, func()) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	sc, err := scriptcache.New(context.Background(), client)
+	sc, err := sluice.New(context.Background(), client)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -12,7 +12,7 @@
 // the wake-ups), and Close it on shutdown. A Semaphore is a name and a
 // capacity; it is cheap and holds no state of its own:
 //
-//	mgr, err := semaphore.NewManager(sc, semaphore.Options{})
+//	mgr, err := semaphore.NewManager(client, semaphore.Options{}) // client from sluice.New
 //	defer mgr.Close()
 //	sem, err := mgr.NewSemaphore("upstream", 8)
 //	p, err := sem.Acquire(ctx, 1)
@@ -189,6 +189,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/internal/notify"
@@ -228,14 +229,14 @@ var (
 	// ErrSubscribe means Redis refused the subscription an Acquire needs
 	// to wait (NOPERM for an ACL user without access to the channel); the
 	// error also wraps the Redis error. Nothing is held.
-	ErrSubscribe = notify.ErrSubscribe
+	ErrSubscribe = errors.New("semaphore: subscription refused")
 )
 
 // Defaults and limits.
 const (
-	DefaultWatchdogLease  = lease.DefaultWatchdogLease
+	DefaultWatchdogLease  = 30 * time.Second
 	DefaultPrefix         = "sluice:sem:"
-	DefaultReplicaTimeout = lease.DefaultReplicaTimeout
+	DefaultReplicaTimeout = 100 * time.Millisecond
 	// CapacityRetention is how long a capacity set by SetCapacity is kept
 	// after the semaphore's last grant, renewal or release.
 	CapacityRetention = 24 * time.Hour
@@ -342,9 +343,9 @@ type Manager struct {
 
 // NewManager returns a Manager that runs its scripts through sc. Close it
 // when done.
-func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
+func NewManager(sc *sluice.Client, opts Options) (*Manager, error) {
 	if sc == nil {
-		return nil, fmt.Errorf("%w: nil script cache", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: nil client", ErrInvalidOptions)
 	}
 	opts, err := opts.withDefaults()
 	if err != nil {
@@ -368,7 +369,7 @@ func NewManager(sc *scriptcache.Cache, opts Options) (*Manager, error) {
 		}
 	}
 	m.obs = sc.Observer()
-	m.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), m.obs, scriptcache.PrimitiveSemaphore)
+	m.hub = notify.NewObserved(sc.Client(), sc.ShardedPubSub(), m.obs, scriptcache.PrimitiveSemaphore, ErrSubscribe)
 	m.keeper = lease.NewKeeper()
 	m.groups = m.keeper.NewSlots(sc.Cluster(), m.renewPermits)
 	if opts.Fair {

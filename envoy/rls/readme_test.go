@@ -15,18 +15,18 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
-// TestReadmeEnvoySnippet parses the Envoy configuration of the README's
-// Envoy section into Envoy's bootstrap types and runs their validation:
+// TestReadmeEnvoySnippet parses the Envoy configuration of the Envoy
+// page (docs/envoy.md) into Envoy's bootstrap types and runs their validation:
 // every field name, type URL and value there is one Envoy takes.
 func TestReadmeEnvoySnippet(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/envoy.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	readme := string(b)
-	i := strings.Index(readme, "## Envoy: a rate limit service")
+	i := strings.Index(readme, "# Envoy: a rate limit service")
 	if i < 0 {
-		t.Fatal("no Envoy section in the README")
+		t.Fatal("no Envoy page in docs/envoy.md")
 	}
 	start := strings.Index(readme[i:], "```yaml\n")
 	if start < 0 {

@@ -17,7 +17,7 @@
 //
 // The Limiter provides Redis, the key prefix and the deny cache; it needs
 // no Limit of its own (the rules are the limits). Watch reloads the configuration when its files
-// change. The README's "Envoy" section has the command, sluice-ratelimit,
+// change. docs/envoy.md in the repository has the command, sluice-ratelimit,
 // and the Envoy side.
 //
 // # Matching

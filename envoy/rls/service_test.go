@@ -23,11 +23,11 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/envoy/rls"
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/ratelimit"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -80,7 +80,7 @@ func startLimiter(t *testing.T, client rueidis.Client, cfg *rls.Config, opts rls
 	} else {
 		e.prefix = fmt.Sprintf("t%d:", runs.Add(1))
 	}
-	sc, err := scriptcache.New(context.Background(), e.raw)
+	sc, err := sluice.New(context.Background(), e.raw)
 	if err != nil {
 		t.Fatal(err)
 	}

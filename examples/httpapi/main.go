@@ -36,9 +36,9 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/sluicekit/sluice"
 	sluiceotel "github.com/sluicekit/sluice/otel"
 	"github.com/sluicekit/sluice/ratelimit"
-	"github.com/sluicekit/sluice/scriptcache"
 	"github.com/sluicekit/sluice/semaphore"
 )
 
@@ -113,7 +113,7 @@ func run(ctx context.Context, c config, ready func(net.Addr)) error {
 	if err != nil {
 		return err
 	}
-	sc, err := scriptcache.New(ctx, client, scriptcache.WithObserver(obs))
+	sc, err := sluice.New(ctx, client, sluice.WithObserver(obs))
 	if err != nil {
 		return fmt.Errorf("redis %s: %w", c.redis, err)
 	}

@@ -40,8 +40,8 @@ import (
 	_ "github.com/glebarez/go-sqlite" // database/sql driver "sqlite", no cgo
 	"github.com/redis/rueidis"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/mutex"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // config is what the command line sets; the paused holder gets it through
@@ -315,7 +315,7 @@ func newLocker(ctx context.Context, c config, lease time.Duration) (*mutex.Locke
 	if err != nil {
 		return nil, nil, fmt.Errorf("redis %s: %w", c.redis, err)
 	}
-	sc, err := scriptcache.New(ctx, client)
+	sc, err := sluice.New(ctx, client)
 	if err != nil {
 		client.Close()
 		return nil, nil, fmt.Errorf("redis %s: %w", c.redis, err)

@@ -8,9 +8,9 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/grpc/grpclimit"
 	"github.com/sluicekit/sluice/ratelimit"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // A gRPC server that allows each client IP 100 calls per minute, and
@@ -21,7 +21,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	sc, err := scriptcache.New(context.Background(), client)
+	sc, err := sluice.New(context.Background(), client)
 	if err != nil {
 		log.Fatal(err)
 	}

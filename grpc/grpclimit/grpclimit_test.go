@@ -19,10 +19,10 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/internal/testkit/faultproxy"
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/ratelimit"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -31,7 +31,7 @@ var runs atomic.Int64
 
 func newLimiter(t *testing.T, addr string, opts ratelimit.Options) *ratelimit.Limiter {
 	t.Helper()
-	sc, err := scriptcache.New(context.Background(), redistest.Client(t, addr))
+	sc, err := sluice.New(context.Background(), redistest.Client(t, addr))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,8 +259,8 @@ func TestFallbackLocal(t *testing.T) {
 func TestSemanticErrorInternal(t *testing.T) {
 	srv := redistest.Single(t)
 	var events atomic.Int64
-	sc, err := scriptcache.New(context.Background(), redistest.Client(t, srv.Addr()), scriptcache.WithObserver(scriptcache.ObserverFunc(func(e scriptcache.Event) {
-		if e.Kind == scriptcache.EventFallback && e.Source == scriptcache.SourceFailClosed && e.Err != nil && !ratelimit.Unavailable(e.Err) {
+	sc, err := sluice.New(context.Background(), redistest.Client(t, srv.Addr()), sluice.WithObserver(sluice.ObserverFunc(func(e sluice.Event) {
+		if e.Kind == sluice.EventFallback && e.Source == sluice.SourceFailClosed && e.Err != nil && !ratelimit.Unavailable(e.Err) {
 			events.Add(1)
 		}
 	})))

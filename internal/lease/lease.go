@@ -50,7 +50,7 @@ import (
 var (
 	// ErrGone is returned by a Renew function when the resource is no
 	// longer held by this owner (deleted, expired, taken over).
-	ErrGone = errors.New("lease: not held any more")
+	ErrGone = errors.New("not held any more")
 	// ErrWrongType wraps ErrGone: a renewal found a key of the resource
 	// holding another type of value (an operator's SET, another program
 	// sharing the key prefix), so it is not held. A batch answers it for
@@ -58,14 +58,14 @@ var (
 	ErrWrongType = fmt.Errorf("%w: a key holds another type of value", ErrGone)
 	// ErrExpired means renewals failed until the lease must have run out,
 	// or a lease without renewal reached its end.
-	ErrExpired = errors.New("lease: expired")
+	ErrExpired = errors.New("lease expired")
 	// ErrClosed means the keeper was closed while the lease was held; it
 	// will not be renewed again.
-	ErrClosed = errors.New("lease: keeper closed")
+	ErrClosed = errors.New("lease keeper closed")
 	// ErrLate means the answer granting a lease came when, counted from
 	// its request's send, the lease was already over (see Live): it is no
 	// hold, and the caller gave it back.
-	ErrLate = errors.New("lease: granted, but the answer came after the lease ended")
+	ErrLate = errors.New("granted, but the answer came after the lease ended")
 )
 
 // Renew extends the lease on the server by its TTL. It returns nil on

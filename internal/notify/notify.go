@@ -57,10 +57,10 @@ import (
 var (
 	// ErrClosed is returned by Subscribe, Ready and Wait once the hub is
 	// closed.
-	ErrClosed = errors.New("notify: hub closed")
+	ErrClosed = errors.New("pub/sub hub closed")
 	// ErrSubscribe is wrapped, with the Redis error, by the error Ready and
 	// Wait return when Redis refused the subscription (NOPERM and the like).
-	ErrSubscribe = errors.New("notify: subscription refused")
+	ErrSubscribe = errors.New("pub/sub subscription refused")
 )
 
 // DefaultLinger is how long a subscription is kept after its last waiter
@@ -74,6 +74,7 @@ type Hub struct {
 	linger  time.Duration
 	obs     scriptcache.Observer // nil: nothing reported
 	prim    string               // Event.Primitive of what obs is told
+	refusal error                // wrapped by a refusal's error, if not nil
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup // subscription goroutines
@@ -100,16 +101,33 @@ type channel struct {
 // New returns a hub that subscribes through client; sharded selects
 // SSUBSCRIBE (Redis 7 cluster) over SUBSCRIBE.
 func New(client scriptcache.Client, sharded bool) *Hub {
-	return NewObserved(client, sharded, nil, "")
+	return NewObserved(client, sharded, nil, "", nil)
 }
 
 // NewObserved is New with an observer told about refused, dropped and
 // re-established subscriptions (EventSubscription), with primitive as
-// their Event.Primitive; obs may be nil.
-func NewObserved(client scriptcache.Client, sharded bool, obs scriptcache.Observer, primitive string) *Hub {
+// their Event.Primitive; obs may be nil. A refusal's error wraps refusal
+// too when it is not nil: the sentinel the primitive's package documents
+// (mutex.ErrSubscribe), so that its users need no internal name.
+func NewObserved(client scriptcache.Client, sharded bool, obs scriptcache.Observer, primitive string, refusal error) *Hub {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Hub{client: client, sharded: sharded, linger: DefaultLinger, obs: obs, prim: primitive, ctx: ctx, cancel: cancel, chans: make(map[string]*channel)}
+	return &Hub{client: client, sharded: sharded, linger: DefaultLinger, obs: obs, prim: primitive, refusal: refusal, ctx: ctx, cancel: cancel, chans: make(map[string]*channel)}
 }
+
+// refusedError is why a subscription failed: the package's sentinel (or
+// ErrSubscribe), the channel, and Redis's error; errors.Is finds all three
+// and ErrSubscribe.
+type refusedError struct {
+	sentinel error
+	channel  string
+	err      error
+}
+
+func (e *refusedError) Error() string {
+	return fmt.Sprintf("%v: %s: %v", e.sentinel, e.channel, e.err)
+}
+
+func (e *refusedError) Unwrap() []error { return []error{e.sentinel, ErrSubscribe, e.err} }
 
 // report tells the observer, if any, about the subscription of channel.
 func (h *Hub) report(channel, reason string, err error) {
@@ -530,7 +548,11 @@ func (h *Hub) confirmed(ch *channel) {
 func (h *Hub) refused(ch *channel, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	ch.err = fmt.Errorf("%w: %s: %w", ErrSubscribe, ch.name, err)
+	sentinel := h.refusal
+	if sentinel == nil {
+		sentinel = ErrSubscribe
+	}
+	ch.err = &refusedError{sentinel: sentinel, channel: ch.name, err: err}
 	close(ch.failed)
 	if ch.linger != nil {
 		ch.linger.Stop()

@@ -52,7 +52,7 @@ func TestObserveSubscription(t *testing.T) {
 	defer client.Close()
 	rec := &recorder{}
 	hc := hubClient(t, client)
-	h := NewObserved(hc, false, rec, scriptcache.PrimitiveMutex)
+	h := NewObserved(hc, false, rec, scriptcache.PrimitiveMutex, nil)
 	defer h.Close()
 	ch := "{n}:observed"
 	w, err := h.Subscribe(ch, 1)
@@ -80,7 +80,7 @@ func TestObserveSubscription(t *testing.T) {
 	if _, err := srv.Do("ACL", "SETUSER", "u", "resetchannels"); err != nil {
 		t.Fatal(err)
 	}
-	h2 := NewObserved(hc, false, rec, scriptcache.PrimitiveMutex)
+	h2 := NewObserved(hc, false, rec, scriptcache.PrimitiveMutex, nil)
 	defer h2.Close()
 	w2, err := h2.Subscribe(ch, 1)
 	if err != nil {

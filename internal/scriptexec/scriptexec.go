@@ -42,7 +42,7 @@ const closeGrace = time.Second
 // ErrClosed is the error a call of ExecOrLate or ExecWaitOrLate returns
 // when its Group, made without an error of its own, was closed while the
 // caller waited for the reply.
-var ErrClosed = errors.New("scriptexec: group closed")
+var ErrClosed = errors.New("batch group closed")
 
 // NewGroup returns an open Group. closed is the error that callers of
 // ExecOrLate and ExecWaitOrLate get when Close gives up their calls: the

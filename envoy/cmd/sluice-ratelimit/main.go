@@ -49,10 +49,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/sluicekit/sluice"
 	"github.com/sluicekit/sluice/envoy/rls"
 	sluiceotel "github.com/sluicekit/sluice/otel"
 	"github.com/sluicekit/sluice/ratelimit"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 //go:embed example.yaml
@@ -173,7 +173,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer closeRedis()
-	sc, err := scriptcache.New(ctx, client, scriptcache.WithObserver(obs), scriptcache.WithLogger(log))
+	sc, err := sluice.New(ctx, client, sluice.WithObserver(obs), sluice.WithLogger(log))
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}

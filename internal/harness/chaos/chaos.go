@@ -135,6 +135,7 @@ type world struct {
 	admin    *node // no proxy: the operator's ForceUnlock
 
 	inflight inflight
+	concOut  concOutages   // outages the concurrency routes were told of
 	metrics  *metricsCheck // the limits workload's observer (metrics.go)
 
 	capacitySet atomic.Bool // a SetCapacity was sent (faults.go)

@@ -106,6 +106,7 @@ type limitNode struct {
 	chkSpec limiterSpec
 	chkLim  *ratelimit.Limiter // the Checker's
 	grpc    *grpcNode
+	envoy   *envoyNode
 	idents  atomic.Int64
 	closers []func()
 }
@@ -218,6 +219,7 @@ func (w *world) newLimitNode(t testing.TB, n *node) {
 		t.Fatal(err)
 	}
 	w.newGRPC(t, n)
+	w.newEnvoy(t, n)
 }
 
 // nodeAddrs are the addresses node n's clients connect to.
@@ -234,6 +236,7 @@ func (ln *limitNode) close() {
 	if ln == nil {
 		return
 	}
+	ln.envoy.close()
 	ln.grpc.close()
 	ln.mgr.Close()
 	for _, f := range ln.closers {
@@ -687,12 +690,12 @@ func (w *world) delKey(key string) {
 }
 
 // startLimits starts node n's limits workload: two workers of exact
-// sequences on the Limiters, three on the rate-limit routes and one on the
-// gRPC server and the Checker, each with a stream drawn from the run's
+// sequences on the Limiters, three on the rate-limit routes, one on the
+// gRPC server and the Checker and one on the Envoy services (envoy.go), each with a stream drawn from the run's
 // seed and the node (the other goroutines' streams stay as they were).
 func (w *world) startLimits(ctx context.Context, wg *sync.WaitGroup, n *node) {
 	rng := rand.New(rand.NewPCG(w.cfg.Seed, 0x11a175+uint64(n.i)))
-	exact, r1, r2, g, r3, exact2 := rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64()
+	exact, r1, r2, g, r3, exact2, env := rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64()
 	// They start once every node has loaded its scripts and settled.
 	start := func(f func()) { wg.Go(func() { sleep(ctx, w.cfg.Lease/8); f() }) }
 	start(func() { w.exactWorker(ctx, n, 0, rand.New(rand.NewPCG(exact, 0xe8ac7))) })
@@ -701,6 +704,7 @@ func (w *world) startLimits(ctx context.Context, wg *sync.WaitGroup, n *node) {
 	start(func() { w.routeWorker(ctx, n, rand.New(rand.NewPCG(r3, 0x70e0))) })
 	start(func() { w.exactWorker(ctx, n, 1, rand.New(rand.NewPCG(exact2, 0xe8ac8))) })
 	start(func() { w.grpcWorker(ctx, n, rand.New(rand.NewPCG(g, 0x6a9c))) })
+	start(func() { w.envoyWorker(ctx, n.i, rand.New(rand.NewPCG(env, 0xe4701))) })
 }
 
 // localSpan is how long after an OnError a Local fallback may still

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,11 +32,29 @@ type httpRoutes struct {
 // serving.
 type inflight [2]atomic.Int64
 
+// concOutages holds when a concurrency route's OnError was told of an
+// outage: the middleware's FallbackOpen (its default) then serves the
+// request without a permit, as documented, with no fault injected (a
+// call's deadline passing on a loaded machine, in the deadlines lanes).
+type concOutages struct {
+	mu sync.Mutex
+	at []time.Time
+}
+
+func (o *concOutages) told(err error) {
+	if outageErr(err) {
+		o.mu.Lock()
+		o.at = append(o.at, time.Now())
+		o.mu.Unlock()
+	}
+}
+
 func (w *world) newRoutes(t testing.TB, n *node) {
 	key := func(*http.Request) (string, error) { return httpClientKey, nil }
 	quiet := func(*http.Request, error) {}
 	for i, limit := range concLimits {
-		mw, err := ratelimit.NewConcurrencyMiddleware(n.sems, ratelimit.ConcurrencyOptions{Limit: limit, KeyFunc: key, OnError: quiet})
+		mw, err := ratelimit.NewConcurrencyMiddleware(n.sems, ratelimit.ConcurrencyOptions{Limit: limit, KeyFunc: key,
+			OnError: func(_ *http.Request, err error) { w.concOut.told(err) }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,8 +73,9 @@ func (w *world) newRoutes(t testing.TB, n *node) {
 func (w *world) serveConc(ctx context.Context, i int) {
 	n := w.inflight[i].Add(1)
 	defer w.inflight[i].Add(-1)
-	if n > int64(concLimits[i]) && !w.hist.faultNear(time.Now().Add(-w.cfg.Lease), time.Now(), 0) {
-		w.hist.violation("concurrency middleware (Limit %d) serving %d requests of one key at once, with no fault in force", concLimits[i], n)
+	now := time.Now()
+	if n > int64(concLimits[i]) && !w.hist.faultNear(now.Add(-w.cfg.Lease), now, 0) && !timedOut(&w.concOut.mu, w.concOut.at, now.Add(-w.cfg.Lease), now) {
+		w.hist.violation("concurrency middleware (Limit %d) serving %d requests of one key at once, with no fault in force and no outage told", concLimits[i], n)
 	}
 	select {
 	case <-ctx.Done():
