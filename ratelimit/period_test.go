@@ -57,14 +57,17 @@ func TestPeriodPrecision(t *testing.T) {
 	}
 }
 
-// TestSlidingPeriodOnServer runs a sliding window of 1.999 ms on a real
-// server, alone and as a policy of AllowPolicies, and reads the index of
-// the window the script stored: it must be the server's time in
-// microseconds divided by 1999, not by 1000 (the window it ran as before).
+// TestSlidingPeriodOnServer runs a sliding window of 1,999,999 µs on a
+// real server, alone and as a policy of AllowPolicies, and reads the index
+// of the window the script stored: it must be the server's time in
+// microseconds divided by 1999999, not by 1999000 (the whole milliseconds
+// it ran as before). A window of seconds, not of 2 ms: the state lives two
+// windows, and a loaded machine took longer than 4 ms to read it.
 func TestSlidingPeriodOnServer(t *testing.T) {
 	srv := redistest.Single(t)
 	sc := newCache(t, srv.Addr())
-	lim := Limit{Rate: 1000, Period: 1999 * time.Microsecond}
+	const periodUS = 1_999_999
+	lim := Limit{Rate: 1000, Period: periodUS * time.Microsecond}
 	l := newLimiter(t, sc, Options{Algorithm: SlidingWindow, Limit: lim, Prefix: testPrefix(t), DisableDenyCache: true})
 	ps := newPolicies(t, Policy{Name: "fine", Algorithm: SlidingWindow, Limit: lim})
 	c := raw(sc)
@@ -82,8 +85,8 @@ func TestSlidingPeriodOnServer(t *testing.T) {
 		t.Helper()
 		// The call came before TIME was read, by less than 10 s however
 		// loaded the machine.
-		if start := idx * 1999; start > after || after-start > 10_000_000 {
-			t.Errorf("%s: window index %d starts at %d µs, server time %d µs: not a window of 1999 µs", what, idx, start, after)
+		if start := idx * periodUS; start > after || after-start > 10_000_000 {
+			t.Errorf("%s: window index %d starts at %d µs, server time %d µs: not a window of %d µs", what, idx, start, after, periodUS)
 		}
 	}
 	if res := allow(t, l, "k", 1); !res.Allowed {

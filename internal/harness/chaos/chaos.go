@@ -28,7 +28,16 @@
 //     nobody), Close returns within its bound, and once the leases have
 //     run out no key is left; goleak (redistest.Main) checks goroutines;
 //   - probes stage once, after the workload, the combinations it meets
-//     only now and then (probes.go), each with its README guarantee.
+//     only now and then (probes.go), each with its README guarantee;
+//   - lanes (lanes.go) give every lock and semaphore a resource of its own
+//     with short holds, so that each primitive makes hundreds of holds a
+//     run, and every promise of their API happens under the run's faults
+//     (fixed leases, Extend, takeovers, crashed clients, ReplicaAcks, an
+//     ACL user without channels); a poller reads what Redis holds for
+//     them, and their oracles check each promise both ways: liveness at
+//     any time, give-backs, FIFO, writer preference, leases, Valid and
+//     HeldUntil, Info and Holders (README.md in this directory has the
+//     table of guarantees, checks and the mutants they kill).
 //
 // A failure prints the seed, the fault schedule and the last events of the
 // holders involved; SLUICE_CHAOS_SEED reruns one seed. The schedule is
@@ -101,6 +110,10 @@ type Report struct {
 	Schedule   []string       // the faults in order, with times
 	CloseTook  time.Duration  // the longest Close of a node
 	Violations []string
+
+	// Prims counts the finished holds by primitive (lanes.go): mutex.plain,
+	// mutex.fair, read, write, multi, permit.plain, permit.fair.
+	Prims map[string]int
 }
 
 // Summary is a one-line account of the run.
@@ -109,8 +122,8 @@ func (r Report) Summary() string {
 	for _, n := range r.Ops {
 		ops += n
 	}
-	return fmt.Sprintf("seed %d: %d operations %v, holds %v, faults %v, longest Close %v, %d violations",
-		r.Seed, ops, r.Ops, r.Holds, r.Faults, r.CloseTook.Round(time.Millisecond), len(r.Violations))
+	return fmt.Sprintf("seed %d: %d operations %v, holds %v, holds by primitive %v, faults %v, longest Close %v, %d violations",
+		r.Seed, ops, r.Ops, r.Holds, r.Prims, r.Faults, r.CloseTook.Round(time.Millisecond), len(r.Violations))
 }
 
 const (
@@ -135,6 +148,7 @@ type world struct {
 	admin    *node // no proxy: the operator's ForceUnlock
 
 	inflight inflight
+	ln       *laneState    // the lanes' records (lanes.go)
 	concOut  concOutages   // outages the concurrency routes were told of
 	metrics  *metricsCheck // the limits workload's observer (metrics.go)
 
@@ -164,6 +178,7 @@ type node struct {
 	once        sync.Once
 	cuts        atomic.Int32 // blackholes in force on proxy (faults.go)
 	longHolds   atomic.Int32 // long holds in progress (longHolder)
+	x           laneNode     // the lanes' own Managers (lanes.go)
 	limits      *limitNode   // the limits workload's routes (fallback.go)
 }
 
@@ -185,7 +200,7 @@ func Run(t testing.TB, cfg Config) Report {
 	if cfg.Client == nil {
 		cfg.Client = rueidisClient
 	}
-	w := &world{cfg: cfg, hist: newHistory(cfg.Lease), lim: newLimitLog(), ops: map[string]int{}}
+	w := &world{cfg: cfg, hist: newHistory(cfg.Lease), lim: newLimitLog(), ops: map[string]int{}, ln: newLaneState()}
 	if cfg.Cluster {
 		redistest.Skip(t)
 		cl, err := redistest.StartCluster(3)
@@ -195,7 +210,9 @@ func Run(t testing.TB, cfg Config) Report {
 		t.Cleanup(cl.Stop)
 		w.cl = cl
 	} else {
-		w.srv = redistest.NewServer(t, "--enable-debug-command", "local")
+		// A replica (replicas.go) syncs at once, also after a restart.
+		w.srv = redistest.NewServer(t, "--enable-debug-command", "local", "--repl-diskless-sync-delay", "0")
+		w.startReplica(t)
 	}
 	for i := range semNames {
 		w.hist.capacity["s"+strconv.Itoa(i)] = semCap
@@ -240,6 +257,12 @@ func Run(t testing.TB, cfg Config) Report {
 		wg.Go(func() { w.httpClient(ctx, n, rand.New(rand.NewPCG(client, 0x4177))) })
 		w.startLimits(ctx, &wg, n)
 	}
+	pollCtx, stopPoll := context.WithCancel(context.Background())
+	var pollWG sync.WaitGroup
+	if err := w.startLanes(ctx, pollCtx, &wg, &pollWG, rng); err != nil {
+		stopPoll()
+		t.Fatal(err)
+	}
 	var opFaults, partFaults map[string]int
 	var ow sync.WaitGroup
 	ow.Go(func() { opFaults = w.inject(ctx, opSched, true) })
@@ -252,6 +275,8 @@ func Run(t testing.TB, cfg Config) Report {
 		}
 	}
 	wg.Wait()
+	stopPoll()
+	pollWG.Wait()
 	w.heal()
 	if probesOn() {
 		var probes sync.WaitGroup
@@ -284,10 +309,12 @@ func Run(t testing.TB, cfg Config) Report {
 	}
 	w.lim.check(w.hist)
 	w.lim.checkWindows(w.hist)
+	prims := w.checkLanes()
 	w.checkMetrics()
 
 	r := Report{Seed: cfg.Seed, Ops: w.ops, Holds: w.hist.holdsBy(), Faults: faults,
 		Schedule: slices.Concat(sched.lines(w.cl != nil), opSched.lines(w.cl != nil), partSched.lines(w.cl != nil)), CloseTook: w.closeTook}
+	r.Prims = prims
 	w.hist.mu.Lock()
 	r.Violations = append(r.Violations, w.hist.viol...)
 	w.hist.mu.Unlock()
@@ -340,6 +367,7 @@ func (w *world) newNode(t testing.TB, i int, proxied bool) *node {
 		w.lim.limits[algoName(spec.algo)] = spec
 	}
 	w.newRoutes(t, n)
+	w.newLaneNode(t, n)
 	if i >= 0 {
 		w.newLimitNode(t, n)
 	}
@@ -389,6 +417,7 @@ func (n *node) closeOnce() (took time.Duration) {
 	wg.Go(n.fair.Close)
 	wg.Go(n.sems.Close)
 	wg.Go(n.fairSems.Close)
+	n.x.close(&wg)
 	wg.Go(n.limits.close)
 	wg.Wait()
 	took = time.Since(start)

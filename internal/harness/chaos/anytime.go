@@ -1,0 +1,406 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluicekit/sluice/mutex"
+)
+
+// Liveness at any time of the run: a lane waiter must be served within a
+// bound once Redis shows that it is due, whatever made it due: an Unlock,
+// an RUnlock, a Release, a give-back of an abandoned attempt, a lease that
+// ran out (a hold left to expire, a crashed client's), a lease shortened
+// by Extend, a writer's mark that ended (a crashed writer's), a fair
+// queue's dead head. The poller's views (poll.go) say what the server
+// holds; a waiter is due in a view when
+//
+//   - a Mutex (plain) or a Mutex of one MultiMutex member: nobody holds it;
+//   - a MultiMutex: each of its names is free or held by the set itself;
+//   - a fair Mutex: nobody holds it and the queue's first live entry is
+//     the waiter's (or the queue has none);
+//   - a reader: no writer holds it and no writer's mark runs;
+//   - a writer: no writer and no live reader holds it;
+//   - a plain semaphore: the live permits leave room for its weight;
+//   - a fair semaphore: they do, and its entry heads the queue (or none
+//     does).
+//
+// A run of consecutive views (none more than pollGap apart) in which the
+// waiter was due, less the spells in which some conflicting hold of the
+// workload was in progress (a hold granted and released between two
+// views), is how long the waiter went unserved. Over the bound, less the
+// time this process stalled in it, it is a violation unless a fault that
+// could touch the waiter (its node's network, the server, an operator on
+// the resource) was in force then. The bound is a quarter lease (a wake-up
+// and an attempt); a third of a lease more where the library finds the
+// change by polling, as documented: a writer waiting for readers whose
+// leases run out, a fair semaphore's permits that expired, a fair lock
+// whose holder's lease ran out under a queue.
+func (w *world) dueBound(prim string) time.Duration {
+	b := w.cfg.Lease / 4
+	switch prim {
+	case "write", "fair", "fairpermit":
+		b += w.cfg.Lease / 3
+	}
+	return b
+}
+
+// due reports whether wt is due in view s (views holds the other views of
+// s's round, by resource, for a MultiMutex), and the state for a report.
+func due(wt *laneWait, s snap, views map[string]snap) (bool, string) {
+	switch wt.prim {
+	case "mutex":
+		return s.owner == "", "free"
+	case "multi":
+		var st []string
+		for _, name := range wt.names {
+			v, ok := views[name]
+			if !ok || v.owner != "" && v.owner != wt.owner {
+				return false, ""
+			}
+			st = append(st, fmt.Sprintf("%s held by %q", name, v.owner))
+		}
+		return true, strings.Join(st, ", ")
+	case "fair":
+		if s.owner != "" {
+			return false, ""
+		}
+		if h, ok := s.head(); ok {
+			return h.owner == wt.owner, fmt.Sprintf("free, queue %s", queueText(s))
+		}
+		return true, fmt.Sprintf("free, queue %s", queueText(s))
+	case "read":
+		return s.owner == "" && s.mark <= s.now, fmt.Sprintf("no writer, mark ended %d ms before", s.now-s.mark)
+	case "write":
+		return s.owner == "" && s.readers == 0, "no writer, no reader"
+	case "permit":
+		c := laneCapacity(wt.res)
+		return s.used+wt.weight <= c, fmt.Sprintf("%d of %d used", s.used, c)
+	case "fairpermit":
+		c := laneCapacity(wt.res)
+		if s.used+wt.weight > c {
+			return false, ""
+		}
+		text := fmt.Sprintf("%d of %d used, queue %s", s.used, c, queueText(s))
+		if h, ok := s.head(); ok {
+			return h.owner == wt.owner, text
+		}
+		return true, text
+	}
+	return false, ""
+}
+
+func queueText(s snap) string {
+	var q []string
+	for _, e := range s.queue {
+		live := ""
+		if !s.live(e) {
+			live = " (dead)"
+		}
+		q = append(q, fmt.Sprintf("%s w%d%s", e.owner, e.weight, live))
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
+
+// conflicts reports whether hold o keeps waiter wt out.
+func conflicts(wt *laneWait, o *hold) bool {
+	if o.owner == wt.owner {
+		return false
+	}
+	switch wt.prim {
+	case "read":
+		return o.kind == "write"
+	case "write":
+		return o.kind == "write" || o.kind == "read"
+	case "permit", "fairpermit":
+		return o.kind == "permit"
+	}
+	return o.kind == "mutex" || o.kind == "set"
+}
+
+// checkAnytime checks every blocking lane acquisition against the views.
+func (w *world) checkAnytime() {
+	ls := w.ln
+	ls.mu.Lock()
+	waits := slices.Clone(ls.waits)
+	ls.mu.Unlock()
+	h := w.hist
+	h.mu.Lock()
+	byRes := map[string][]*hold{}
+	for _, x := range h.done {
+		byRes[x.res] = append(byRes[x.res], x)
+	}
+	h.mu.Unlock()
+	views := map[string][]snap{}
+	rounds := map[string]map[int]snap{}
+	for res := range laneResources() {
+		views[res] = ls.poll.views(res)
+		m := map[int]snap{}
+		for _, s := range views[res] {
+			m[s.round] = s
+		}
+		rounds[res] = m
+	}
+	for _, wt := range waits {
+		if wt.try {
+			continue
+		}
+		var holds []*hold
+		for _, res := range wt.resources() {
+			for _, o := range byRes[res] {
+				if conflicts(wt, o) {
+					holds = append(holds, o)
+				}
+			}
+		}
+		w.checkWaitDue(wt, views[wt.res], rounds, holds)
+	}
+}
+
+// resources are the names wt waits for.
+func (wt *laneWait) resources() []string {
+	if wt.names != nil {
+		return wt.names
+	}
+	return []string{wt.res}
+}
+
+func (w *world) checkWaitDue(wt *laneWait, views []snap, rounds map[string]map[int]snap, holds []*hold) {
+	end := wt.end()
+	if !wt.cut.IsZero() && wt.cut.Before(end) {
+		end = wt.cut // a dead waiter is due nothing
+	}
+	var first, last snap
+	var state string
+	have := false
+	flush := func() {
+		if have {
+			w.judgeRun(wt, first, last, state, holds)
+		}
+		have = false
+	}
+	for _, s := range between(views, wt.call, end) {
+		if s.ret.After(end) {
+			break
+		}
+		if have && s.call.Sub(last.ret) > pollGap {
+			flush()
+		}
+		var others map[string]snap
+		if wt.names != nil {
+			others = map[string]snap{}
+			for _, name := range wt.names {
+				if v, ok := rounds[name][s.round]; ok {
+					others[name] = v
+				}
+			}
+		}
+		ok, st := due(wt, s, others)
+		if !ok {
+			flush()
+			continue
+		}
+		if !have {
+			first, state, have = s, st, true
+		}
+		last = s
+	}
+	flush()
+}
+
+// judgeRun decides a run of views from first to last in which wt was due.
+// A run that a release of the workload began (its hold ended cleanly just
+// before the first view) is held to the wake-up's bound, a quarter lease,
+// whatever the primitive: a release wakes its waiters, and only what
+// frees a resource without a release waits for a poll.
+func (w *world) judgeRun(wt *laneWait, first, last snap, state string, holds []*hold) {
+	bound := w.dueBound(wt.prim)
+	if w.releasedJustBefore(holds, first) {
+		bound = w.cfg.Lease / 4
+	}
+	from, to := first.ret, last.call
+	if to.Sub(from) <= bound {
+		return
+	}
+	// The longest spell of the run with no conflicting hold in progress.
+	type span struct{ from, to time.Time }
+	var busy []span
+	for _, o := range holds {
+		if o.start.Before(to) && o.end.After(from) {
+			busy = append(busy, span{maxTime(o.start, from), minTime(o.end, to)})
+		}
+	}
+	slices.SortFunc(busy, func(a, b span) int { return a.from.Compare(b.from) })
+	a, b := from, from
+	cur := from
+	for _, s := range append(busy, span{to, to}) {
+		if s.from.Sub(cur) > b.Sub(a) {
+			a, b = cur, s.from
+		}
+		cur = maxTime(cur, s.to)
+	}
+	if b.Sub(a) <= bound {
+		return
+	}
+	h := w.hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, f := range h.faults {
+		if f.from.After(b) || f.to.Before(a.Add(-w.cfg.Lease/4)) {
+			continue
+		}
+		if f.res == "" && (f.node < 0 || f.node == wt.node) || slices.Contains(wt.resources(), f.res) {
+			return
+		}
+	}
+	if _, st := h.stallsLocked(a, b); b.Sub(a)-st <= bound {
+		h.excused = append(h.excused, fmt.Sprintf("%s waiter %s on %q: due for %v, of which the process stalled %v",
+			wt.prim, wt.owner, wt.res, b.Sub(a).Round(time.Millisecond), st.Round(time.Millisecond)))
+		return
+	}
+	got := "gave up (" + errText(wt.err) + ")"
+	if wt.x != nil {
+		got = "got it"
+	}
+	h.violationLocked("liveness: %s waiter %s (node %d) on %q, waiting from %s, was due from %s to %s (%v, bound %v; Redis: %s) with no hold in progress and no fault in force; it %s at %s",
+		wt.prim, wt.owner, wt.node, wt.res, h.since(wt.call), h.since(a), h.since(b), b.Sub(a).Round(time.Millisecond), bound, state, got, h.since(wt.end()))
+	var near []*hold
+	for _, o := range holds {
+		if o.end.After(a.Add(-w.cfg.Lease)) && o.start.Before(b) {
+			near = append(near, o)
+		}
+	}
+	h.noteInvolvedLocked(near[max(0, len(near)-4):]...)
+}
+
+// releasedJustBefore reports whether one of holds ended with a release
+// that returned nil in the poll before view s, and no hold that began
+// before s ended otherwise after it: a fair Unlock hands the lock on, and
+// when the new holder's lease then runs out, it is the expiry that frees
+// the lock, found by polling (seen: a hand-off at 13.219 s, the new hold
+// left to expire at 13.320 s, the view free at 13.343 s).
+func (w *world) releasedJustBefore(holds []*hold, s snap) bool {
+	h := w.hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, o := range holds {
+		if o.told || o.expect != "" || o.end.After(s.ret) || !o.end.After(s.call.Add(-pollGap-fifoSlack)) {
+			continue
+		}
+		if !slices.ContainsFunc(holds, func(x *hold) bool {
+			return (x.told || x.expect != "") && x.start.Before(s.ret) && x.end.After(o.end)
+		}) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkGiveBacks: an acquisition that failed (its context ended, a Try
+// answered too late, a connection error) holds nothing afterwards: "a Lock
+// attempt abandoned that way, or cut off by a connection error, is given
+// back at once", a fair waiter that gives up "gives back a grant that
+// reached it meanwhile", and a MultiMutex whose Lock fails "holds none of
+// the names it took". Once a quarter lease has passed since it returned,
+// no view may show the lock held by its owner id, unless a fault of its
+// node's network or the server could have delayed the attempt past its
+// give-back ("an attempt delayed past its tombstone can still grant, and
+// that grant ends with its lease").
+func (w *world) checkGiveBacks() {
+	_, waits := w.laneWaits()
+	bound := w.cfg.Lease / 4
+	h := w.hist
+	for _, wt := range waits {
+		if wt.x != nil || !wt.cut.IsZero() || wt.node < 0 {
+			continue
+		}
+		switch wt.prim {
+		case "mutex", "fair", "multi", "write":
+		default:
+			continue
+		}
+		h.mu.Lock()
+		faulted := h.renewalsHitLocked(wt.call.Add(-w.cfg.Lease), wt.ret.Add(w.cfg.Lease), wt.node)
+		h.mu.Unlock()
+		if faulted {
+			continue
+		}
+		for _, res := range wt.resources() {
+			for _, s := range between(w.ln.poll.views(res), wt.ret.Add(bound), wt.ret.Add(w.cfg.Lease)) {
+				if s.owner != wt.owner {
+					continue
+				}
+				h.mu.Lock()
+				if _, st := h.stallsLocked(wt.ret, s.ret); s.call.Sub(wt.ret)-st > bound {
+					h.violationLocked("give-back: a %s of %q by %s (node %d) failed at %s (%s), but Redis showed %q held by it at %s, with no fault in force",
+						wt.prim, wt.res, wt.owner, wt.node, h.since(wt.ret), errText(wt.err), res, h.since(s.call))
+				}
+				h.mu.Unlock()
+				break
+			}
+		}
+	}
+}
+
+// giveBacks makes node n abandon Lock attempts on a lock of its own (lg<i>,
+// plain, and lgf<i>, fair), with contexts of a fraction of a millisecond
+// to three: most end while the attempt is on its way, and the attempt is
+// given back whether Redis granted it or not. A quarter lease later a
+// TryLock of another Mutex must get the lock (the give-back ended the
+// grant, and a fair attempt's queue entry), unless a fault of n's network
+// or the server was in force.
+func (w *world) giveBacks(ctx context.Context, n *node, rng *rand.Rand) {
+	for seq := 1; ctx.Err() == nil && !n.closed.Load(); seq++ {
+		sleep(ctx, time.Duration(rng.Float64()*float64(w.cfg.Lease)/40))
+		lk, name := n.locks, fmt.Sprintf("lg%d", n.i)
+		if seq%2 == 0 {
+			lk, name = n.fair, fmt.Sprintf("lgf%d", n.i)
+		}
+		m, err := lk.NewMutex(name, mutex.WithOwner(fmt.Sprintf("n%dg.%d", n.i, seq)))
+		if err != nil {
+			w.hist.violation("NewMutex: %v", err)
+			return
+		}
+		w.count("lane.giveback")
+		actx, cancel := context.WithTimeout(ctx, time.Duration((0.2+2.8*rng.Float64())*float64(time.Millisecond)))
+		call := time.Now()
+		err = m.Lock(actx)
+		cancel()
+		if err == nil {
+			rctx, rcancel := w.releaseCtx()
+			_ = m.Unlock(rctx) // its own lock: a failed Unlock ends with the lease, and the next TryLock says so
+			rcancel()
+			continue
+		}
+		w.expected("an abandoned Lock", call, err, mutexErrs...)
+		abandoned := err
+		sleep(ctx, w.cfg.Lease/4)
+		if ctx.Err() != nil {
+			return
+		}
+		t, err := lk.NewMutex(name)
+		if err != nil {
+			w.hist.violation("NewMutex: %v", err)
+			return
+		}
+		tctx, tcancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+		tcall := time.Now()
+		err = t.TryLock(tctx)
+		tcancel()
+		if err == nil {
+			rctx, rcancel := w.releaseCtx()
+			_ = t.Unlock(rctx)
+			rcancel()
+			continue
+		}
+		if errors.Is(err, mutex.ErrNotObtained) && ctx.Err() == nil {
+			w.suspect(call, time.Now(), []int{n.i}, "", "give-back: a Lock of %q (%s) abandoned at %s (%v); a TryLock of it %v later, with nobody else using it and no fault in force, was refused: %v",
+				name, m.Owner(), w.hist.since(call), abandoned, tcall.Sub(call).Round(time.Millisecond), err)
+		}
+	}
+}

@@ -1,0 +1,114 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
+	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/scriptcache"
+)
+
+// stacksWith counts the goroutines with frame in their stacks.
+func stacksWith(frame string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), frame)
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// TestCloseBoundsReplicaGiveBack: a Lock with ReplicaAcks whose grant too
+// few replicas confirmed gives the grant back; if Redis cannot take that
+// give-back (here: CLIENT PAUSE WRITE, which lets WAIT time out but holds
+// the give-back's script), Close must not wait for it. README ("Close"):
+// "a give-back of an abandoned attempt gets a second to reach Redis ... So
+// a server that stopped answering cannot hold Close up." The harness's
+// unsatisfiable ReplicaAcks lane reported it on rueidis now and then (a
+// Lock of "lu0" in flight at Close returned 4 s later, after its
+// context's end); this is its reproduction, without the harness.
+func TestCloseBoundsReplicaGiveBack(t *testing.T) {
+	t.Skip("bug: a Lock with ReplicaAcks whose grant it gives back (too few acks) is not ended by Close: mutex's releaseGrant runs under context.WithoutCancel with no bound, and the Lock returned 9.7 s after Close, when CLIENT PAUSE WRITE ended (README: returns at once, the give-back gets a second)")
+	const (
+		pause = 10 * time.Second
+		// bound: the README's second for the give-back, and room for a
+		// loaded 2-core machine under -race; the bug waits out pause.
+		bound = 4 * time.Second
+	)
+	srv := redistest.NewServer(t)
+	client := redistest.Client(t, srv.Addr())
+	sc, err := scriptcache.New(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := mutex.NewLocker(sc, mutex.Options{ReplicaAcks: 1, ReplicaTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	closeOnce := func() {
+		select {
+		case <-closed:
+		default:
+			l.Close()
+			close(closed)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = srv.Do("CLIENT", "UNPAUSE")
+		<-closed
+	})
+	m, err := l.NewMutex("close-give-back")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Warm the connections the pair and the give-back run on.
+	if err := m.TryLock(context.Background()); !errors.Is(err, mutex.ErrNotReplicated) {
+		t.Fatalf("warm-up TryLock = %v, want ErrNotReplicated (no replica)", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	locked := make(chan error, 1)
+	go func() { locked <- m.Lock(ctx) }()
+	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return stacksWith("ExecWaitOrLate") > 0 }) {
+		t.Fatal("the Lock's script+WAIT never went out")
+	}
+	// WAIT runs 300 ms: pause writes now, so that it answers "no
+	// replica" and the give-back that follows waits on the server.
+	if _, err := srv.Do("CLIENT", "PAUSE", strconv.FormatInt(pause.Milliseconds(), 10), "WRITE"); err != nil {
+		t.Fatal(err)
+	}
+	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return stacksWith("mutex.(*Mutex).releaseGrant") > 0 }) {
+		t.Fatal("the Lock never gave its grant back")
+	}
+
+	start := time.Now()
+	go closeOnce()
+	select {
+	case <-closed:
+		t.Logf("Close took %v", time.Since(start).Round(time.Millisecond))
+	case <-time.After(bound):
+		t.Errorf("Locker.Close still blocked %v after it was called, with a give-back waiting on a paused server", bound)
+	}
+	// README: a Lock with ReplicaAcks in flight at Close returns at once
+	// (the harness holds it to Close's bound); its give-back gets a
+	// second.
+	select {
+	case err := <-locked:
+		t.Logf("Lock returned %v, %v after Close was called", err, time.Since(start).Round(time.Millisecond))
+	case <-time.After(bound):
+		t.Errorf("Lock still in flight %v after Close was called (its give-back waiting on a server that takes no writes)", bound)
+		t.Logf("Lock returned %v, %v after Close was called", <-locked, time.Since(start).Round(time.Millisecond))
+	}
+	_, _ = srv.Do("CLIENT", "UNPAUSE")
+	<-closed
+}

@@ -1,0 +1,208 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// FIFO of the fair lanes, from the poller's views of their queues. Both
+// ways: a waiter served out of order is a violation even if nobody held
+// the lock twice, and so is a fair TryLock that jumps a queue.
+//
+// Fair Mutex (lf): "waiting Locks queue in Redis in arrival order, and a
+// release hands the lock straight to the first live waiter"; "a fair
+// TryLock fails while others wait". For every hold B of the lane and every
+// waiter A whose live entry a view showed before B's Lock was called (A
+// arrived first): if A got the lock too, its token is below B's (tokens
+// grow with every grant, so they give the grant order); if A gave up
+// (its context ended), B was granted only after A could have left, at
+// its deadline. The documented exceptions: an entry not refreshed for a
+// lease is dead and skipped (A's node cut off, this process stalled, A a
+// mortal that crashed: its entry lives until a lease after its last
+// refresh), and faults of the server.
+//
+// Fair semaphore (lfs): "weighted requests are served in queue order while
+// the head fits. A head that does not fit does not stop lighter waiters
+// behind it that do: they may pass it, but at most 16 times". B passed A
+// when B was granted while A, queued before B's call (a view before it),
+// was still queued (a view after B's grant shows A's entry, live). That is
+// allowed only for B lighter than A (A did not fit where B did); and while
+// A headed the queue in both views, at most 16 times.
+func (w *world) checkFIFO() {
+	w.checkFairMutex()
+	w.checkFairSemaphore()
+}
+
+// passBound is how many grants may pass a fair semaphore's blocked head.
+const passBound = 16
+
+// fifoSlack allows for the round trip between a hold's grant and the
+// return the harness sees.
+const fifoSlack = 50 * time.Millisecond
+
+// entryExcused reports whether waiter a's queue entry may have died (not
+// refreshed for a lease) or the queue lost (a server fault) in [from, to].
+// Called with h.mu held.
+func (w *world) entryExcusedLocked(a *laneWait, from, to time.Time) bool {
+	h := w.hist
+	if h.renewalsHitLocked(from.Add(-w.cfg.Lease), to, a.node) {
+		return true
+	}
+	if _, st := h.stallsLocked(from.Add(-w.cfg.Lease), to); st > w.cfg.Lease/3 {
+		return true
+	}
+	return false
+}
+
+// queuedBefore returns the live entries of the last view that returned
+// before t, with the view.
+func queuedBefore(views []snap, t time.Time) ([]entry, snap, bool) {
+	i := searchSnaps(views, t)
+	for i--; i >= 0; i-- {
+		if views[i].ret.Before(t) {
+			var live []entry
+			for _, e := range views[i].queue {
+				if views[i].live(e) {
+					live = append(live, e)
+				}
+			}
+			return live, views[i], true
+		}
+	}
+	return nil, snap{}, false
+}
+
+func (w *world) laneWaits() (map[string]*laneWait, []*laneWait) {
+	w.ln.mu.Lock()
+	defer w.ln.mu.Unlock()
+	return w.ln.byOwner, slices.Clone(w.ln.waits)
+}
+
+func (w *world) checkFairMutex() {
+	views := w.ln.poll.views(laneFair)
+	byOwner, waits := w.laneWaits()
+	h := w.hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, b := range waits {
+		if b.res != laneFair || b.x == nil {
+			continue
+		}
+		queued, s, ok := queuedBefore(views, b.call)
+		if !ok {
+			continue
+		}
+		for _, e := range queued {
+			a := byOwner[e.owner]
+			if a == nil || a == b || a.call.After(s.call) {
+				continue
+			}
+			if a.x != nil && a.x.token > b.x.token {
+				if w.entryExcusedLocked(a, s.call, b.x.start) || h.serverWideLocked(s.call, b.x.start) {
+					continue
+				}
+				h.violationLocked("fair order: %s got %q (hold #%d, token %d, called %s) before %s (hold #%d, token %d), whose entry was queued at %s, before that call",
+					b.owner, laneFair, b.x.id, b.x.token, h.since(b.call), a.owner, a.x.id, a.x.token, h.since(s.at()))
+				h.noteInvolvedLocked(a.x, b.x)
+				continue
+			}
+			if a.x != nil {
+				continue
+			}
+			// A gave up: it left the queue once its context ended, or
+			// its entry died a lease after its last refresh (a crash).
+			var left time.Time
+			switch {
+			case !a.cut.IsZero():
+				left = a.cut.Add(w.leaseOfWaiter(a)*2/3 - fifoSlack)
+			case errors.Is(a.err, context.DeadlineExceeded):
+				left = a.deadline
+			default:
+				continue // another error: it may have left any time
+			}
+			if b.x.start.Before(left.Add(-fifoSlack)) {
+				if w.entryExcusedLocked(a, s.call, b.x.start) || h.serverWideLocked(s.call, b.x.start) {
+					continue
+				}
+				h.violationLocked("fair order: %s got %q (hold #%d, called %s, granted by %s) while %s, queued at %s before that call, still waited (it left at %s)",
+					b.owner, laneFair, b.x.id, h.since(b.call), h.since(b.x.start), a.owner, h.since(s.at()), h.since(left))
+				h.noteInvolvedLocked(b.x)
+			}
+		}
+	}
+}
+
+func (w *world) checkFairSemaphore() {
+	for _, res := range []string{laneFSem, lanePass} {
+		w.checkFairSemaphoreOf(res)
+	}
+}
+
+func (w *world) checkFairSemaphoreOf(res string) {
+	views := w.ln.poll.views(res)
+	byOwner, waits := w.laneWaits()
+	h := w.hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	passes := map[string]map[string]bool{} // A's owner -> the Bs that passed it while it headed the queue
+	for _, b := range waits {
+		if b.res != res || b.x == nil {
+			continue
+		}
+		queued, s, ok := queuedBefore(views, b.call)
+		if !ok {
+			continue
+		}
+		// The first view called after B's grant returned.
+		j := searchSnaps(views, b.x.start)
+		if j >= len(views) {
+			continue
+		}
+		after := views[j]
+		for k, e := range queued {
+			a := byOwner[e.owner]
+			if a == nil || a == b {
+				continue
+			}
+			still := slices.ContainsFunc(after.queue, func(f entry) bool { return f.id == e.id && after.live(f) })
+			if !still {
+				continue
+			}
+			if w.entryExcusedLocked(a, s.call, after.ret) || h.serverWideLocked(s.call, after.ret) {
+				continue
+			}
+			if b.weight >= a.weight {
+				h.violationLocked("fair order: %s (weight %d) got permits of %q (hold #%d, called %s, granted by %s) while %s (weight %d), queued at %s before that call, still waited at %s: only a lighter waiter may pass",
+					b.owner, b.weight, res, b.x.id, h.since(b.call), h.since(b.x.start), a.owner, a.weight, h.since(s.at()), h.since(after.at()))
+				h.noteInvolvedLocked(b.x)
+				continue
+			}
+			if head, ok := after.head(); k == 0 && ok && head.id == e.id {
+				if passes[a.owner] == nil {
+					passes[a.owner] = map[string]bool{}
+				}
+				passes[a.owner][b.owner] = true
+			}
+		}
+	}
+	for a, bs := range passes {
+		if len(bs) > passBound {
+			h.violationLocked("fair order: %d lighter waiters passed %s (weight %d) while it headed the queue of %q, more than %d",
+				len(bs), a, byOwner[a].weight, res, passBound)
+		}
+	}
+	w.cfg.Logf("%s: %s", res, passSummary(passes))
+}
+
+func passSummary(passes map[string]map[string]bool) string {
+	most, who := 0, ""
+	for a, bs := range passes {
+		if len(bs) > most {
+			most, who = len(bs), a
+		}
+	}
+	return fmt.Sprintf("fair semaphore: %d blocked heads passed, most passes %d (%s)", len(passes), most, who)
+}
