@@ -9,18 +9,19 @@
 -- tells the client which waiters must look for themselves, with their own
 -- mutex_lock call, which the client then makes at once:
 --   - a waiter no longer queued was either handed the lock by a release
---     whose message it missed (its attempt id is in the lock hash) or
+--     whose message it missed (its attempt id is in the lock record) or
 --     dropped as dead (it queues again at the tail);
 --   - a waiter queued on a lock that nobody holds: no release will come
 --     (the holder's lease ran out, or a waiter handed the lock died before
 --     it knew), so the head must take it, and dead entries before it must
 --     be dropped, which mutex_lock does;
---   - a waiter one of whose keys holds another type of value (overwritten
---     by an operator's SET or another program sharing the prefix): its
---     own call gets the error and reports it. The other waiters of the
---     call are refreshed as usual.
+--   - a waiter one of whose keys holds another type of value, or whose
+--     lock record is a string that is not one (overwritten by an
+--     operator's SET or another program sharing the prefix): its own call
+--     gets the error and reports it. The other waiters of the call are
+--     refreshed as usual.
 --
--- KEYS[3i-2]   lock hash of the i-th waiter's lock
+-- KEYS[3i-2]   lock record of the i-th waiter's lock
 -- KEYS[3i-1]   its queue (sorted set of attempt ids)
 -- KEYS[3i]     its queue entries (attempt id -> "expiry_ms owner")
 --              (on a cluster, all keys of one call in one slot)
@@ -30,7 +31,8 @@
 --
 -- Returns  an array with one entry per waiter: 1 if its entry was
 --          refreshed, 0 if it is not queued (granted, or dropped) or a key
---          of it holds another type of value, 2 if its entry was refreshed
+--          of it holds another type of value (or its lock record a string
+--          that is not one), 2 if its entry was refreshed
 --          but the lock is free.
 -- Complexity: O(N log Q) for N waiters of queues of length up to Q; the
 --          caller sends at most lease.MaxBatch (512) per call.
@@ -63,11 +65,17 @@ for i = 1, #KEYS / 3 do
       if redis.call('PTTL', e) < tonumber(lease) then
         redis.call('PEXPIRE', e, lease)
       end
-      r = redis.pcall('HEXISTS', h, 'o')
-      if r == 1 then
-        out[i] = 1
-      elseif r == 0 then
+      r = redis.pcall('GET', h) -- the lock record (see mutex_lock)
+      if not r then
         out[i] = 2
+      elseif type(r) == 'string' then
+        local k, f = string.match(r, '^L(%l*):(%d+):')
+        local s = f and string.find(r, '|', #k + #f + 3, true)
+        if s and s < #r and string.find(r, '^%d+:[^:]+:.', s + 1) then
+          out[i] = 1
+        elseif s == #r then
+          out[i] = 2
+        end -- else not a lock record: answered 0
       end
     end
   end

@@ -4,11 +4,12 @@
 -- Waiting Locks sleep at most until the end of the lease they were refused
 -- under (see mutex_lock). A new lease that ends before the old one would
 -- leave them asleep past the hold's end, and if the hold then runs out, the
--- hash goes with its w, so that the next hash's releases publish nothing:
--- so when a Lock was refused while the hash lived (w), a shorter lease
--- wakes every waiter, and each one's next refusal gives it the new lease.
+-- record goes with its w, so that the next record's releases publish
+-- nothing: so when a Lock was refused while the record lived (w), a
+-- shorter lease wakes every waiter, and each one's next refusal gives it
+-- the new lease.
 --
--- KEYS[1]  lock hash
+-- KEYS[1]  lock record (see mutex_lock)
 -- KEYS[2]  wake-up channel
 -- ARGV[1]  owner id
 -- ARGV[2]  token of the acquisition
@@ -16,11 +17,25 @@
 -- ARGV[4]  "s" to publish with SPUBLISH (cluster), else PUBLISH
 --
 -- Returns  1 if renewed, 0 if the owner no longer holds that acquisition.
--- Complexity: O(1): HMGET, PTTL, PEXPIRE, and for a shorter lease HEXISTS
---          and, with waiters, the publish.
-local h = redis.call('HMGET', KEYS[1], 'o', 'f')
-if h[1] == ARGV[1] and h[2] == ARGV[2] then
-  if redis.call('PTTL', KEYS[1]) > tonumber(ARGV[3]) and redis.call('HEXISTS', KEYS[1], 'w') == 1 then
+--          A key whose value is not a lock record fails with WRONGTYPE.
+-- Complexity: O(1): GET, PEXPIRE, and with w a PTTL and, for a shorter
+--          lease, the publish.
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return 0
+end
+local k, f = string.match(v, '^L(%l*):(%d+):')
+local s = f and string.find(v, '|', #k + #f + 3, true)
+local o
+if s and s < #v then
+  o = string.match(v, '^%d+:[^:]+:(.+)$', s + 1)
+  s = o and s
+end
+if not s then
+  return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+end
+if o == ARGV[1] and f == ARGV[2] then
+  if string.find(k, 'w', 1, true) and redis.call('PTTL', KEYS[1]) > tonumber(ARGV[3]) then
     redis.call(ARGV[4] == 's' and 'SPUBLISH' or 'PUBLISH', KEYS[2], '1000000')
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[3])

@@ -303,7 +303,7 @@ func TestDoDropsHoldItsUnlockFailedFor(t *testing.T) {
 	// Only an Unlock fails: mutex_release also gives back abandoned
 	// attempts (mode "a").
 	fail := map[string]string{
-		"mutex_release":   "if ARGV[1] == 'u' then return redis.error_reply('TRYAGAIN test') end\n",
+		"mutex_release":   "if ARGV[1] == 'u' or ARGV[1] == 'U' then return redis.error_reply('TRYAGAIN test') end\n",
 		"rwmutex_unlock":  "do return redis.error_reply('TRYAGAIN test') end\n",
 		"rwmutex_runlock": "do return redis.error_reply('TRYAGAIN test') end\n",
 	}

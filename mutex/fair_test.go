@@ -297,7 +297,7 @@ func TestFairLostGrantMessage(t *testing.T) {
 	release, _ := sc.Script("mutex_release")
 	keys := scriptKeys(name)
 	keys.release[1] = "{" + name + "}:nowhere"
-	left, err := release.Exec(ctx, keys.release, []string{"u", "p", "1000", holder.Owner(), "1", strconv.FormatInt(holder.Token(), 10)}).AsInt64()
+	left, err := release.Exec(ctx, keys.release, unlockArgs(holder.Owner(), 1, holder.Token())).AsInt64()
 	if err != nil || left != 0 {
 		t.Fatalf("release = %d, %v", left, err)
 	}
@@ -317,4 +317,67 @@ func TestFairLostGrantMessage(t *testing.T) {
 		t.Fatalf("Info = %+v, want held by the waiter with token %d", info, waiter.Token())
 	}
 	waiter.Unlock(ctx)
+}
+
+// TestUnfairUnlockHandsToFairWaiter: an unfair Mutex's Unlock sends only
+// the lock's record and channel; when a fair waiter is queued, the release
+// asks for the queue's keys (-2) before it changes anything and gets them,
+// so the lock is handed to the waiter as any release would: the waiter
+// holds it as soon as the Unlock returns. With nobody queued, the Unlock is
+// one call.
+func TestUnfairUnlockHandsToFairWaiter(t *testing.T) {
+	ctx := context.Background()
+	addr := redistest.Single(t).Addr()
+	client := redistest.Client(t, addr)
+	l, spy := spiedLocker(t, []string{addr}, mutex.Options{})
+	name := "unfair-to-fair"
+	holder, waiter := newMutex(t, l, name), newMutex(t, newLocker(t, client, mutex.Options{Fair: true}), name)
+	var mu sync.Mutex
+	var keyCounts []int // of the holder's Unlock calls
+	spy.set(func(keys, args []string) spyAction {
+		if isUnlockOf(holder.Owner(), keys, args) {
+			mu.Lock()
+			keyCounts = append(keyCounts, len(keys))
+			mu.Unlock()
+		}
+		return spyPass
+	}, nil)
+	unlock := func() []int {
+		t.Helper()
+		mu.Lock()
+		keyCounts = nil
+		mu.Unlock()
+		if err := holder.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return keyCounts
+	}
+	for round := range 2 {
+		if err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if calls := unlock(); !slices.Equal(calls, []int{2}) {
+			t.Fatalf("round %d: an Unlock with nobody queued sent calls with %v keys, want [2]", round, calls)
+		}
+	}
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- waiter.Lock(ctx) }()
+	waitQueued(t, client, name, 1)
+	if calls := unlock(); !slices.Equal(calls, []int{2, 5}) {
+		t.Fatalf("an Unlock with a fair waiter queued sent calls with %v keys, want [2 5]", calls)
+	}
+	if info, err := waiter.Info(ctx); err != nil || info.Owner != waiter.Owner() {
+		t.Fatalf("Info after the Unlock = %+v, %v; want handed to the waiter %s", info, err, waiter.Owner())
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if err := waiter.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -181,7 +181,7 @@ func TestLateHandOffMessageIsNotAHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &slowclient.Client{Client: sc0.Client(), Attempt: func(args []string) bool { return len(args) == 6 && args[5] == "f" }}
+	c := &slowclient.Client{Client: sc0.Client(), Attempt: func(args []string) bool { return len(args) == 4 && args[3] == "f" }}
 	sc, err := scriptcache.NewFrom(ctx, c)
 	if err != nil {
 		t.Fatal(err)

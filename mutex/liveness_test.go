@@ -13,6 +13,7 @@ package mutex_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -100,14 +101,30 @@ func spiedRW(t *testing.T, addrs []string, name string, opts ...mutex.LockOption
 	return newRW(t, l, name, opts...), spy
 }
 
-// lockCallOwner returns the owner of a lock attempt (mutex_lock,
-// rwmutex_rlock, rwmutex_lock: the scripts with four keys, 6, 5 and 7
-// arguments), or false for another call.
+// lockCallOwner returns the owner of a lock attempt (mutex_lock, or
+// rwmutex_rlock and rwmutex_lock: four keys, 5 and 7 arguments), or false
+// for another call.
 func lockCallOwner(keys, args []string) (string, bool) {
-	if len(keys) == 4 && len(args) >= 5 && len(args) <= 7 {
+	if owner, _, ok := mutexLockCall(keys, args); ok {
+		return owner, true
+	}
+	if len(keys) == 4 && (len(args) == 5 || len(args) == 7) && strings.HasSuffix(keys[1], ":rw.z") {
 		return args[0], true
 	}
 	return "", false
+}
+
+// mutexLockCall reports whether a script call is mutex_lock (3 or 4 keys,
+// the second the tombstones), and returns its owner and its mode (ARGV[4];
+// "" if there is none).
+func mutexLockCall(keys, args []string) (owner, mode string, ok bool) {
+	if len(keys) < 3 || len(keys) > 4 || !strings.HasSuffix(keys[1], ":x") || len(args) < 3 {
+		return "", "", false
+	}
+	if len(args) > 3 {
+		mode = args[3]
+	}
+	return args[1], mode, true
 }
 
 func (s *spyClient) set(before func(keys, args []string) spyAction, after func(keys, args []string)) {
@@ -144,7 +161,9 @@ func (s *spyClient) Eval(ctx context.Context, sha, body string, keys, args []str
 	}
 	if owner, ok := lockCallOwner(keys, args); ok {
 		refused := false
-		if a, err := r.ToArray(); err == nil && a.Len() == 3 {
+		if v, err := r.AsInt64(); err == nil {
+			refused = v < 0 // mutex_lock's refusal (the others answer tables)
+		} else if a, err := r.ToArray(); err == nil && a.Len() == 3 {
 			got, _ := a.At(0).AsInt64()
 			refused = got == 0
 		}
@@ -303,7 +322,7 @@ func briefFirst(spy *spyClient, brief *mutex.Mutex, then func(owner string)) fun
 // one's is the first holder's minute. When the short hold's hash expired,
 // the woken Lock took the lock on a new hash, which no refused Lock had
 // marked (w), so its Unlock published nothing and the other Lock slept on
-// for the rest of the minute. Now a Lock that waited marks the hash it
+// for the rest of the minute. Now a Lock that waited marks the record it
 // takes, so its release passes the wake-up on.
 func TestWaitingGrantPassesWakeOn(t *testing.T) {
 	for _, tg := range realTargets {

@@ -6,6 +6,9 @@ package mutex_test
 import (
 	"context"
 	"errors"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,6 +30,97 @@ func scriptKeys(name string) lockScriptKeys {
 		lock:    []string{k, k + ":x", k + ":q", k + ":e"},
 		release: []string{k, k + ":w", k + ":q", k + ":e", k + ":x"},
 	}
+}
+
+// lockArgs are mutex_lock's ARGV for an outermost attempt (mode "", "f",
+// "t" or "w"), as package mutex sends them.
+func lockArgs(owner, leaseMs, attempt, mode string) []string {
+	if mode == "" {
+		return []string{leaseMs, owner, attempt}
+	}
+	return []string{leaseMs, owner, attempt, mode}
+}
+
+// lockAnswer returns mutex_lock's reply in one shape: {1, holds, token}
+// for a new acquisition, {2, holds, token} when the attempt held it
+// already, {0, wait or code, 0} when refused.
+func lockAnswer(r scriptcache.Reply) ([]int64, error) {
+	if err := r.Error(); err != nil {
+		return nil, err
+	}
+	if v, err := r.AsInt64(); err == nil {
+		if v > 0 {
+			return []int64{1, 1, v}, nil
+		}
+		return []int64{0, -1 - v, 0}, nil
+	}
+	return r.AsIntSlice()
+}
+
+// execLock runs an outermost attempt of owner (see lockArgs) and returns
+// lockAnswer's shape.
+func execLock(ctx context.Context, lock *scriptcache.Script, keys []string, owner, leaseMs, attempt, mode string) ([]int64, error) {
+	return lockAnswer(lock.Exec(ctx, keys, lockArgs(owner, leaseMs, attempt, mode)))
+}
+
+// unlockArgs, giveBackArgs and forceArgs are mutex_release's ARGV for an
+// Unlock, a give-back and ForceUnlock (PUBLISH; the record kept 1 s).
+func unlockArgs(owner string, holds, token int64) []string {
+	args := []string{"u", "1000", owner, strconv.FormatInt(token, 10)}
+	if holds > 1 {
+		args = append(args, strconv.FormatInt(holds, 10))
+	}
+	return args
+}
+
+func giveBackArgs(owner, attempt, leaseMs string) []string {
+	return []string{"a", "1000", owner, attempt, leaseMs}
+}
+
+func forceArgs() []string { return []string{"f", "1000"} }
+
+// lockRecord is a lock's record (see mutex_lock) by field: f, c, n, a and
+// o as stored (n, a and o absent when free), k the flags q and x (in that
+// order), w "1" if k has w.
+// ok is false if there is no record, or the key holds something else.
+func lockRecord(v string) (rec map[string]string, ok bool) {
+	if !validRecord(v) {
+		return nil, false
+	}
+	head, hold, _ := strings.Cut(v[1:], "|")
+	kfc := strings.SplitN(head, ":", 3)
+	rec = map[string]string{"f": kfc[1], "c": kfc[2]}
+	if hold != "" {
+		nao := strings.SplitN(hold, ":", 3)
+		rec["n"], rec["a"], rec["o"] = nao[0], nao[1], nao[2]
+	}
+	for _, flag := range "qx" {
+		if strings.ContainsRune(kfc[0], flag) {
+			rec["k"] += string(flag)
+		}
+	}
+	if strings.ContainsRune(kfc[0], 'w') {
+		rec["w"] = "1"
+	}
+	return rec, true
+}
+
+// validRecord reports whether v is a lock record, as mutex_lock's
+// pattern reads one.
+func validRecord(v string) bool { return recordPattern.MatchString(v) }
+
+var recordPattern = regexp.MustCompile(`(?s)^L[a-z]*:[0-9]+:[0-9 ]*\|([0-9]+:[^:]+:.+)?$`)
+
+// recordField reads field f of the record of the lock key (see
+// lockRecord; "" if there is none).
+func recordField(t testing.TB, client rueidis.Client, key, f string) string {
+	t.Helper()
+	v, err := client.Do(context.Background(), client.B().Get().Key(key).Build()).ToString()
+	if err != nil && !rueidis.IsRedisNil(err) {
+		t.Fatal(err)
+	}
+	rec, _ := lockRecord(v)
+	return rec[f]
 }
 
 // keepKeyAfterClientLoss takes m (with a fixed lease of a second: the
@@ -248,7 +342,7 @@ func TestStaleAttemptCannotRetag(t *testing.T) {
 	release, _ := sc.Script("mutex_release")
 	keys := scriptKeys("retag")
 	attempt := func(id string) []int64 {
-		vs, err := lock.Exec(ctx, keys.lock, []string{"owner", "30000", "0", id, "", ""}).AsIntSlice()
+		vs, err := execLock(ctx, lock, keys.lock[:3], "owner", "30000", id, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -260,12 +354,11 @@ func TestStaleAttemptCannotRetag(t *testing.T) {
 	if got := attempt("n0nce.1"); got[0] != 0 {
 		t.Fatalf("late attempt 1 = %v, want refused while attempt 2 holds", got)
 	}
-	if n, _ := release.Exec(ctx, keys.release, []string{"a", "p", "1000", "owner", "n0nce.1", "30000"}).AsInt64(); n != 0 {
+	if n, _ := release.Exec(ctx, keys.release, giveBackArgs("owner", "n0nce.1", "30000")).AsInt64(); n != 0 {
 		t.Fatalf("give-back of attempt 1 released %d holds, want 0", n)
 	}
-	vals, _ := client.Do(ctx, client.B().Hmget().Key(keys.lock[0]).Field("o", "a").Build()).AsStrSlice()
-	if len(vals) != 2 || vals[0] != "owner" || vals[1] != "n0nce.2" {
-		t.Fatalf("hash = %q, want held by attempt 2", vals)
+	if o, a := recordField(t, client, keys.lock[0], "o"), recordField(t, client, keys.lock[0], "a"); o != "owner" || a != "n0nce.2" {
+		t.Fatalf("record held by %q under %q, want held by attempt 2", o, a)
 	}
 	// Another value of the same owner (a restart with WithOwner) is not
 	// ordered against this one: it takes over with a new token.
@@ -290,20 +383,20 @@ func TestGiveBackBeforeAttempt(t *testing.T) {
 	release, _ := sc.Script("mutex_release")
 	keys := scriptKeys("tomb")
 	attempt := func(id string) []int64 {
-		vs, err := lock.Exec(ctx, keys.lock, []string{"owner", "30000", "0", id, "", ""}).AsIntSlice()
+		vs, err := execLock(ctx, lock, keys.lock[:3], "owner", "30000", id, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		return vs
 	}
-	if n, err := release.Exec(ctx, keys.release, []string{"a", "p", "1000", "owner", "v.5", "30000"}).AsInt64(); err != nil || n != 0 {
+	if n, err := release.Exec(ctx, keys.release, giveBackArgs("owner", "v.5", "30000")).AsInt64(); err != nil || n != 0 {
 		t.Fatalf("give-back before its attempt = %d, %v; want 0 (nothing held yet)", n, err)
 	}
 	if got := attempt("v.5"); got[0] != 0 {
 		t.Fatalf("abandoned attempt v.5 arriving after its give-back = %v, want refused", got)
 	}
 	if ex, _ := srv.Do("EXISTS", keys.lock[0]); ex != "0" {
-		t.Fatalf("lock hash exists after refused attempts (%s), want the lock free", ex)
+		t.Fatalf("lock record exists after refused attempts (%s), want the lock free", ex)
 	}
 	if pttl, _ := srv.Do("PTTL", keys.lock[1]); pttl == "-1" || pttl == "-2" {
 		t.Fatalf("tombstones PTTL = %s, want them to expire", pttl)

@@ -527,3 +527,39 @@ func TestRWLossKeptByNewReadHold(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNestedLockAfterForceUnlock: a nested Lock of a hold that a
+// ForceUnlock ended meets the released record (kept for the keep time,
+// with no hold in it) and must report the loss (ErrLost, Lost closed), as
+// it does when the key is gone. A mutant of mutex_nest that parsed a hold
+// out of a record that has none ("s and s < #v" to "or") made that call
+// fail with WRONGTYPE instead, and every test passed: none nested a Lock
+// inside the keep time of a forced release.
+func TestNestedLockAfterForceUnlock(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	l := newLocker(t, client, mutex.Options{})
+	name := "nest-forced:" + t.Name()
+	m := newMutex(t, l, name, mutex.WithLease(time.Minute)) // no watchdog to notice first
+	other := newMutex(t, l, name)
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := other.ForceUnlock(ctx); !ok || err != nil {
+		t.Fatalf("ForceUnlock = %v, %v", ok, err)
+	}
+	if n, err := client.Do(ctx, client.B().Exists().Key(lockKey(name)).Build()).AsInt64(); err != nil || n != 1 {
+		t.Fatalf("EXISTS of the released record = %d, %v; want it kept for the keep time", n, err)
+	}
+	if err := m.Lock(ctx); !errors.Is(err, mutex.ErrLost) {
+		t.Fatalf("nested Lock after a ForceUnlock = %v, want ErrLost", err)
+	}
+	select {
+	case <-m.Lost():
+	default:
+		t.Fatal("Lost not closed after the nested Lock found the hold ended")
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
+		t.Fatalf("Unlock after the loss = %v, want ErrNotHeld", err)
+	}
+}

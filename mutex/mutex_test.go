@@ -332,9 +332,9 @@ func TestTokensIncrease(t *testing.T) {
 }
 
 // TestTokensAfterStaleHash: a failover to a replica that missed the last
-// acquisitions gives the lock's hash back as it was before them. The next
+// acquisitions gives the lock's record back as it was before them. The next
 // token must still be above every token issued, because tokens come from
-// the server's clock, not only from the previous token the hash keeps: a
+// the server's clock, not only from the previous token the record keeps: a
 // token of "one more than the stored one" would hand out again the token of
 // the first acquisition the replica missed, and two holders (the lock is
 // doubled by such a failover) would pass the same fencing check. DUMP and
@@ -387,7 +387,7 @@ func TestTokensAfterStaleHash(t *testing.T) {
 					t.Fatalf("RESTORE: %v", err)
 				}
 				if tok := pair(); tok <= last {
-					t.Fatalf("token %d after the hash went back, want above every earlier token (%d): a token was issued twice", tok, last)
+					t.Fatalf("token %d after the record went back, want above every earlier token (%d): a token was issued twice", tok, last)
 				}
 			})
 		}

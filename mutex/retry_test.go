@@ -153,7 +153,7 @@ func TestScriptUnlockRetryPastOtherEndings(t *testing.T) {
 		t.Fatalf("O's unlock of its live hold = %d", n)
 	}
 	// Three holds ended otherwise so far; 13 more are remembered, the
-	// 17th pushes A's hold out of what the hash knows.
+	// 17th pushes A's hold out of what the record knows.
 	for i := range 14 {
 		id := "g" + strconv.Itoa(i) + ".1"
 		r.take("G", id, "")
@@ -177,7 +177,7 @@ func TestScriptUnlockRetryPastOtherEndings(t *testing.T) {
 // writer's final Unlock ran but its reply was lost; before the retry,
 // another writer locked and unlocked (and a third was forced out). The hash
 // remembered only the last write release (r), so the retry was told -1 and
-// Unlock reported a loss that never happened. Now the hash keeps the run
+// Unlock reported a loss that never happened. Now the record keeps the run
 // of write holds as a Mutex's does (c).
 func TestRWUnlockRetryAfterOtherWriter(t *testing.T) {
 	for _, tg := range realTargets {

@@ -128,22 +128,22 @@ func TestScriptCost(t *testing.T) {
 		lockKeys := []string{k, k + ":x", k + ":q", k + ":e"}
 		releaseKeys := []string{k, k + ":w", k + ":q", k + ":e", k + ":x"}
 		id := strconv.Itoa(i)
-		a, err := lock.Exec(ctx, lockKeys, []string{"A", "30000", "0", "a." + id, "", "f"}).AsIntSlice()
+		a, err := execLock(ctx, lock, lockKeys, "A", "30000", "a."+id, "f")
 		if err != nil || a[0] != 1 {
 			return fmt.Errorf("A's lock = %v, %v", a, err) //nolint:errorlint // err may be nil here: %v prints <nil>, %w would print %!w(<nil>)
 		}
-		b, err := lock.Exec(ctx, lockKeys, []string{"B", "30000", "0", "b." + id, "", "f"}).AsIntSlice()
+		b, err := execLock(ctx, lock, lockKeys, "B", "30000", "b."+id, "f")
 		if err != nil || b[0] != 0 {
 			return fmt.Errorf("B's lock = %v, %v", b, err) //nolint:errorlint // err may be nil here: %v prints <nil>, %w would print %!w(<nil>)
 		}
-		if n, err := release.Exec(ctx, releaseKeys, []string{"u", "p", "1000", "A", "1", strconv.FormatInt(a[2], 10)}).AsInt64(); err != nil || n != 0 {
+		if n, err := release.Exec(ctx, releaseKeys, unlockArgs("A", 1, a[2])).AsInt64(); err != nil || n != 0 {
 			return fmt.Errorf("A's release = %d, %v", n, err) //nolint:errorlint // err may be nil here: %v prints <nil>, %w would print %!w(<nil>)
 		}
-		b, err = lock.Exec(ctx, lockKeys, []string{"B", "30000", "0", "b." + id, "", "f"}).AsIntSlice()
+		b, err = execLock(ctx, lock, lockKeys, "B", "30000", "b."+id, "f")
 		if err != nil || b[0] != 2 {
 			return fmt.Errorf("B's lock after the hand-off = %v, %v", b, err) //nolint:errorlint // err may be nil here: %v prints <nil>, %w would print %!w(<nil>)
 		}
-		if n, err := release.Exec(ctx, releaseKeys, []string{"u", "p", "1000", "B", "1", strconv.FormatInt(b[2], 10)}).AsInt64(); err != nil || n != 0 {
+		if n, err := release.Exec(ctx, releaseKeys, unlockArgs("B", 1, b[2])).AsInt64(); err != nil || n != 0 {
 			return fmt.Errorf("B's release = %d, %v", n, err) //nolint:errorlint // err may be nil here: %v prints <nil>, %w would print %!w(<nil>)
 		}
 		return nil
@@ -171,21 +171,21 @@ func TestScriptCost(t *testing.T) {
 	wg.Wait()
 	seen := map[string]bool{} // B's attempts that have queued
 	for k, v := range slowlog(t, do, func(argv []string) string {
-		if len(argv) < 12 {
+		if len(argv) < 11 {
 			return ""
 		}
 		switch {
-		case argv[1] == lock.SHA1() && argv[7] == "A":
+		case argv[1] == lock.SHA1() && argv[8] == "A":
 			return "fair lock, free"
-		case argv[1] == lock.SHA1() && argv[7] == "B":
-			if !seen[argv[3]+argv[10]] {
-				seen[argv[3]+argv[10]] = true
+		case argv[1] == lock.SHA1() && argv[8] == "B":
+			if !seen[argv[3]+argv[9]] {
+				seen[argv[3]+argv[9]] = true
 				return "fair lock, queue"
 			}
 			return "fair lock, finds its grant"
-		case argv[1] == release.SHA1() && argv[11] == "A":
+		case argv[1] == release.SHA1() && argv[10] == "A":
 			return "fair release, hand-off"
-		case argv[1] == release.SHA1() && argv[11] == "B":
+		case argv[1] == release.SHA1() && argv[10] == "B":
 			return "fair release, none queued"
 		}
 		return ""

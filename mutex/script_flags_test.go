@@ -13,7 +13,7 @@ import (
 
 // scriptRig calls mutex_lock and mutex_release directly, as package mutex
 // would, so that tests can put the keys into states that need timing to
-// reach through the API (a hash that expired while the queue or the
+// reach through the API (a record that expired while the queue or the
 // tombstones live on, an Unlock retried after others took the lock).
 type scriptRig struct {
 	t             *testing.T
@@ -38,20 +38,36 @@ func newScriptRig(t *testing.T, name string) *scriptRig {
 }
 
 // take runs an outermost Lock attempt (fair: "f", "t" or "") and returns
-// {got, holds or wait, token}.
+// {got, holds or wait, token} (see lockAnswer).
 func (r *scriptRig) take(owner, attempt, fair string) []int64 {
 	r.t.Helper()
-	vs, err := r.lock.Exec(r.ctx, r.keys.lock, []string{owner, "30000", "0", attempt, "", fair}).AsIntSlice()
+	return r.takeLease(owner, attempt, fair, "30000")
+}
+
+// takeLease is take with a lease, with the keys package mutex sends: an
+// unfair Lock leaves out the queue entries.
+func (r *scriptRig) takeLease(owner, attempt, fair, leaseMs string) []int64 {
+	r.t.Helper()
+	keys := r.keys.lock
+	if fair == "" || fair == "w" {
+		keys = keys[:3]
+	}
+	vs, err := execLock(r.ctx, r.lock, keys, owner, leaseMs, attempt, fair)
 	if err != nil || len(vs) != 3 {
 		r.t.Fatalf("lock %s %s = %v, %v", owner, attempt, vs, err)
 	}
 	return vs
 }
 
-// unlock runs a final Unlock of owner's hold with token.
+// unlock runs a final Unlock of owner's hold with token, as an unfair
+// Mutex does: with the record and the channel, and with every key if the
+// script asks for them (-2).
 func (r *scriptRig) unlock(owner string, token int64) int64 {
 	r.t.Helper()
-	n, err := r.release.Exec(r.ctx, r.keys.release, []string{"u", "p", "1000", owner, "1", strconv.FormatInt(token, 10)}).AsInt64()
+	n, err := r.release.Exec(r.ctx, r.keys.release[:2], unlockArgs(owner, 1, token)).AsInt64()
+	if err == nil && n == -2 {
+		n, err = r.release.Exec(r.ctx, r.keys.release, unlockArgs(owner, 1, token)).AsInt64()
+	}
 	if err != nil {
 		r.t.Fatalf("unlock %s %d: %v", owner, token, err)
 	}
@@ -61,7 +77,7 @@ func (r *scriptRig) unlock(owner string, token int64) int64 {
 // giveBack runs the give-back of an abandoned attempt.
 func (r *scriptRig) giveBack(owner, attempt string) int64 {
 	r.t.Helper()
-	n, err := r.release.Exec(r.ctx, r.keys.release, []string{"a", "p", "1000", owner, attempt, "30000"}).AsInt64()
+	n, err := r.release.Exec(r.ctx, r.keys.release, giveBackArgs(owner, attempt, "30000")).AsInt64()
 	if err != nil {
 		r.t.Fatalf("give-back %s %s: %v", owner, attempt, err)
 	}
@@ -70,24 +86,20 @@ func (r *scriptRig) giveBack(owner, attempt string) int64 {
 
 func (r *scriptRig) force() int64 {
 	r.t.Helper()
-	n, err := r.release.Exec(r.ctx, r.keys.release, []string{"f", "p", "1000", "", "", ""}).AsInt64()
+	n, err := r.release.Exec(r.ctx, r.keys.release, forceArgs()).AsInt64()
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	return n
 }
 
-// field reads a field of the lock hash ("" if missing).
+// field reads a field of the lock record ("" if missing; see lockRecord).
 func (r *scriptRig) field(f string) string {
 	r.t.Helper()
-	v, err := r.client.Do(r.ctx, r.client.B().Hget().Key(r.keys.lock[0]).Field(f).Build()).ToString()
-	if err != nil && !rueidis.IsRedisNil(err) {
-		r.t.Fatal(err)
-	}
-	return v
+	return recordField(r.t, r.client, r.keys.lock[0], f)
 }
 
-// dropHash deletes the lock hash, as its expiry would, leaving the
+// dropHash deletes the lock record, as its expiry would, leaving the
 // tombstones and the queue.
 func (r *scriptRig) dropHash() {
 	r.t.Helper()
@@ -97,8 +109,8 @@ func (r *scriptRig) dropHash() {
 }
 
 // TestScriptTombstoneOutlivesHash: a give-back that finds no hash leaves
-// only its tombstone. The grant that makes the hash again must learn of it
-// (the hash's k flag), or the abandoned attempt, arriving after that hold
+// only its tombstone. The grant that makes the record again must learn of it
+// (the record's k flag), or the abandoned attempt, arriving after that hold
 // ended, would be granted while its caller has gone.
 func TestScriptTombstoneOutlivesHash(t *testing.T) {
 	r := newScriptRig(t, "flags-tomb-cold")
@@ -129,7 +141,7 @@ func TestScriptTombstoneOutlivesHash(t *testing.T) {
 	}
 }
 
-// TestScriptTombstoneWhileHashLives: a give-back that finds the hash (held
+// TestScriptTombstoneWhileHashLives: a give-back that finds the record (held
 // by someone else, or released a moment ago) flags its tombstone there, so
 // that Locks that trust the flag still see it.
 func TestScriptTombstoneWhileHashLives(t *testing.T) {
@@ -159,9 +171,9 @@ func TestScriptTombstoneWhileHashLives(t *testing.T) {
 	}
 }
 
-// TestScriptQueueOutlivesHash: fair waiters queued while the hash expired
+// TestScriptQueueOutlivesHash: fair waiters queued while the record expired
 // (the holder died) must still be handed the lock by the release of an
-// unfair holder that took it meanwhile, as when the hash had lived.
+// unfair holder that took it meanwhile, as when the record had lived.
 func TestScriptQueueOutlivesHash(t *testing.T) {
 	for _, tomb := range []bool{false, true} {
 		t.Run("tombstones="+strconv.FormatBool(tomb), func(t *testing.T) {
@@ -200,7 +212,7 @@ func TestScriptQueueOutlivesHash(t *testing.T) {
 }
 
 // TestScriptFairWaiterOnFreeLockWithoutHash: a fair Lock that finds the lock
-// free and no hash, but a live waiter queued before it, queues behind it;
+// free and no record, but a live waiter queued before it, queues behind it;
 // the next holder's release hands the lock to the head, then to it.
 func TestScriptFairWaiterOnFreeLockWithoutHash(t *testing.T) {
 	r := newScriptRig(t, "flags-queue-free")

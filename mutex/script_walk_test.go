@@ -1,10 +1,10 @@
 package mutex_test
 
-// An adversarial review of the lock hash's flags (k), the field that
+// An adversarial review of the lock record's flags (k), the field that
 // answers a retried Unlock (c; p and r before issue 22), and the queue
 // keys (issue 12's scripts). The interleavings are driven by calling the
 // scripts directly, with the keys edited by hand where time would do it (a
-// hash, queue or tombstones that expire, a waiter that dies).
+// record, queue or tombstones that expire, a waiter that dies).
 
 import (
 	"context"
@@ -61,17 +61,13 @@ func (r *reviewRig) int(args ...string) int64 {
 // takeL is scriptRig.take with a lease.
 func (r *reviewRig) takeL(owner, attempt, fair, leaseMs string) []int64 {
 	r.t.Helper()
-	vs, err := r.lock.Exec(r.ctx, r.keys.lock, []string{owner, leaseMs, "0", attempt, "", fair}).AsIntSlice()
-	if err != nil || len(vs) != 3 {
-		r.t.Fatalf("lock %s %s = %v, %v", owner, attempt, vs, err)
-	}
-	return vs
+	return r.takeLease(owner, attempt, fair, leaseMs)
 }
 
 // giveBackL is scriptRig.giveBack with the give-backing Mutex's lease.
 func (r *reviewRig) giveBackL(owner, attempt, leaseMs string) int64 {
 	r.t.Helper()
-	n, err := r.release.Exec(r.ctx, r.keys.release, []string{"a", "p", "1000", owner, attempt, leaseMs}).AsInt64()
+	n, err := r.release.Exec(r.ctx, r.keys.release, giveBackArgs(owner, attempt, leaseMs)).AsInt64()
 	if err != nil {
 		r.t.Fatalf("give-back %s %s: %v", owner, attempt, err)
 	}
@@ -89,7 +85,7 @@ func (r *reviewRig) refreshOne(owner, attempt, leaseMs string) int64 {
 	return vs[0]
 }
 
-// checkFlags checks the flag invariant (while the hash lives, a key its k
+// checkFlags checks the flag invariant (while the record lives, a key its k
 // does not flag is empty) and that every key has a TTL.
 func (r *reviewRig) checkFlags(step string) {
 	r.t.Helper()
@@ -102,8 +98,8 @@ func (r *reviewRig) checkFlags(step string) {
 	if r.int("EXISTS", hash) == 0 {
 		return
 	}
-	if r.int("HEXISTS", hash, "f") == 0 {
-		r.t.Fatalf("%s: the hash lives without f", step)
+	if v, _ := r.do("GET", hash).ToString(); !validRecord(v) {
+		r.t.Fatalf("%s: the record %q is not one", step, v)
 	}
 	k := r.field("k")
 	if r.int("ZCARD", queue) > 0 && k != "q" && k != "qx" {
@@ -118,14 +114,14 @@ func (r *reviewRig) checkFlags(step string) {
 // scripts through seeded random sequences of fair and unfair Locks,
 // TryLocks, Unlocks (and retries of earlier ones), give-backs before and
 // after their attempts, ForceUnlock, waiters that die, and keys that expire
-// (the hash, the queue, the tombstones, all of them: a Redis restart),
+// (the record, the queue, the tombstones, all of them: a Redis restart),
 // and checks after every step:
 //   - the flag invariant and that every key has a TTL;
 //   - tokens increase with every acquisition (taken or handed over);
 //   - a given-back attempt is never granted while its tombstone lives, and
 //     the hold it was granted is released by the give-back;
 //   - a retried Unlock is told it released (0) only for a hold its owner's
-//     Unlock did end (it may be told -1 once the kept hash expired or more
+//     Unlock did end (it may be told -1 once the kept record expired or more
 //     than 16 later holds ended otherwise: that is not checked), and an
 //     Unlock of a live hold always releases it;
 //   - an abandoned attempt arriving after its give-back is neither granted
@@ -189,7 +185,7 @@ func walk(t *testing.T, seed int64, steps int) {
 		ended[o.name+" "+strconv.FormatInt(o.token, 10)] = byUnlock
 		o.holding = false
 	}
-	// sync reads the hash after a release to learn of a hand-off.
+	// sync reads the record after a release to learn of a hand-off.
 	sync := func(step string) {
 		o := r.field("o")
 		a := r.field("a")
@@ -197,7 +193,7 @@ func walk(t *testing.T, seed int64, steps int) {
 			if w.holding && (w.name != o || w.attempt != a) {
 				// The scripts ended it without this model knowing: only
 				// expected where the step says so (the caller ends it).
-				fail("%s: %s's hold %s (%d) is gone: hash o=%q a=%q", step, w.name, w.attempt, w.token, o, a)
+				fail("%s: %s's hold %s (%d) is gone: record o=%q a=%q", step, w.name, w.attempt, w.token, o, a)
 			}
 		}
 		if o == "" {
@@ -205,7 +201,7 @@ func walk(t *testing.T, seed int64, steps int) {
 		}
 		w := issued[a]
 		if w == nil || w.name != o {
-			fail("%s: hash held by %q under attempt %q nobody issued", step, o, a)
+			fail("%s: record held by %q under attempt %q nobody issued", step, o, a)
 		}
 		if !w.holding {
 			// A hand-off.
@@ -410,12 +406,12 @@ func walk(t *testing.T, seed int64, steps int) {
 				endHold(h, false)
 			}
 			sync(desc)
-		case op < 72: // the hash expires (a hold's lease, or the kept hash)
+		case op < 72: // the record expires (a hold's lease, or the kept record)
 			if h := holderOf(); h != nil {
 				endHold(h, false)
 			}
 			r.dropHash()
-			log = append(log, "hash expired")
+			log = append(log, "record expired")
 		case op < 75: // the queue keys expire
 			r.do("DEL", r.keys.lock[2], r.keys.lock[3])
 			for _, w := range owners {
@@ -455,7 +451,7 @@ func walk(t *testing.T, seed int64, steps int) {
 				fail("%s: a live waiter's entry is gone", desc)
 			case 2:
 				if r.field("o") != "" {
-					fail("%s: refresh said free, hash held by %q", desc, r.field("o"))
+					fail("%s: refresh said free, record held by %q", desc, r.field("o"))
 				}
 			}
 		}
@@ -542,13 +538,13 @@ func TestManyDeadBeforeLiveWaiter(t *testing.T) {
 	if got := r.takeL("W", "w.1", "f", "30000"); got[0] != 0 {
 		t.Fatalf("W = %v, want queued", got)
 	}
-	r.dropHash() // H's lease runs out while they wait: the hash is made again below
+	r.dropHash() // H's lease runs out while they wait: the record is made again below
 	c := r.takeL("C", "c.1", "", "30000")
 	if c[0] != 1 || c[2] <= h[2] {
 		t.Fatalf("C = %v", c)
 	}
 	if k := r.field("k"); k != "q" {
-		t.Fatalf("k = %q after a grant that made the hash with a queue, want q", k)
+		t.Fatalf("k = %q after a grant that made the record with a queue, want q", k)
 	}
 	r.checkFlags("C holds")
 	if n := r.unlock("C", c[2]); n != 0 {
@@ -655,11 +651,11 @@ func TestTombstoneSparesOtherAttempts(t *testing.T) {
 		r.giveBackL("W", "w.2", "30000")
 		r.unlock("H", h[2]) // hands the lock to w.1
 		if o, a := r.field("o"), r.field("a"); o != "W" || a != "w.1" {
-			t.Fatalf("after H's release the hash names %q %q, want W w.1", o, a)
+			t.Fatalf("after H's release the record names %q %q, want W w.1", o, a)
 		}
 		got := r.takeL("W", "w.1", "f", "30000") // W's next attempt (message lost, or ReplicaAcks)
 		if got[0] != 2 {
-			t.Fatalf("W's attempt w.1, which the hash names as the holder, = %v, want {2, 1, token}: "+
+			t.Fatalf("W's attempt w.1, which the record names as the holder, = %v, want {2, 1, token}: "+
 				"the hand-off is a grant nobody knows of, and W, no longer queued, is refused until the tombstone ends", got)
 		}
 	})
@@ -710,7 +706,7 @@ func poisonAPI(t *testing.T, secondGivesUp bool) {
 		waitQueued(t, client, name, 1) // its give-back took it out of the queue
 	}
 
-	// The holder's lease runs out (its hash expires).
+	// The holder's lease runs out (its record expires).
 	if err := client.Do(ctx, client.B().Del().Key(lockKey(name)).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}

@@ -73,14 +73,14 @@ func hookedLocker(t *testing.T, addr string, opts mutex.Options) (*mutex.Locker,
 // isUnlockOf reports whether a script call is mutex_release's Unlock mode
 // sent by owner.
 func isUnlockOf(owner string, keys, args []string) bool {
-	return len(keys) == 5 && len(args) == 6 && args[0] == "u" && args[3] == owner
+	return (len(keys) == 5 || len(keys) == 2) && len(args) >= 4 && (args[0] == "u" || args[0] == "U") && args[2] == owner
 }
 
 // TestFairUnlockRetryAfterTwoHandOffs (issue 22, suspected, confirmed): a
 // fair holder's final Unlock ran but its reply was lost; before the retry,
 // the release's hand-off went on to a second waiter. The hash remembered
 // only the last earlier owner (r), so the retry was told -1 and Unlock
-// reported a loss that never happened. Now the hash keeps the run of
+// reported a loss that never happened. Now the record keeps the run of
 // acquisitions that ended by their owner's Unlock (c), and the retry is
 // told its first try released the lock. A hold ended otherwise (here a
 // ForceUnlock) is still reported lost, however many hand-offs follow.
@@ -184,7 +184,7 @@ func TestCloseLeavesFairQueue(t *testing.T) {
 		if inFlight {
 			var once sync.Once
 			hc.set(func(_ context.Context, keys, args []string) bool {
-				if len(keys) == 4 && len(args) == 6 && args[0] == w.Owner() && args[5] == "f" {
+				if owner, mode, ok := mutexLockCall(keys, args); ok && owner == w.Owner() && mode == "f" {
 					once.Do(func() {
 						close(held)
 						<-gate

@@ -41,7 +41,7 @@ func TestStaleHandOffAfterRequeue(t *testing.T) {
 		t.Fatal(err)
 	}
 	// W's fair attempts are mutex_lock's calls with ARGV[6] = "f".
-	c := &slowclient.Client{Client: sc0.Client(), Attempt: func(args []string) bool { return len(args) == 6 && args[5] == "f" }}
+	c := &slowclient.Client{Client: sc0.Client(), Attempt: func(args []string) bool { return len(args) == 4 && args[3] == "f" }}
 	sc, err := scriptcache.NewFrom(ctx, c)
 	if err != nil {
 		t.Fatal(err)

@@ -12,7 +12,7 @@ import (
 )
 
 // A final Unlock publishes its wake-up only when a Lock was refused while
-// the lock's hash lived (mutex_lock's w). These tests hold the lock with a
+// the lock's record lived (mutex_lock's w). These tests hold the lock with a
 // lease far longer than their deadline: a waiter that missed its wake-up
 // would sleep until the lease ends, and fail.
 
@@ -71,12 +71,11 @@ func TestWakeWhileSubscribing(t *testing.T) {
 				}
 				done := make(chan error, 1)
 				go func() { done <- b.Lock(ctx) }()
-				// The refused attempt marks the hash; then release at once.
+				// The refused attempt marks the record; then release at once.
 				if !redistest.WaitFor(ctx, signal, func() bool {
-					w, _ := client.Do(ctx, client.B().Hget().Key(lockKey(name)).Field("w").Build()).ToString()
-					return w == "1"
+					return recordField(t, client, lockKey(name), "w") == "1"
 				}) {
-					t.Fatal("the waiter's refused Lock did not mark the hash")
+					t.Fatal("the waiter's refused Lock did not mark the record")
 				}
 				if err := a.Unlock(ctx); err != nil {
 					t.Fatal(err)
@@ -128,13 +127,12 @@ func TestWakeEveryWaiter(t *testing.T) {
 					})
 				}
 			}
-			// Every waiter has been refused once the hash is marked; some may
+			// Every waiter has been refused once the record is marked; some may
 			// still be on their way, which a later release wakes as well.
 			if !redistest.WaitFor(ctx, signal, func() bool {
-				w, _ := client.Do(ctx, client.B().Hget().Key(lockKey(name)).Field("w").Build()).ToString()
-				return w == "1"
+				return recordField(t, client, lockKey(name), "w") == "1"
 			}) {
-				t.Fatal("no refused Lock marked the hash")
+				t.Fatal("no refused Lock marked the record")
 			}
 			if err := holder.Unlock(ctx); err != nil {
 				t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/sluicekit/sluice/internal/lease"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/mutex"
 	"github.com/sluicekit/sluice/scriptcache"
 )
@@ -174,7 +176,7 @@ func TestWatchdogRWBatchWrongTypeOnlyThoseHolds(t *testing.T) {
 // TestQueueRefreshWrongTypeOnlyThatWaiter runs one batched refresh of the
 // queue entries of five fair waiters, each queued on its own lock of one
 // slot, after overwriting with a string the queue of one lock, the
-// entries hash of another and the lock hash of a third. Those three
+// entries hash of another and the lock record of a third. Those three
 // waiters are answered "look for yourself" (their own Lock call then gets
 // the error), and the call still refreshes the other two: the entry of the
 // waiter on a held lock is rewritten and answered refreshed, the one on a
@@ -200,10 +202,10 @@ func TestQueueRefreshWrongTypeOnlyThatWaiter(t *testing.T) {
 			var keys, args []string
 			for _, name := range names {
 				k := scriptKeys(name).lock // hash, tombstones, queue, entries
-				if got, err := lock.Exec(ctx, k, []string{"holder", "30000", "0", "h.1", "", ""}).AsIntSlice(); err != nil || got[0] != 1 {
+				if got, err := execLock(ctx, lock, k[:3], "holder", "30000", "h.1", ""); err != nil || got[0] != 1 {
 					t.Fatalf("%s: holder's Lock = %v, %v", name, got, err)
 				}
-				if got, err := lock.Exec(ctx, k, []string{"waiter", "30000", "0", "w.1", "", "f"}).AsIntSlice(); err != nil || got[0] != 0 {
+				if got, err := execLock(ctx, lock, k, "waiter", "30000", "w.1", "f"); err != nil || got[0] != 0 {
 					t.Fatalf("%s: waiter's Lock = %v, %v; want queued", name, got, err)
 				}
 				// An entry the refresh must rewrite.
@@ -211,7 +213,7 @@ func TestQueueRefreshWrongTypeOnlyThatWaiter(t *testing.T) {
 				keys = append(keys, k[0], k[2], k[3])
 				args = append(args, "w.1", "waiter", "30000")
 			}
-			// Waiter 1's queue, 2's entries and 3's lock hash hold strings;
+			// Waiter 1's queue, 2's entries and 3's lock record hold strings;
 			// waiter 4's lock is free (its holder's hash is gone).
 			for _, key := range []string{lockKey(names[1]) + ":q", lockKey(names[2]) + ":e", lockKey(names[3])} {
 				do(client.B().Set().Key(key).Value("not a lock").Build())
@@ -231,5 +233,117 @@ func TestQueueRefreshWrongTypeOnlyThatWaiter(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// notRecords are values of a lock's key that are not lock records: strings
+// an operator or another program could write, among them ones that start
+// like a record, and a hash (as development trees before the string record
+// kept a lock in).
+var notRecords = []struct {
+	name  string
+	write func(c rueidis.Client, key string) rueidis.Completed
+}{
+	{"plain string", func(c rueidis.Client, key string) rueidis.Completed {
+		return c.B().Set().Key(key).Value("not a lock").Build()
+	}},
+	{"number", func(c rueidis.Client, key string) rueidis.Completed {
+		return c.B().Set().Key(key).Value("12345").Build()
+	}},
+	{"record without its end", func(c rueidis.Client, key string) rueidis.Completed {
+		return c.B().Set().Key(key).Value("L:1764350000000000:1764350000000000").Build()
+	}},
+	{"record with a broken hold", func(c rueidis.Client, key string) rueidis.Completed {
+		return c.B().Set().Key(key).Value("L:1764350000000000:1764350000000000|1:a.1").Build()
+	}},
+	{"hash", func(c rueidis.Client, key string) rueidis.Completed {
+		return c.B().Hset().Key(key).FieldValue().FieldValue("o", "x").FieldValue("f", "1").Build()
+	}},
+}
+
+// TestNotALockRecord: a lock's key overwritten with a value that is not a
+// lock record (another type, or a string that is not one) makes every call
+// on that lock fail with WRONGTYPE and leaves the value as it is, as a key
+// of another type did when the lock was a hash: a string layout must not
+// take a string it did not write for a free lock, nor overwrite it.
+func TestNotALockRecord(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	l := newLocker(t, client, mutex.Options{})
+	fixed := newLocker(t, client, mutex.Options{Lease: time.Minute})
+	dump := func(key string) string {
+		v, err := client.Do(ctx, client.B().Dump().Key(key).Build()).ToString()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, tc := range notRecords {
+		t.Run(tc.name, func(t *testing.T) {
+			name := "notrecord:" + tc.name
+			holder := newMutex(t, fixed, name)
+			if err := holder.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for _, cmd := range []rueidis.Completed{client.B().Del().Key(lockKey(name)).Build(), tc.write(client, lockKey(name))} {
+				if err := client.Do(ctx, cmd).Error(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := dump(lockKey(name))
+			m := newMutex(t, l, name)
+			lctx, cancel := context.WithTimeout(ctx, signal)
+			defer cancel()
+			calls := map[string]error{
+				"TryLock": m.TryLock(ctx),
+				"Lock":    m.Lock(lctx),
+				"Unlock":  holder.Unlock(ctx),
+			}
+			_, calls["Extend"] = holder.Extend(ctx, time.Minute)
+			_, calls["Info"] = m.Info(ctx)
+			_, calls["ForceUnlock"] = m.ForceUnlock(ctx)
+			for call, err := range calls {
+				if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+					t.Errorf("%s = %v, want WRONGTYPE", call, err)
+				}
+			}
+			if after := dump(lockKey(name)); after != before {
+				t.Errorf("the value changed under the calls")
+			}
+		})
+	}
+}
+
+// TestRenewBatchNotALockRecord runs one watchdog batch over a held lock
+// and locks whose keys hold the values of notRecords: each of those
+// answers -1 (another type of value) for itself, and the held lock is
+// renewed (1).
+func TestRenewBatchNotALockRecord(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renew, _ := sc.Script("mutex_renew_batch")
+	l := newLocker(t, client, mutex.Options{})
+	held := newMutex(t, l, "renewnotrecord:held")
+	if err := held.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer held.Unlock(ctx)
+	keys := []string{lockKey(held.Name())}
+	args := []string{"30000", held.Owner(), strconv.FormatInt(held.Token(), 10)}
+	want := []int64{1}
+	for _, tc := range notRecords {
+		key := lockKey("renewnotrecord:" + tc.name)
+		if err := client.Do(ctx, tc.write(client, key)).Error(); err != nil {
+			t.Fatal(err)
+		}
+		keys, args, want = append(keys, key), append(args, "x", "1764350000000000"), append(want, -1)
+	}
+	got, err := renew.Exec(ctx, keys, args).AsIntSlice()
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("renewal answered %v, %v; want %v", got, err, want)
 	}
 }

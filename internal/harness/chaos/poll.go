@@ -79,9 +79,13 @@ var (
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {tostring(now), '', '0'}
-local h = redis.pcall('HMGET', KEYS[1], 'o', 'f')
-if not h.err then
-  out[2], out[3] = h[1] or '', h[2] or '0'
+local v = redis.pcall('GET', KEYS[1]) -- the lock's record (see lua/mutex_lock.lua)
+if type(v) == 'string' then
+  local k, f = string.match(v, '^L(%l*):(%d+):')
+  if f then
+    local s = string.find(v, '|', #k + #f + 3, true)
+    out[2], out[3] = s and string.match(v, '^%d+:[^:]+:(.+)$', s + 1) or '', f
+  end
 end
 local q = redis.pcall('ZRANGE', KEYS[2], 0, 31)
 if not q.err then

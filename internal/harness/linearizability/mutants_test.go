@@ -20,7 +20,7 @@ type mutant struct {
 
 var mutants = map[string]mutant{
 	// The lock is taken even when another owner holds it.
-	"mutex-takeover": {"mutex_lock", "if h[1] and h[1] ~= ARGV[1] then\n  return enqueue(redis.call('PTTL', KEYS[1]))\nend\n", ""},
+	"mutex-takeover": {"mutex_lock", "if o and o ~= ARGV[2] then\n  return enqueue(redis.call('PTTL', KEYS[1]))\nend\n", ""},
 	// One permit more than the capacity is granted.
 	"semaphore-off-by-one": {"semaphore_acquire", "  return used + n <= stored\n", "  return used + n <= stored + 1\n"},
 	// One request more than the limit is allowed per window.

@@ -152,6 +152,40 @@ func durations(ds []time.Duration) string {
 		" (n=" + strconv.Itoa(len(s)) + ")"
 }
 
+// lockField returns field f of the record of the lock key (see
+// mutex_lock): "f" token, "n" holds, "a" attempt, "o" owner; "" if there
+// is no record or it is not one.
+func lockField(t *testing.T, c rueidis.Client, key, f string) string {
+	t.Helper()
+	v, ok := strings.CutPrefix(str(t, c, "GET", key), "L")
+	head, hold, found := strings.Cut(v, "|")
+	kfc, nao := strings.SplitN(head, ":", 3), strings.SplitN(hold, ":", 3)
+	if !ok || !found || len(kfc) != 3 {
+		return ""
+	}
+	switch {
+	case f == "f":
+		return kfc[1]
+	case len(nao) != 3:
+		return "" // free
+	case f == "n":
+		return nao[0]
+	case f == "a":
+		return nao[1]
+	case f == "o":
+		return nao[2]
+	}
+	t.Fatalf("lockField: no field %q", f)
+	return ""
+}
+
+// lockHolds returns the holds of the lock key's record (0 if none).
+func lockHolds(t *testing.T, c rueidis.Client, key string) int64 {
+	t.Helper()
+	n, _ := strconv.ParseInt(lockField(t, c, key, "n"), 10, 64)
+	return n
+}
+
 // str runs one command on c and returns its reply as a string, "" for nil.
 func str(t *testing.T, c rueidis.Client, args ...string) string {
 	t.Helper()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -93,7 +94,7 @@ func lostAcquireReply(t *testing.T, newCache NewCache) {
 				key := lockKey(m.Name())
 				warm(t, m)
 				err := lostReplyCall(t, r, m.Lock, func() bool {
-					return str(t, r.direct, "HGET", key, "o") == m.Owner()
+					return lockField(t, r.direct, key, "o") == m.Owner()
 				})
 				if !errors.Is(err, mutex.ErrNotObtained) || !errors.Is(err, context.Canceled) {
 					t.Fatalf("Lock with a lost reply: %v, want ErrNotObtained wrapping context.Canceled", err)
@@ -101,7 +102,7 @@ func lostAcquireReply(t *testing.T, newCache NewCache) {
 				if m.Holds() != 0 {
 					t.Fatalf("Holds() = %d after a failed Lock", m.Holds())
 				}
-				orphanToken, _ := do(t, r.direct, "HGET", key, "f").AsInt64()
+				orphanToken, _ := strconv.ParseInt(lockField(t, r.direct, key, "f"), 10, 64)
 				pttl, _ := do(t, r.direct, "PTTL", key).AsInt64()
 				start := time.Now()
 				if err := retry(t, m.Lock); err != nil {
@@ -116,21 +117,20 @@ func lostAcquireReply(t *testing.T, newCache NewCache) {
 				// the attempt with an unknown outcome) and this is a fresh
 				// acquisition; both leave no lock that nobody knows of. The
 				// client's token must be the server's either way.
-				serverToken, _ := do(t, r.direct, "HGET", key, "f").AsInt64()
+				serverToken, _ := strconv.ParseInt(lockField(t, r.direct, key, "f"), 10, 64)
 				if m.Token() != serverToken {
 					t.Errorf("Token() = %d, server has %d: not the same acquisition", m.Token(), serverToken)
 				}
 				if m.Token() != orphanToken {
 					t.Logf("the orphaned hold was given back before the next Lock")
 				}
-				if n, err := do(t, r.direct, "HGET", key, "n").AsInt64(); n != 1 || m.Holds() != 1 {
-					all, _ := do(t, r.direct, "HGETALL", key).AsStrMap()
-					t.Errorf("server holds %d (%v; %v), client %d; want 1 and 1", n, err, all, m.Holds())
+				if n := lockHolds(t, r.direct, key); n != 1 || m.Holds() != 1 {
+					t.Errorf("server holds %d (%q), client %d; want 1 and 1", n, str(t, r.direct, "GET", key), m.Holds())
 				}
 				if err := m.Unlock(ctx); err != nil {
 					t.Fatal(err)
 				}
-				if o := str(t, r.direct, "HGET", key, "o"); o != "" {
+				if o := lockField(t, r.direct, key, "o"); o != "" {
 					t.Errorf("still held by %q after Unlock", o)
 				}
 			})
@@ -141,7 +141,7 @@ func lostAcquireReply(t *testing.T, newCache NewCache) {
 				warm(t, m)
 				sent := time.Now()
 				_ = lostReplyCall(t, r, m.TryLock, func() bool { // its reply is lost: the outcome is what Redis shows
-					return str(t, r.direct, "HGET", key, "o") == m.Owner()
+					return lockField(t, r.direct, key, "o") == m.Owner()
 				})
 				pttl, err := do(t, r.direct, "PTTL", key).AsInt64()
 				if err != nil {
@@ -198,7 +198,7 @@ func lostUnlockReply(t *testing.T, newCache NewCache) {
 				t.Fatal(err)
 			}
 		}
-		holds := func() int64 { n, _ := do(t, r.direct, "HGET", key, "n").AsInt64(); return n }
+		holds := func() int64 { return lockHolds(t, r.direct, key) }
 		if n := holds(); n != 2 {
 			t.Fatalf("server holds %d, want 2", n)
 		}
@@ -218,7 +218,7 @@ func lostUnlockReply(t *testing.T, newCache NewCache) {
 		if err := m.Unlock(ctx); err != nil {
 			t.Fatalf("final Unlock: %v", err)
 		}
-		if o := str(t, r.direct, "HGET", key, "o"); o != "" {
+		if o := lockField(t, r.direct, key, "o"); o != "" {
 			t.Fatalf("still held by %q after the final Unlock", o)
 		}
 	})
@@ -229,7 +229,7 @@ func lostUnlockReply(t *testing.T, newCache NewCache) {
 		if err := m.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
-		err := lostReplyCall(t, r, m.Unlock, func() bool { return str(t, r.direct, "HGET", key, "o") == "" })
+		err := lostReplyCall(t, r, m.Unlock, func() bool { return lockField(t, r.direct, key, "o") == "" })
 		if err == nil {
 			t.Fatal("Unlock with a lost reply returned nil")
 		}
@@ -243,10 +243,10 @@ func lostUnlockReply(t *testing.T, newCache NewCache) {
 		if m.Holds() != 0 {
 			t.Errorf("client still counts %d holds", m.Holds())
 		}
-		if o, n := str(t, r.direct, "HGET", key, "o"), c.Holds(); o != c.Owner() || n != 1 {
+		if o, n := lockField(t, r.direct, key, "o"), c.Holds(); o != c.Owner() || n != 1 {
 			t.Fatalf("the retry touched the new owner's hold: owner %q, holds %d", o, n)
 		}
-		if sn, _ := do(t, r.direct, "HGET", key, "n").AsInt64(); sn != 1 {
+		if sn := lockHolds(t, r.direct, key); sn != 1 {
 			t.Fatalf("server holds %d for the new owner, want 1", sn)
 		}
 		if err := c.Unlock(ctx); err != nil {
