@@ -58,12 +58,13 @@ type mortalPart struct {
 }
 
 func (w *world) mortal(ctx context.Context, rng *rand.Rand, id string) {
-	call := time.Now()
 	sc, closeClient, err := w.cfg.Client(ctx, w.addrs(), w.cl != nil)
 	if err != nil {
-		if ctx.Err() == nil {
-			w.suspect(call, time.Now(), nil, "", "a mortal's client could not be made, with no fault of the server in force: %v", err)
-		}
+		// Not the library's promise: the client's own dial and script load
+		// (rueidis's dial timeout), which a loaded machine can miss on
+		// loopback (seen on the cluster: dial i/o timeout with no fault,
+		// other harness runs beside it). The mortal simply does not come.
+		w.count("lane.mortal.noclient")
 		return
 	}
 	w.count("lane.mortal")
