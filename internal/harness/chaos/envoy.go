@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,7 +13,6 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicekit/sluice/envoy/rls"
@@ -47,10 +44,8 @@ const (
 // script cache, served by a gRPC server of its own on loopback, and a
 // client of it (Envoy's generated stub).
 type envoyNode struct {
-	srv    *grpc.Server
-	conn   *grpc.ClientConn
-	rls    rlspb.RateLimitServiceClient
-	served sync.WaitGroup
+	loopbackGRPC
+	rls rlspb.RateLimitServiceClient
 }
 
 func (w *world) newEnvoy(t testing.TB, n *node) {
@@ -69,17 +64,10 @@ func (w *world) newEnvoy(t testing.TB, n *node) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &envoyNode{srv: grpc.NewServer()}
-	rlspb.RegisterRateLimitServiceServer(e.srv, svc)
-	e.served.Go(func() { _ = e.srv.Serve(lis) })
-	if e.conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-		e.srv.Stop()
-		t.Fatal(err)
-	}
+	e := &envoyNode{}
+	srv := grpc.NewServer()
+	rlspb.RegisterRateLimitServiceServer(srv, svc)
+	e.start(t, srv)
 	e.rls = rlspb.NewRateLimitServiceClient(e.conn)
 	ln.envoy = e
 }
@@ -88,9 +76,7 @@ func (e *envoyNode) close() {
 	if e == nil {
 		return
 	}
-	_ = e.conn.Close()
-	e.srv.Stop()
-	e.served.Wait()
+	e.loopbackGRPC.close()
 }
 
 // envoyCounts is what the worker knows of one organisation's counters: lo

@@ -32,10 +32,8 @@ type grpcNode struct {
 	spec   limiterSpec
 	prefix string
 	lim    *ratelimit.Limiter
-	srv    *grpc.Server
-	conn   *grpc.ClientConn
+	loopbackGRPC
 	health healthpb.HealthClient
-	served sync.WaitGroup
 
 	mu       sync.Mutex
 	timeouts []time.Time // OnError for an outage (outageErr)
@@ -60,17 +58,9 @@ func (w *world) newGRPC(t testing.TB, n *node) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g.srv = grpc.NewServer(grpc.UnaryInterceptor(ic.Unary), grpc.StreamInterceptor(ic.Stream))
-	healthpb.RegisterHealthServer(g.srv, health.NewServer())
-	g.served.Go(func() { _ = g.srv.Serve(lis) })
-	if g.conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-		g.srv.Stop()
-		t.Fatal(err)
-	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(ic.Unary), grpc.StreamInterceptor(ic.Stream))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	g.start(t, srv)
 	g.health = healthpb.NewHealthClient(g.conn)
 	ln.grpc = g
 }
@@ -79,9 +69,35 @@ func (g *grpcNode) close() {
 	if g == nil {
 		return
 	}
-	_ = g.conn.Close()
-	g.srv.Stop()
-	g.served.Wait()
+	g.loopbackGRPC.close()
+}
+
+// loopbackGRPC is a gRPC server on a loopback port of its own and a client
+// connection to it.
+type loopbackGRPC struct {
+	srv    *grpc.Server
+	conn   *grpc.ClientConn
+	served sync.WaitGroup
+}
+
+// start serves srv (its services registered) and connects to it.
+func (l *loopbackGRPC) start(t testing.TB, srv *grpc.Server) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.srv = srv
+	l.served.Go(func() { _ = srv.Serve(lis) })
+	if l.conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		srv.Stop()
+		t.Fatal(err)
+	}
+}
+
+func (l *loopbackGRPC) close() {
+	_ = l.conn.Close()
+	l.srv.Stop()
+	l.served.Wait()
 }
 
 // grpcWorker sends sequences of calls, one client key at a time (a third
