@@ -83,11 +83,13 @@ func outageErr(err error) bool {
 	return true
 }
 
-// timedOut reports whether a timeout was told within [from, to].
-func timedOut(mu *sync.Mutex, ts []time.Time, from, to time.Time) bool {
+// timedOut reports whether a timeout was told within [from, to]. It takes
+// the slice by pointer: its header is written under mu, so it is read
+// under mu too.
+func timedOut(mu *sync.Mutex, ts *[]time.Time, from, to time.Time) bool {
 	mu.Lock()
 	defer mu.Unlock()
-	for _, t := range ts {
+	for _, t := range *ts {
 		if !t.Before(from) && !t.After(to) {
 			return true
 		}
@@ -641,7 +643,7 @@ func (w *world) routeSemantic(ctx context.Context, n *node, r *rateRoute, c clie
 	// A Local route still deciding locally after an earlier outage does
 	// not ask Redis, and never sees the string.
 	local := r.fallback == ratelimit.FallbackLocal && w.metrics.localWithin(r.prefix, call, ret)
-	if rec.Code != http.StatusInternalServerError && !n.closed.Load() && !timedOut(&r.mu, r.timeouts, call, ret) && !w.wipedSince(setAt, ret) && !local {
+	if rec.Code != http.StatusInternalServerError && !n.closed.Load() && !timedOut(&r.mu, &r.timeouts, call, ret) && !w.wipedSince(setAt, ret) && !local {
 		w.hist.violation("route %s (Fallback %v): %d for a client whose counter holds a string (called %s): a semantic error is a 500, never the fallback",
 			r.name, r.fallback, rec.Code, w.hist.since(call))
 	}

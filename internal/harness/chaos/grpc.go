@@ -239,7 +239,7 @@ func (w *world) grpcSemantic(ctx context.Context, n *node, g *grpcNode, c client
 	// A call the run's end cut off (ctx, here the workload's) is no
 	// decision: seen on go-redis, a call 3 ms before the end returned
 	// DeadlineExceeded.
-	if code := status.Code(err); code != codes.Internal && ctx.Err() == nil && !n.closed.Load() && !w.wipedSince(setAt, ret) && !timedOut(&g.mu, g.timeouts, call, ret) &&
+	if code := status.Code(err); code != codes.Internal && ctx.Err() == nil && !n.closed.Load() && !w.wipedSince(setAt, ret) && !timedOut(&g.mu, &g.timeouts, call, ret) &&
 		!w.metrics.localWithin(g.prefix, call, ret) {
 		w.hist.violation("gRPC unary for a client whose counter holds a string (called %s): %v, want Internal: a semantic error is never the fallback", w.hist.since(call), err)
 	}

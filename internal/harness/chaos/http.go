@@ -74,7 +74,7 @@ func (w *world) serveConc(ctx context.Context, i int) {
 	n := w.inflight[i].Add(1)
 	defer w.inflight[i].Add(-1)
 	now := time.Now()
-	if n > int64(concLimits[i]) && !w.hist.faultNear(now.Add(-w.cfg.Lease), now, 0) && !timedOut(&w.concOut.mu, w.concOut.at, now.Add(-w.cfg.Lease), now) {
+	if n > int64(concLimits[i]) && !w.hist.faultNear(now.Add(-w.cfg.Lease), now, 0) && !timedOut(&w.concOut.mu, &w.concOut.at, now.Add(-w.cfg.Lease), now) {
 		w.hist.violation("concurrency middleware (Limit %d) serving %d requests of one key at once, with no fault in force and no outage told", concLimits[i], n)
 	}
 	select {
