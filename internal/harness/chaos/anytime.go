@@ -398,7 +398,9 @@ func (w *world) giveBacks(ctx context.Context, n *node, rng *rand.Rand) {
 			rcancel()
 			continue
 		}
-		if errors.Is(err, mutex.ErrNotObtained) && ctx.Err() == nil {
+		// A TryLock that ran out of its own time (a loaded machine: seen
+		// at 658 ms on a CI run) was not answered, so it was not refused.
+		if errors.Is(err, mutex.ErrNotObtained) && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 			w.suspect(call, time.Now(), []int{n.i}, "", "give-back: a Lock of %q (%s) abandoned at %s (%v); a TryLock of it %v later, with nobody else using it and no fault in force, was refused: %v",
 				name, m.Owner(), w.hist.since(call), abandoned, tcall.Sub(call).Round(time.Millisecond), err)
 		}
