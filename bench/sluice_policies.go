@@ -14,7 +14,8 @@ import (
 // so every call does the full allowed path on the server; the second
 // policy is a fixed window of a billion an hour. Each call is one script
 // that reads and writes one key; Allow's (ratelimit_gcra) takes 3
-// arguments and replies 4 values, AllowPolicies' (ratelimit_multi) with
+// arguments and replies one integer when it allows (4 values when it
+// denies), AllowPolicies' (ratelimit_multi) with
 // two policies takes 4 and replies 4, and keeps 6 numbers of state to
 // Allow's 1. AllowPolicies (1) runs the same algorithm as Allow through
 // the multi-policy script: the like-for-like row. The workload has its

@@ -14,9 +14,15 @@
 -- ARGV[2]  burst: bucket size in requests (integer >= 1)
 -- ARGV[3]  cost: how many requests this call is (integer >= 0; 0 only peeks)
 --
--- Returns  {allowed (1|0), remaining after this call, microseconds until a
---          request of this cost could be allowed (0 if allowed),
---          microseconds until the bucket is full}
+-- Returns  when allowed, one integer: remaining * radix + full, where
+--          radix = ceil(burst * interval) + 1, remaining is what is left
+--          after this call and full the microseconds until the bucket is
+--          full; when denied, or when (burst + 1) * radix passes 2^53 (a
+--          double's exact integers), {allowed (1|0), remaining, microseconds
+--          until a request of this cost could be allowed (0 if allowed),
+--          microseconds until the bucket is full}. The integer saves the
+--          server building an array reply (about 0.7 us a call, a tenth of
+--          the script) on the common path.
 -- Complexity: O(1); touches one key.
 
 -- Arithmetic on the strings of ARGV, TIME and GET converts them to numbers
@@ -47,10 +53,17 @@ if after > tolerance then
 end
 
 if cost > 0 then
-  -- %d: some Redis versions would write a round Lua number in exponent
-  -- form ("1e+08"), which PX rejects. after > 0 here, so PX >= 1.
-  redis.call('SET', KEYS[1], string.format('%.17g', now + after),
-    'PX', string.format('%d', math.ceil(after / 1000)))
+  -- Numbers, not strings: Redis writes a number argument with full
+  -- precision (%.17g; Valkey the shortest text that reads back the same),
+  -- cheaper than string.format in Lua, and a whole number without an
+  -- exponent up to 1e17. after > 0 here, so PX >= 1.
+  redis.call('SET', KEYS[1], now + after, 'PX', math.ceil(after / 1000))
 end
--- after <= tolerance here: remaining >= 0.
-return {1, math.floor((tolerance - after) / interval + 1e-9), 0, math.ceil(after)}
+-- after <= tolerance here: 0 <= remaining <= burst, 0 <= full < radix.
+local remaining = math.floor((tolerance - after) / interval + 1e-9)
+local full = math.ceil(after)
+local radix = math.ceil(tolerance) + 1
+if (burst + 1) * radix <= 9007199254740992 then
+  return remaining * radix + full
+end
+return {1, remaining, 0, full}

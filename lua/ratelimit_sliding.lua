@@ -19,9 +19,15 @@
 -- ARGV[2]  window in microseconds (integer >= 1000), the precision of TIME
 -- ARGV[3]  cost: how many requests this call is (integer >= 0; 0 only peeks)
 --
--- Returns  {allowed (1|0), remaining after this call, microseconds until a
---          request of this cost could be allowed (0 if allowed),
---          microseconds until the estimate falls back to 0}
+-- Returns  when allowed, one integer: remaining * radix + reset, where
+--          radix = 2 * window + 1, remaining is what is left after this
+--          call and reset the microseconds until the estimate falls back
+--          to 0 (at most 2 * window); when denied, or when (limit + 1) *
+--          radix passes 2^53 (a double's exact integers), {allowed (1|0),
+--          remaining, microseconds until a request of this cost could be
+--          allowed (0 if allowed), reset}. The integer saves the server
+--          building an array reply (about 0.7 us a call) on the common
+--          path.
 -- Complexity: O(1); touches one key.
 
 -- Arithmetic on the strings of ARGV, TIME and HMGET converts them to numbers
@@ -93,5 +99,9 @@ end
 local remaining = math.floor(limit - estimate - cost)
 if remaining < 0 then
   remaining = 0
+end
+local radix = 2 * window + 1
+if (limit + 1) * radix <= 9007199254740992 then
+  return remaining * radix + reset
 end
 return {1, remaining, 0, reset}

@@ -92,6 +92,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -264,6 +265,7 @@ type Limiter struct {
 	arg0     string // first two script arguments, fixed per limiter
 	arg1     string
 	unit     time.Duration // of the script's time replies
+	radix    int64         // of an allowed reply packed in one integer (see compiled)
 	deny     *denyCache    // nil when disabled
 	now      func() time.Time
 	obs      scriptcache.Observer // nil: nothing reported
@@ -341,6 +343,7 @@ func New(sc *sluice.Client, opts Options) (*Limiter, error) {
 		arg1:     c.arg1,
 		suffix:   c.suffix + ":" + c.arg0 + ":" + c.arg1,
 		unit:     c.unit,
+		radix:    c.radix,
 		obs:      sc.Observer(),
 		obsName:  prefix,
 	}
@@ -381,6 +384,11 @@ type compiled struct {
 	code       string // algorithm code of ratelimit_multi
 	suffix     string // key suffix, so algorithms never share a key (New adds the limit)
 	unit       time.Duration
+	// radix is the base of an allowed reply that the GCRA and sliding
+	// window scripts pack into one integer, remaining * radix + reset,
+	// computed as the script computes it; 0 for the fixed window, whose
+	// replies are never packed.
+	radix int64
 }
 
 // compile checks lim for algo and prepares the script arguments.
@@ -425,6 +433,7 @@ func compile(algo Algorithm, lim Limit) (compiled, error) {
 				c.idArg1 = c.arg1 + "us"
 			}
 			c.script, c.code, c.suffix, c.unit = "ratelimit_sliding", "s", ":s", time.Microsecond
+			c.radix = 2*lim.Period.Microseconds() + 1
 		}
 	case GCRA:
 		burst := lim.Burst
@@ -446,6 +455,11 @@ func compile(algo Algorithm, lim Limit) (compiled, error) {
 		c.arg1 = strconv.Itoa(burst)
 		c.idArg1 = c.arg1
 		c.script, c.code, c.suffix, c.unit = "ratelimit_gcra", "g", ":g", time.Microsecond
+		// The script's radix: ceil(burst * interval) + 1, with the same
+		// double as the interval it reads (the text above reads back as
+		// interval). The conversion keeps the product from being fused
+		// into anything.
+		c.radix = int64(math.Ceil(float64(float64(burst)*interval))) + 1
 	default:
 		return c, fmt.Errorf("%w: %d", ErrInvalidAlgorithm, int(algo))
 	}
@@ -510,18 +524,9 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 	if n != 1 {
 		args = []string{l.arg0, l.arg1, strconv.Itoa(n)}
 	}
-	reply, err := l.script.Exec(ctx, []string{l.RedisKey(key)}, args).ToArray()
+	v, err := l.decode(l.script.Exec(ctx, []string{l.RedisKey(key)}, args))
 	if err != nil {
-		return Result{}, fmt.Errorf("ratelimit: %w", err)
-	}
-	if reply.Len() != 3 && reply.Len() != 4 {
-		return Result{}, fmt.Errorf("%w: %d values", ErrUnexpectedReply, reply.Len())
-	}
-	var v [4]int64
-	for i := range reply.Len() {
-		if v[i], err = reply.At(i).AsInt64(); err != nil {
-			return Result{}, fmt.Errorf("%w: %w", ErrUnexpectedReply, err)
-		}
+		return Result{}, err
 	}
 	res := Result{Allowed: v[0] == 1, Limit: l.capacity}
 	if l.algo == FixedWindow {
@@ -547,6 +552,39 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 		l.observe(l.obsName, res.Allowed, n, scriptcache.SourceRedis)
 	}
 	return res, nil
+}
+
+// decode returns a single-limit script's reply as the array {allowed,
+// count or remaining, ttl or retry, reset} (the fixed window's has no
+// fourth value). The GCRA and sliding window scripts answer an allowed
+// call with one integer, remaining * l.radix + reset, when that is exact in
+// a double: the server then builds no array.
+func (l *Limiter) decode(r scriptcache.Reply) ([4]int64, error) {
+	var v [4]int64
+	if err := r.Error(); err != nil {
+		return v, fmt.Errorf("ratelimit: %w", err)
+	}
+	if l.radix > 0 {
+		if packed, err := r.AsInt64(); err == nil {
+			if packed < 0 {
+				return v, fmt.Errorf("%w: %d", ErrUnexpectedReply, packed)
+			}
+			return [4]int64{1, packed / l.radix, 0, packed % l.radix}, nil
+		}
+	}
+	reply, err := r.ToArray()
+	if err != nil {
+		return v, fmt.Errorf("%w: %w", ErrUnexpectedReply, err)
+	}
+	if reply.Len() != 3 && reply.Len() != 4 {
+		return v, fmt.Errorf("%w: %d values", ErrUnexpectedReply, reply.Len())
+	}
+	for i := range reply.Len() {
+		if v[i], err = reply.At(i).AsInt64(); err != nil {
+			return v, fmt.Errorf("%w: %w", ErrUnexpectedReply, err)
+		}
+	}
+	return v, nil
 }
 
 // observe reports a decision of cost n under the limit called name. Call
