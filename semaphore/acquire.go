@@ -178,10 +178,13 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode attemptMo
 // gone: it releases id unless the reply says nothing was granted (and, on
 // a fair semaphore, nothing queued either). An unknown outcome (no reply at
 // all) is released too; releasing an id that is not held frees nothing.
+//
+// It runs after the call has ended, also when Close gave the call up (the
+// reply is then an error: the outcome is unknown), so its give-back goes
+// after the call and cannot overtake it; after Close it has the second
+// Close gives the group's work (see cleanupInGroup). A fair waiter that a
+// given-up call queued would otherwise be granted permits nobody takes.
 func (s *Semaphore) releaseLate(r scriptcache.Reply, id string) {
-	if s.m.bg.Closed() {
-		return // Close gave up the call, or came since: the lease ends it
-	}
 	if err := r.Error(); err != nil {
 		if r.ServerError() {
 			return // the script failed: nothing granted
@@ -286,8 +289,8 @@ func (s *Semaphore) attemptOnce(ctx context.Context, id string, n int64, mode at
 			return res, err
 		}
 		if errors.Is(err, ErrClosed) {
-			// Close gave up the call: no give-back (the server may not
-			// answer), the lease ends what it may have granted.
+			// Close gave up the call: releaseLate gives back what it may
+			// have granted or queued, once the call has ended.
 			return res, fmt.Errorf("semaphore: acquire %q: %w", s.name, inner(err))
 		}
 		if cerr := ctx.Err(); cerr == nil || !errors.Is(err, cerr) {

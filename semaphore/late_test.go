@@ -91,3 +91,46 @@ func TestLateGrantIsNotAPermit(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseGivesUpQueueingAttempt: a fair Acquire's first attempt queues
+// the waiter on the server, its reply is lost on the way (the proxy drops
+// replies), and Close gives the call up. Acquire returns ErrClosed, and
+// the waiter must leave the queue all the same: left there, the next
+// release would grant the permit to a waiter nobody is, for a lease
+// (30 s). It stayed: Close's give-up skipped the leave a waiting
+// Acquire's end makes.
+func TestCloseGivesUpQueueingAttempt(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	proxy, err := faultproxy.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	slow := newEnv(t, []string{proxy.Addr()}, semaphore.Options{Fair: true})
+	fast := newEnv(t, []string{srv.Addr()}, semaphore.Options{Fair: true})
+	name := uniqueName(t)
+	sa, sb := slow.sem(t, name, 1), fast.sem(t, name, 1)
+	release(t, acquire(t, sa, 1)) // connections up, scripts loaded
+	blocker := acquire(t, sb, 1)
+
+	proxy.DropReplies(true)
+	actx, cancel := context.WithTimeout(ctx, 3*signalWait)
+	defer cancel()
+	got := acquireAsync(actx, sa, 1)
+	fast.waitQueued(t, name, 1)
+	slow.mgr.Close()
+	select {
+	case r := <-got:
+		if !errors.Is(r.err, semaphore.ErrClosed) {
+			t.Fatalf("Acquire ended by Close = %v, want ErrClosed", r.err)
+		}
+	case <-time.After(2 * signalWait):
+		t.Fatal("Acquire did not return after Close")
+	}
+	// The leave's request reaches the server although its reply is
+	// dropped.
+	fast.waitQueued(t, name, 0)
+	release(t, blocker)
+	wantAvailable(t, sb, 1)
+}

@@ -102,6 +102,14 @@ func (s *Semaphore) acquireFair(ctx context.Context, n int64) (p *Permit, err er
 		if w != nil {
 			w.Close()
 		}
+		if errors.Is(err, ErrClosed) && !res.sent.IsZero() {
+			// Close gave the attempt up (see attemptOnce): it may have
+			// queued id, and a waiter that Close ends leaves the queue.
+			// Sent now, this may reach Redis before the attempt, whose
+			// late reply then makes releaseLate leave again; with no
+			// reply in Close's second, this is the only leave.
+			s.m.leave(s, id)
+		}
 		return res.p, err
 	}
 	if w == nil {

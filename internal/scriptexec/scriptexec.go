@@ -90,14 +90,13 @@ func (g *Group) Bounded(d time.Duration) (context.Context, context.CancelFunc) {
 // Closed reports whether Close has been called.
 func (g *Group) Closed() bool { return g.ctx.Err() != nil }
 
-// Close starts nothing more, ends the calls that still wait for a reply,
-// whether their callers left (their late funcs get the error, and should
-// do nothing more once Closed reports true) or still wait (they return the
-// Group's closed error at once, and late gets the error as if they had
-// left: such a call may still run, and the primitive's lease ends what it
-// did), gives work under Bounded a second to finish, and waits for every
-// goroutine of the group. A server that stopped answering cannot hold it
-// up.
+// Close starts nothing more; the callers still waiting for a reply return
+// the Group's closed error at once, as if they had left. Calls their
+// callers left, these included, get a second (closeGrace) more for their
+// replies, which go to their late funcs (an error if none came: such a
+// call may still run, and the primitive's lease ends what it did), as
+// does work under Bounded. Close waits for every goroutine of the group:
+// a server that stopped answering holds it up no longer than that second.
 func (g *Group) Close() {
 	g.mu.Lock()
 	g.closed = true
@@ -118,13 +117,19 @@ func (g *Group) closing() <-chan struct{} {
 	return g.ctx.Done()
 }
 
-// afterLeft makes cancel run when g closes, from now on: a call its caller
-// left is then given up. It returns the function that undoes that.
+// afterLeft makes cancel run closeGrace after g closes, from now on: a
+// call its caller left is then given up. Until then it may still get its
+// reply, so that its late func knows what the call did and whatever it
+// sends to undo that goes after the call: a call given up is not taken
+// back by the client (rueidis writes a queued command whose context ended),
+// and an undo sent at once on another connection could reach the server
+// first (a fair semaphore's leave, overtaken by the attempt that queued
+// the waiter, left it queued). It returns the function that undoes that.
 func (g *Group) afterLeft(cancel context.CancelFunc) (stop func() bool) {
 	if g == nil {
 		return func() bool { return false }
 	}
-	return context.AfterFunc(g.ctx, cancel)
+	return context.AfterFunc(g.work, cancel)
 }
 
 // ExecOrLate is s.Exec, and when ctx ends before the reply arrives, it
