@@ -156,6 +156,7 @@ func (w *world) extendLane(ctx context.Context, d time.Duration, m *mutex.Mutex,
 	call := time.Now()
 	until, err := m.Extend(ectx, d)
 	ret := time.Now()
+	w.hist.noteEvent(x, ret, fmt.Sprintf("%s %s Extend by %v called %s: %v", x.kind, x.res, d.Round(time.Millisecond), w.hist.since(call), err))
 	if err != nil {
 		w.expected("Mutex.Extend", call, err, mutex.ErrNotHeld, mutex.ErrLost)
 		if errors.Is(err, mutex.ErrLost) || errors.Is(err, mutex.ErrNotHeld) {
@@ -334,8 +335,11 @@ func (w *world) checkLeaseEnds() {
 		for _, x := range e.xs {
 			for _, s := range between(w.ln.poll.views(x.res), e.end.Add(expirySlack), e.end.Add(w.cfg.Lease)) {
 				if s.owner == x.owner && (x.kind == "write" || s.token == x.token) {
-					w.hist.violation("lease: %s hold #%d of %q, left to expire, was still held on the server at %s (a view), after its lease had ended by %s",
+					w.hist.mu.Lock()
+					w.hist.violationLocked("lease: %s hold #%d of %q, left to expire, was still held on the server at %s (a view), after its lease had ended by %s",
 						x.kind, x.id, x.res, w.hist.since(s.call), w.hist.since(e.end))
+					w.hist.noteInvolvedLocked(x)
+					w.hist.mu.Unlock()
 					break
 				}
 			}

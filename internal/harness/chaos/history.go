@@ -656,6 +656,14 @@ func (h *history) noteLastHolds(keys string) {
 
 // noteInvolvedLocked adds the last events of the given holds to the
 // violations, so that a failure report shows what each holder saw.
+// noteEvent adds what happened to hold x at at to the events a report of
+// x shows.
+func (h *history) noteEvent(x *hold, at time.Time, what string) {
+	h.mu.Lock()
+	h.events = append(h.events, event{at: at, hold: x.id, what: what})
+	h.mu.Unlock()
+}
+
 func (h *history) noteInvolvedLocked(xs ...*hold) {
 	var b strings.Builder
 	for _, x := range xs {
