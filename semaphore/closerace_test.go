@@ -107,7 +107,7 @@ func TestAcquireFailingDuringCloseReturnsErrClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer holder.Release(ctx) //nolint:errcheck // the test's end
+	defer holder.Release(ctx)
 	sB, err := mgr.NewSemaphore(busy, 1)
 	if err != nil {
 		t.Fatal(err)
