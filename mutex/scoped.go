@@ -114,7 +114,10 @@ var ErrNotFixed = errors.New("mutex: lease is renewed by the watchdog, not fixed
 // the request was sent, less the safety margin). It returns an error
 // wrapping ErrNotHeld if nothing is held, ErrLost if the server no longer
 // has the hold, ErrNotFixed for a watchdog lease, and ErrInvalidOptions for
-// a d outside the lease bounds. A new lease that ends before the old one
+// a d outside the lease bounds. ErrLost also when this client declared the
+// hold lost while the call was on its way (the old lease ran out first on
+// its clock): if the server took the new lease all the same, Extend gives
+// it back before it returns. A new lease that ends before the old one
 // wakes the Locks waiting for the lock (they sleep at most until the end of
 // the lease they were refused under), so that they wait for the new end.
 func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) {
@@ -146,10 +149,17 @@ func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) 
 	m.mu.Lock()
 	if m.gen != gen || m.holds == 0 {
 		// Declared lost while the call was in flight (the old lease ran
-		// out first). The server has the extended hold; the next Unlock
-		// gives it back.
+		// out first on this client's clock, not yet on the server's).
+		// The server took the new lease, which nobody holds now: give it
+		// back at once, as a late grant is, instead of leaving it to the
+		// next Unlock, which a holder told of the loss may never call
+		// (the lock stayed held for all of d). Only this acquisition's
+		// token is released; m.op keeps a new one from starting.
 		err := m.err
 		m.mu.Unlock()
+		gctx, cancel := m.l.grantBound(m.set.lease)
+		m.unlockCall(gctx, holds, tokenArg)
+		cancel()
 		return time.Time{}, err
 	}
 	old := m.lse

@@ -293,6 +293,14 @@ func (s *Semaphore) attemptOnce(ctx context.Context, id string, n int64, mode at
 			// have granted or queued, once the call has ended.
 			return res, fmt.Errorf("semaphore: acquire %q: %w", s.name, inner(err))
 		}
+		if s.m.closed.Load() {
+			// Close began while the call was on its way, and the call
+			// failed on its own (a reset connection, the client's timeout
+			// against a stopped server) before Close gave it up: the
+			// Acquire was waiting when its Manager closed, and returns
+			// ErrClosed, as Close promises. No give-back, as above.
+			return res, fmt.Errorf("semaphore: acquire %q: %w: %w", s.name, inner(ErrClosed), inner(err))
+		}
 		if cerr := ctx.Err(); cerr == nil || !errors.Is(err, cerr) {
 			// The request failed (the connection, or WAIT after the
 			// script): it may have run and granted the permit anyway. Give

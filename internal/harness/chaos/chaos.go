@@ -290,6 +290,7 @@ func Run(t testing.TB, cfg Config) Report {
 	for _, n := range w.nodes {
 		w.closeNode(n, "end")
 	}
+	w.dropEnvoyKeys()
 	if w.capacitySet.Load() {
 		// A capacity set by SetCapacity is kept for CapacityRetention
 		// (a day), as documented: the operator removes it.

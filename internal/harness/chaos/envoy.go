@@ -94,8 +94,7 @@ type envoyCounts struct{ lo, hi map[string]int }
 // organisation whose keys a wipe may have removed is given up for a fresh
 // one.
 func (w *world) envoyWorker(ctx context.Context, id int, rng *rand.Rand) {
-	run := time.Now().UnixNano() // counters live a day: names unique to the run
-	defer w.dropEnvoyKeys()
+	run := time.Now().UnixNano() // counters live a day: names unique to the run (Run drops them after Close)
 	period := w.cfg.Lease / 2
 	for seq := 0; ctx.Err() == nil; seq++ {
 		org := fmt.Sprintf("o%d.%d.%d", run, id, seq)
@@ -123,10 +122,13 @@ func (w *world) envoyWorker(ctx context.Context, id int, rng *rand.Rand) {
 	}
 }
 
-// dropEnvoyKeys deletes the services' counters once the workload has
-// ended (no answer is judged after that): they live a day, and the run's
-// last check wants every key gone soon after Close. It tries for a while,
-// as a fault may still be ending.
+// dropEnvoyKeys deletes the services' counters once every node is closed
+// (no answer is judged after that): they live a day, and the run's last
+// check wants every key gone soon after Close. Not when a worker ends: a
+// request it gave up at the run's end may still be on its way through a
+// service, and its script then writes a counter after the drop (seen: one
+// key left, with a day to live). It tries for a while, as a fault may
+// still be ending.
 func (w *world) dropEnvoyKeys() {
 	redistest.WaitFor(context.Background(), 4*w.cfg.Lease, func() bool {
 		for _, srv := range w.servers() {

@@ -91,6 +91,9 @@ func (w *world) httpOp(ctx context.Context, n *node, rng *rand.Rand) {
 		call := time.Now()
 		n.routes.rate.ServeHTTP(rec, req)
 		ret := time.Now()
+		if clientGone(ctx) {
+			return
+		}
 		w.answered("rate", rec.Code, call, n.i)
 		if rec.Code != http.StatusInternalServerError && rec.Code != http.StatusTooManyRequests && w.hist.limitKeyWrong(call, ret, n.i) {
 			w.hist.violation("rate middleware answered %d while its limiter's key held a string (called %s): a semantic error must be a 500, never the fallback",
@@ -107,6 +110,9 @@ func (w *world) httpOp(ctx context.Context, n *node, rng *rand.Rand) {
 	w.count("http.concurrency")
 	call := time.Now()
 	n.routes.conc[i].ServeHTTP(rec, req)
+	if clientGone(ctx) {
+		return
+	}
 	w.answered("concurrency", rec.Code, call, n.i)
 }
 

@@ -393,7 +393,12 @@ func (w *world) lockLane(ctx context.Context, n *node, rng *rand.Rand, wt *laneW
 		acquire = l.try
 	}
 	w.count("lane." + wt.prim)
-	err := w.acquireLane(ctx, wt, w.laneTimeout(rng), acquire)
+	valid := false
+	err := w.acquireLane(ctx, wt, w.laneTimeout(rng), func(actx context.Context) error {
+		err := acquire(actx)
+		valid = err == nil && l.valid() // see hold.valid
+		return err
+	})
 	if err != nil {
 		w.expected(wt.prim+" lane acquisition", wt.call, err, mutexErrs...)
 		w.ln.add(wt)
@@ -411,7 +416,7 @@ func (w *world) lockLane(ctx context.Context, n *node, rng *rand.Rand, wt *laneW
 	toks := tokens()
 	for i, name := range names {
 		x := &hold{kind: kind, res: name, set: set, owner: wt.owner, node: wt.node, weight: 1, token: toks[i], note: note,
-			call: wt.call, start: wt.ret, lostCh: l.lost(), try: wt.try, lease: wt.lease}
+			call: wt.call, start: wt.ret, valid: valid, lostCh: l.lost(), try: wt.try, lease: wt.lease}
 		w.hist.begin(x)
 		xs = append(xs, x)
 	}
@@ -865,6 +870,7 @@ func (w *world) permitLane(ctx context.Context, n *node, rng *rand.Rand, id stri
 	wt := &laneWait{prim: prim, res: name, owner: id, node: n.i, weight: weight, try: rng.IntN(6) == 0}
 	w.count("lane." + prim)
 	var p *semaphore.Permit
+	valid := false
 	err = w.acquireLane(ctx, wt, w.laneTimeout(rng), func(actx context.Context) error {
 		var err error
 		if wt.try {
@@ -872,6 +878,7 @@ func (w *world) permitLane(ctx context.Context, n *node, rng *rand.Rand, id stri
 		} else {
 			p, err = s.Acquire(actx, weight)
 		}
+		valid = err == nil && p.Valid() // see hold.valid
 		return err
 	})
 	if err != nil {
@@ -883,7 +890,7 @@ func (w *world) permitLane(ctx context.Context, n *node, rng *rand.Rand, id stri
 	if fair {
 		note = "fair lane"
 	}
-	x := &hold{kind: "permit", res: name, owner: p.ID(), node: n.i, weight: weight, note: note, call: wt.call, start: wt.ret, lostCh: p.Lost(), try: wt.try}
+	x := &hold{kind: "permit", res: name, owner: p.ID(), node: n.i, weight: weight, note: note, call: wt.call, start: wt.ret, valid: valid, lostCh: p.Lost(), try: wt.try}
 	if fixed {
 		x.lease = w.fixedSemLease()
 	}
@@ -955,8 +962,10 @@ func (w *world) semHoldLane(ctx context.Context, n *node, mgr *semaphore.Manager
 	wt := &laneWait{prim: prim, res: res, owner: id, node: n.i, weight: weight}
 	w.count("lane." + res)
 	var p *semaphore.Permit
+	valid := false
 	err = w.acquireLane(ctx, wt, 3*w.cfg.Lease, func(actx context.Context) (err error) {
 		p, err = s.Acquire(actx, weight)
+		valid = err == nil && p.Valid() // see hold.valid
 		return err
 	})
 	if err != nil {
@@ -968,7 +977,7 @@ func (w *world) semHoldLane(ctx context.Context, n *node, mgr *semaphore.Manager
 	if prim == "fairpermit" {
 		note = "fair lane"
 	}
-	x := &hold{kind: "permit", res: res, owner: p.ID(), node: n.i, weight: weight, note: note, call: wt.call, start: wt.ret, lostCh: p.Lost()}
+	x := &hold{kind: "permit", res: res, owner: p.ID(), node: n.i, weight: weight, note: note, call: wt.call, start: wt.ret, valid: valid, lostCh: p.Lost()}
 	w.hist.begin(x)
 	wt.x = x
 	w.ln.add(wt)
