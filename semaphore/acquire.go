@@ -298,7 +298,9 @@ func (s *Semaphore) attemptOnce(ctx context.Context, id string, n int64, mode at
 			// failed on its own (a reset connection, the client's timeout
 			// against a stopped server) before Close gave it up: the
 			// Acquire was waiting when its Manager closed, and returns
-			// ErrClosed, as Close promises. No give-back, as above.
+			// ErrClosed, as Close promises. No give-back here (the server
+			// may not answer): a fair first attempt leaves the queue
+			// (acquireFair), and the lease ends what else it did.
 			return res, fmt.Errorf("semaphore: acquire %q: %w: %w", s.name, inner(ErrClosed), inner(err))
 		}
 		if cerr := ctx.Err(); cerr == nil || !errors.Is(err, cerr) {
