@@ -3,12 +3,15 @@ package semaphore_test
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"testing"
+	"time"
 
 	"github.com/redis/rueidis"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
+	"github.com/sluicekit/sluice/lua"
 	"github.com/sluicekit/sluice/semaphore"
 )
 
@@ -74,4 +77,183 @@ func TestCapacityBoundIs2To53Less1(t *testing.T) {
 	if err := s.SetCapacity(ctx, 1<<53); !errors.Is(err, semaphore.ErrInvalidCapacity) {
 		t.Errorf("SetCapacity(2^53) = %v, want ErrInvalidCapacity", err)
 	}
+}
+
+// waitExpiredOnServer waits until permit id of name is past its expiry by
+// the server's clock (the client's lease ends a margin earlier), still
+// listed: nothing has reclaimed it.
+func waitExpiredOnServer(t *testing.T, e *env, name, id string) {
+	t.Helper()
+	ctx := context.Background()
+	if !redistest.WaitFor(ctx, signalWait, func() bool {
+		score, err := e.client.Do(ctx, e.client.B().Zscore().Key(e.key(name, ":e")).Member(id).Build()).AsFloat64()
+		if err != nil {
+			t.Fatalf("permit %s is not listed: %v", id, err)
+		}
+		return int64(score) < serverMs(t, e)
+	}) {
+		t.Fatalf("permit %s did not expire on the server", id)
+	}
+}
+
+// TestExpiredPermitsFreeTheCallersCapacity: the capacity callers bring is
+// fixed only while a permit is held; once every permit listed has expired
+// (its holder died) and the keys live on (another permit's lease, since
+// released, set their expiry), a caller with another capacity is not refused with
+// ErrCapacityMismatch: the call reclaims them and the caller's capacity
+// applies. A mutant of semaphore_queue's quick-grant check (stored ~= c
+// made ==) let a fair caller of another capacity skip the reclaim, and it
+// was refused, as if the dead holder still held.
+func TestExpiredPermitsFreeTheCallersCapacity(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unfair", true: "fair"}[fair], func(t *testing.T) {
+			ctx := context.Background()
+			addr := redistest.Single(t).Addr()
+			short := newEnv(t, []string{addr}, semaphore.Options{Fair: fair, Lease: 100 * time.Millisecond})
+			long := newEnv(t, []string{addr}, semaphore.Options{Fair: fair, Lease: time.Minute})
+			name := uniqueName(t)
+			// The other permit's lease keeps the keys (so the expired one
+			// listed) after its release.
+			dead := acquire(t, short.sem(t, name, 2), 1)
+			release(t, acquire(t, long.sem(t, name, 2), 1))
+			waitExpiredOnServer(t, long, name, dead.ID())
+			p, err := long.sem(t, name, 3).TryAcquire(ctx, 1)
+			if err != nil {
+				t.Fatalf("TryAcquire with capacity 3 after the only permit (capacity 1) expired = %v, want a permit", err)
+			}
+			wantAvailable(t, long.sem(t, name, 3), 2)
+			release(t, p)
+		})
+	}
+}
+
+// TestGrantThatFitsLeavesExpiredPermits: a grant that fits as things are,
+// with nobody queued, is the common path, and both acquire scripts keep it
+// lean by design: it does not look for expired permits (they are counted
+// until a call they are in the way of reclaims them), so it costs no
+// ZRANGEBYSCORE nor removals. The expired permit is still listed after
+// such a grant. Mutants of semaphore_queue's quick-grant check (ARGV[3],
+// n, for the caller's capacity; stored ~= c made ==) sent every fair grant
+// with a permit held through the reclaim, and no test looked.
+func TestGrantThatFitsLeavesExpiredPermits(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unfair", true: "fair"}[fair], func(t *testing.T) {
+			ctx := context.Background()
+			addr := redistest.Single(t).Addr()
+			short := newEnv(t, []string{addr}, semaphore.Options{Fair: fair, Lease: 100 * time.Millisecond})
+			long := newEnv(t, []string{addr}, semaphore.Options{Fair: fair, Lease: time.Minute})
+			name := uniqueName(t)
+			dead := acquire(t, short.sem(t, name, 3), 1)
+			other := acquire(t, long.sem(t, name, 3), 1) // its lease keeps the keys
+			waitExpiredOnServer(t, long, name, dead.ID())
+			p, err := long.sem(t, name, 3).TryAcquire(ctx, 1)
+			if err != nil {
+				t.Fatalf("TryAcquire(1) with 2 of 3 used = %v, want a permit", err)
+			}
+			if err := long.client.Do(ctx, long.client.B().Zscore().Key(long.key(name, ":e")).Member(dead.ID()).Build()).Error(); err != nil {
+				t.Errorf("the expired permit after a grant that fit: %v, want it still listed (the grant reclaims nothing)", err)
+			}
+			release(t, p)
+			release(t, other)
+		})
+	}
+}
+
+// TestSetCapacityKeptAfterExpiredPermitsReclaimed: a call that reclaims
+// the last permits, all expired, deletes the semaphore's keys but keeps a
+// set capacity (':cap' and ':set'), so the set capacity still applies to
+// callers that bring another one, for CapacityRetention. A mutant of
+// semaphore_acquire that wrote the retention under another field (':w')
+// kept ':cap' but lost ':set'; the reclaiming call itself still answered
+// the set capacity, so TestSetCapacityExpiredPermitsReclaimed passed.
+func TestSetCapacityKeptAfterExpiredPermitsReclaimed(t *testing.T) {
+	ctx := context.Background()
+	addr := redistest.Single(t).Addr()
+	short := newEnv(t, []string{addr}, semaphore.Options{Lease: 100 * time.Millisecond})
+	long := newEnv(t, []string{addr}, semaphore.Options{Lease: time.Minute})
+	name := uniqueName(t)
+	s := short.sem(t, name, 2)
+	if err := s.SetCapacity(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	dead := acquire(t, s, 2)
+	waitExpiredOnServer(t, short, name, dead.ID())
+	wantAvailable(t, s, 3) // reclaims the expired permit, the last one
+	one := long.sem(t, name, 1)
+	wantAvailable(t, one, 3)
+	var held []*semaphore.Permit
+	for i := range 3 {
+		p, err := one.TryAcquire(ctx, 1)
+		if err != nil {
+			t.Fatalf("TryAcquire %d of 3 under the set capacity 3 = %v, want a permit", i+1, err)
+		}
+		held = append(held, p)
+	}
+	for _, p := range held {
+		release(t, p)
+	}
+}
+
+// TestKeysExpireSoonAfterPermit: a grant makes both keys of the semaphore
+// expire no earlier than the permit and at most 1 + lease/16 ms after it
+// (semaphore_acquire's layout), so that nothing outlives the permits for
+// long and the grants of the next moments need not move the expiry. A
+// mutant that added 2 ms instead of 1 survived: no test read the keys'
+// expiry against the permit's.
+func TestKeysExpireSoonAfterPermit(t *testing.T) {
+	const leaseDur = 16 * time.Second
+	ctx := context.Background()
+	e := newEnv(t, []string{redistest.Single(t).Addr()}, semaphore.Options{Lease: leaseDur})
+	name := uniqueName(t)
+	p := acquire(t, e.sem(t, name, 3), 1)
+	expiry := permitExpiry(t, e, name)
+	most := expiry + 1 + leaseDur.Milliseconds()/16
+	for _, suffix := range []string{"", ":e"} {
+		at, err := e.client.Do(ctx, e.client.B().Pexpiretime().Key(e.key(name, suffix)).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if at < expiry || at > most {
+			t.Errorf("key %q expires at %d, want in [%d, %d]: from the permit's expiry to 1 + lease/16 ms after it", suffix, at, expiry, most)
+		}
+	}
+	release(t, p)
+}
+
+// TestQueueRefreshCountsPermitWeight: the batched refresh of fair waiters
+// asks a waiter for its own call (2) when a grant pass would grant its
+// semaphore's head now. The weight in use for that is the permits listed
+// plus ':h', their weight beyond one each: with a permit of 4 of 5 held,
+// a head of 2 does not fit, and the refresh answers 1 (nothing to do). A
+// mutant that read ':h' from a field the HMGET never asked for counted the
+// permit as 1, and sent the waiter a needless call every refresh round,
+// which nothing measured.
+func TestQueueRefreshCountsPermitWeight(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), signalWait)
+	defer cancel()
+	e := newEnv(t, []string{redistest.Single(t).Addr()}, semaphore.Options{Fair: true, Lease: time.Minute})
+	name := uniqueName(t)
+	s := e.sem(t, name, 5)
+	holder := acquire(t, s, 4)
+	waiting := acquireAsync(ctx, s, 2)
+	e.waitQueued(t, name, 1)
+	src, err := fs.ReadFile(lua.FS(), "semaphore_queue_refresh.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := e.queued(t, name)[0]
+	keys := []string{e.key(name, ""), e.key(name, ":e"), e.key(name, ":q"), e.key(name, ":qe")}
+	got, err := e.client.Do(ctx, e.client.B().Eval().Script(string(src)).Numkeys(int64(len(keys))).Key(keys...).Arg("60000", "1", head, "2").Build()).AsIntSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != 1 {
+		t.Errorf("refresh of a head of 2 with 4 of 5 held = %v, want [1] (it does not fit: nothing to do)", got)
+	}
+	release(t, holder)
+	r := <-waiting
+	if r.err != nil {
+		t.Fatalf("the waiter's Acquire after the release = %v", r.err)
+	}
+	release(t, r.p)
 }
