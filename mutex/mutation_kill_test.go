@@ -3,6 +3,7 @@ package mutex_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // Tests written against mutants that escaped every other test (issue 32;
@@ -561,5 +563,166 @@ func TestNestedLockAfterForceUnlock(t *testing.T) {
 	}
 	if err := m.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
 		t.Fatalf("Unlock after the loss = %v, want ErrNotHeld", err)
+	}
+}
+
+// rwScriptKeys returns the keys of RWMutex name as rwmutex_lock,
+// rwmutex_unlock and rwmutex_abandon take them.
+func rwScriptKeys(name string) (lock, unlock, abandon []string) {
+	return []string{rwKey(name, "h"), rwKey(name, "z"), rwKey(name, "t"), rwKey(name, "m")},
+		[]string{rwKey(name, "h"), rwKey(name, "rd"), rwKey(name, "wr")},
+		[]string{rwKey(name, "h"), rwKey(name, "z"), rwKey(name, "t"), rwKey(name, "rd"), rwKey(name, "wr"), rwKey(name, "m")}
+}
+
+// TestRWRefusedWriterMarkExpires: a Lock refused by readers sets its
+// writer-waiting mark (q) on a state hash that did not exist (readers
+// alone write none); the hash must then expire, no later than the mark, as
+// every key of an RWMutex has a TTL. A mutant of rwmutex_lock without the
+// PEXPIRE of the hash in its refusal left a hash without a TTL, forever if
+// the writer vanished, and no test looked at its TTL.
+func TestRWRefusedWriterMarkExpires(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*signal)
+	defer cancel()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	l := newLocker(t, client, mutex.Options{Lease: time.Minute})
+	name := "rwmark-ttl:" + t.Name() + strconv.Itoa(rand.IntN(1e9))
+	r, w := newRW(t, l, name), newRW(t, l, name)
+	if err := r.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Lock(wctx) }()
+	waitRedis(t, "the writer's mark", func() bool {
+		in, err := r.Info(ctx)
+		return err == nil && in.WriterWaiting > 0
+	})
+	for _, suffix := range []string{"h", "m"} {
+		ttl, err := client.Do(ctx, client.B().Pttl().Key(rwKey(name, suffix)).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl <= 0 || ttl > 2000 {
+			t.Errorf("PTTL of %q while a writer's mark of 2 s runs = %d ms, want in (0, 2000]", suffix, ttl)
+		}
+	}
+	wcancel()
+	if err := <-done; err == nil {
+		t.Fatal("the writer's Lock got the lock while a reader held")
+	}
+	if err := r.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestScriptRWWithdrawalDropsDeadMarks: a writer that gives up withdraws
+// its mark (rwmutex_abandon, kind "m"), and marks of writers that vanished
+// (their end passed) go with it, so the marks set does not keep them. A
+// mutant without that removal left them; q and the readers' refusals
+// were right either way, and no test read the set.
+func TestScriptRWWithdrawalDropsDeadMarks(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, _ := sc.Script("rwmutex_lock")
+	abandon, _ := sc.Script("rwmutex_abandon")
+	name := "rw-dead-marks:" + strconv.Itoa(rand.IntN(1e9))
+	lockKeys, _, abandonKeys := rwScriptKeys(name)
+	try := func(owner, attempt, markMs, markID string) int64 {
+		t.Helper()
+		vs, err := lock.Exec(ctx, lockKeys, []string{owner, "30000", "0", attempt, "", markMs, markID}).AsIntSlice()
+		if err != nil || len(vs) != 3 {
+			t.Fatalf("lock %s = %v, %v", attempt, vs, err)
+		}
+		return vs[0]
+	}
+	if try("H", "h.1", "0", "") != 1 {
+		t.Fatal("the first writer was refused")
+	}
+	if try("X", "x.1", "50", "mx.1") != 0 || try("Y", "y.1", "30000", "my.1") != 0 {
+		t.Fatal("a writer got in while another held")
+	}
+	marks := rwKey(name, "m")
+	waitRedis(t, "X's mark to end", func() bool {
+		end, err := client.Do(ctx, client.B().Zscore().Key(marks).Member("mx.1").Build()).AsInt64()
+		if err != nil {
+			t.Fatalf("X's mark: %v", err)
+		}
+		now, err := client.Do(ctx, client.B().Time().Build()).AsIntSlice()
+		if err != nil || len(now) != 2 {
+			t.Fatalf("TIME: %v, %v", now, err)
+		}
+		return end < now[0]*1000+now[1]/1000
+	})
+	n, err := abandon.Exec(ctx, abandonKeys, []string{"Y", "my.1", "m", "p", "1000", "30000", "my.1"}).AsInt64()
+	if err != nil || n != 1 {
+		t.Fatalf("Y's withdrawal = %d, %v; want 1", n, err)
+	}
+	left, err := client.Do(ctx, client.B().Zrange().Key(marks).Min("0").Max("-1").Build()).AsStrSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 0 {
+		t.Errorf("marks left after the only live one was withdrawn: %q, want none (the dead ones go with it)", left)
+	}
+}
+
+// TestScriptRWRunKeepsUnlockedHoldsAfterExpiry: a grant that replaces a
+// write hold whose lease ran out lists that hold in c and keeps the run's
+// start, so a write hold that ended by its Unlock before it is still
+// known as released: that Unlock, retried, is told 0 (its first try
+// released), while the expired hold's is told -1. A mutant that read c
+// as empty there (the "or" of its HGET made "and") started a new run
+// after the expired hold and forgot the earlier one: its retried Unlock was told -1, a loss
+// that never happened. TestScriptRWUnlockRetryAfterExpiry had no hold
+// before the expired one.
+func TestScriptRWRunKeepsUnlockedHoldsAfterExpiry(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, _ := sc.Script("rwmutex_lock")
+	unlock, _ := sc.Script("rwmutex_unlock")
+	name := "rw-run-expiry:" + strconv.Itoa(rand.IntN(1e9))
+	lockKeys, unlockKeys, _ := rwScriptKeys(name)
+	take := func(owner, attempt, leaseMs string) []int64 {
+		t.Helper()
+		vs, err := lock.Exec(ctx, lockKeys, []string{owner, leaseMs, "0", attempt, "", "0", ""}).AsIntSlice()
+		if err != nil || len(vs) != 3 {
+			t.Fatalf("lock %s = %v, %v", attempt, vs, err)
+		}
+		return vs
+	}
+	release := func(owner string, token int64) int64 {
+		t.Helper()
+		n, err := unlock.Exec(ctx, unlockKeys, []string{owner, "1", strconv.FormatInt(token, 10), "p", "30000"}).AsInt64()
+		if err != nil {
+			t.Fatalf("unlock %s %d: %v", owner, token, err)
+		}
+		return n
+	}
+	w0 := take("W0", "w0.1", "30000")
+	if n := release("W0", w0[2]); n != 0 {
+		t.Fatalf("W0's unlock = %d", n)
+	}
+	w1 := take("W1", "w1.1", "50")
+	var w2 []int64
+	waitRedis(t, "W1's lease to run out", func() bool {
+		w2 = take("W2", "w2.1", "30000")
+		return w2[0] == 1
+	})
+	if n := release("W0", w0[2]); n != 0 {
+		t.Errorf("W0's retried unlock after an expired hold was replaced = %d, want 0 (its first try released)", n)
+	}
+	if n := release("W1", w1[2]); n != -1 {
+		t.Errorf("unlock of the hold whose lease ran out = %d, want -1", n)
+	}
+	if n := release("W2", w2[2]); n != 0 {
+		t.Fatalf("W2's unlock = %d", n)
 	}
 }
