@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -256,4 +258,67 @@ func TestQueueRefreshCountsPermitWeight(t *testing.T) {
 		t.Fatalf("the waiter's Acquire after the release = %v", r.err)
 	}
 	release(t, r.p)
+}
+
+// TestFairPassLooksAt32Waiters: the grant pass of a fair semaphore looks
+// at the first 32 entries of the queue at most, so a call's work is
+// bounded however long the queue: a release that frees 40 permits with 40
+// waiters of one queued grants the first 32, in arrival order, leaves the
+// other 8 queued and publishes the 8 still free as a budget for them. It
+// reads the queue once (one ZRANGE, one HMGET) when that read covers the
+// 32. A mutant that checked the bound at 33 read the queue again past
+// the 32nd entry (an empty range, as the read's end is the 32nd), a call
+// more on every long pass, and no test counted the reads. The script is
+// run directly, on a server of its own, so that nothing else (waiters
+// woken) runs commands meanwhile.
+func TestFairPassLooksAt32Waiters(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	e := newEnv(t, []string{srv.Addr()}, semaphore.Options{Fair: true})
+	name := uniqueName(t)
+	src, err := fs.ReadFile(lua.FS(), "semaphore_queue.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{e.key(name, ""), e.key(name, ":e"), e.key(name, ":w"), e.key(name, ":q"), e.key(name, ":qe")}
+	call := func(mode, n, id string) []int64 {
+		t.Helper()
+		r, err := e.client.Do(ctx, e.client.B().Eval().Script(string(src)).Numkeys(int64(len(keys))).Key(keys...).Arg(mode, "40", n, id, "60000", "p").Build()).AsIntSlice()
+		if err != nil {
+			t.Fatalf("semaphore_queue %s %s %s: %v", mode, n, id, err)
+		}
+		return r
+	}
+	if r := call("a", "40", "holder"); r[0] != 1 {
+		t.Fatalf("the holder's Acquire of 40 = %v, want granted", r)
+	}
+	var waiters []string
+	for i := range 40 {
+		id := "w" + strconv.Itoa(i)
+		if r := call("a", "1", id); r[0] != 0 {
+			t.Fatalf("waiter %s's Acquire with all 40 held = %v, want queued", id, r)
+		}
+		waiters = append(waiters, id)
+	}
+	before := commandCalls(t, srv)
+	if r := call("r", "", "holder"); r[0] != 1 || r[1] != 32 {
+		t.Fatalf("the holder's release = %v, want {1, 32}: held, and 32 granted", r)
+	}
+	after := commandCalls(t, srv)
+	for _, c := range []struct {
+		cmd  string
+		want int64
+	}{{"zrange", 1}, {"hmget", 2}, {"publish", 33}} { // hmget: the state hash's, and the entries'
+		if got := after[c.cmd] - before[c.cmd]; got != c.want {
+			t.Errorf("%s calls of the release = %d, want %d", c.cmd, got, c.want)
+		}
+	}
+	if got := e.queued(t, name); !slices.Equal(got, waiters[32:]) {
+		t.Errorf("queued after the release: %q, want the last 8 %q", got, waiters[32:])
+	}
+	for _, id := range waiters[:32] {
+		if err := e.client.Do(ctx, e.client.B().Zscore().Key(e.key(name, ":e")).Member(id).Build()).Error(); err != nil {
+			t.Fatalf("waiter %s among the first 32 holds no permit: %v", id, err)
+		}
+	}
 }
