@@ -3,7 +3,6 @@ package semaphore_test
 import (
 	"context"
 	"errors"
-	"io/fs"
 	"slices"
 	"strconv"
 	"testing"
@@ -13,7 +12,7 @@ import (
 
 	"github.com/sluicekit/sluice/internal/keyspace"
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
-	"github.com/sluicekit/sluice/lua"
+	"github.com/sluicekit/sluice/scriptcache"
 	"github.com/sluicekit/sluice/semaphore"
 )
 
@@ -79,6 +78,20 @@ func TestCapacityBoundIs2To53Less1(t *testing.T) {
 	if err := s.SetCapacity(ctx, 1<<53); !errors.Is(err, semaphore.ErrInvalidCapacity) {
 		t.Errorf("SetCapacity(2^53) = %v, want ErrInvalidCapacity", err)
 	}
+}
+
+// script returns the script called name, to run by hand on e's client.
+func script(t *testing.T, e *env, name string) *scriptcache.Script {
+	t.Helper()
+	sc, err := scriptcache.New(context.Background(), e.client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sc.Script(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // waitExpiredOnServer waits until permit id of name is past its expiry by
@@ -239,13 +252,10 @@ func TestQueueRefreshCountsPermitWeight(t *testing.T) {
 	holder := acquire(t, s, 4)
 	waiting := acquireAsync(ctx, s, 2)
 	e.waitQueued(t, name, 1)
-	src, err := fs.ReadFile(lua.FS(), "semaphore_queue_refresh.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
+	refresh := script(t, e, "semaphore_queue_refresh")
 	head := e.queued(t, name)[0]
 	keys := []string{e.key(name, ""), e.key(name, ":e"), e.key(name, ":q"), e.key(name, ":qe")}
-	got, err := e.client.Do(ctx, e.client.B().Eval().Script(string(src)).Numkeys(int64(len(keys))).Key(keys...).Arg("60000", "1", head, "2").Build()).AsIntSlice()
+	got, err := refresh.Exec(ctx, keys, []string{"60000", "1", head, "2"}).AsIntSlice()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,21 +279,18 @@ func TestQueueRefreshCountsPermitWeight(t *testing.T) {
 // 32. A mutant that checked the bound at 33 read the queue again past
 // the 32nd entry (an empty range, as the read's end is the 32nd), a call
 // more on every long pass, and no test counted the reads. The script is
-// run directly, on a server of its own, so that nothing else (waiters
+// run by hand, on a server of its own, so that nothing else (waiters
 // woken) runs commands meanwhile.
 func TestFairPassLooksAt32Waiters(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.NewServer(t)
 	e := newEnv(t, []string{srv.Addr()}, semaphore.Options{Fair: true})
 	name := uniqueName(t)
-	src, err := fs.ReadFile(lua.FS(), "semaphore_queue.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
+	queue := script(t, e, "semaphore_queue")
 	keys := []string{e.key(name, ""), e.key(name, ":e"), e.key(name, ":w"), e.key(name, ":q"), e.key(name, ":qe")}
 	call := func(mode, n, id string) []int64 {
 		t.Helper()
-		r, err := e.client.Do(ctx, e.client.B().Eval().Script(string(src)).Numkeys(int64(len(keys))).Key(keys...).Arg(mode, "40", n, id, "60000", "p").Build()).AsIntSlice()
+		r, err := queue.Exec(ctx, keys, []string{mode, "40", n, id, "60000", "p"}).AsIntSlice()
 		if err != nil {
 			t.Fatalf("semaphore_queue %s %s %s: %v", mode, n, id, err)
 		}
