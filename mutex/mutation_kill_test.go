@@ -728,3 +728,69 @@ func TestScriptRWRunKeepsUnlockedHoldsAfterExpiry(t *testing.T) {
 		t.Errorf("unlock of the hold whose lease ran out = %d, want -1", n)
 	}
 }
+
+// TestScriptLockRepeatedAttemptRenewsLease: a Lock call that repeats the
+// attempt id of the current hold (a retry whose first reply was lost, or
+// the waiter a release handed the lock to) is told it holds the lock, and
+// the lease starts again from now: the record's TTL is the new call's
+// lease, not what was left of the first one. A mutant of mutex_lock that
+// set the expiry on the tombstones' key instead answered {2, ...} all the
+// same, and no test read the record's TTL after it.
+func TestScriptLockRepeatedAttemptRenewsLease(t *testing.T) {
+	for _, mode := range []string{"", "f"} {
+		t.Run("mode="+mode, func(t *testing.T) {
+			r := newScriptRig(t, "repeat-renews:"+mode+strconv.Itoa(rand.IntN(1e9)))
+			if a := r.takeLease("A", "a.1", mode, "1000"); a[0] != 1 {
+				t.Fatalf("A's lock = %v, want granted", a)
+			}
+			if a := r.takeLease("A", "a.1", mode, "60000"); a[0] != 2 {
+				t.Fatalf("A's lock repeated = %v, want {2, holds, token}", a)
+			}
+			ttl, err := r.client.Do(r.ctx, r.client.B().Pttl().Key(r.keys.lock[0]).Build()).AsInt64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ttl <= 1000 {
+				t.Errorf("PTTL of the record after the repeated call with a lease of 60 s = %d ms, want the new lease (above the first call's 1 s)", ttl)
+			}
+		})
+	}
+}
+
+// TestScriptRWShorterMarkKeepsLongerOnes: the writers' marks set lives as
+// long as its longest mark: a writer refused with a shorter mark (a
+// shorter lease) than one already set must not cut the set's TTL to its
+// own, or the longer mark would vanish with the set while q still holds
+// readers off for it, and its writer's grant or withdrawal would no longer
+// find it to bring q back. A mutant of rwmutex_lock that compared the
+// tombstones' TTL instead (none: always shorter) set the set's TTL to
+// every refused writer's mark, and no test had two marks of different
+// lengths.
+func TestScriptRWShorterMarkKeepsLongerOnes(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, _ := sc.Script("rwmutex_lock")
+	name := "rw-mark-ttl:" + strconv.Itoa(rand.IntN(1e9))
+	lockKeys, _, _ := rwScriptKeys(name)
+	for _, c := range []struct{ owner, attempt, markMs, markID string }{
+		{"H", "h.1", "0", ""}, // holds
+		{"X", "x.1", "2000", "mx.1"},
+		{"Y", "y.1", "100", "my.1"},
+	} {
+		vs, err := lock.Exec(ctx, lockKeys, []string{c.owner, "30000", "0", c.attempt, "", c.markMs, c.markID}).AsIntSlice()
+		if err != nil || len(vs) != 3 || (vs[0] == 1) != (c.owner == "H") {
+			t.Fatalf("lock %s = %v, %v; want only H granted", c.attempt, vs, err)
+		}
+	}
+	ttl, err := client.Do(ctx, client.B().Pttl().Key(rwKey(name, "m")).Build()).AsInt64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl <= 100 {
+		t.Errorf("PTTL of the marks set after a mark of 2 s and one of 100 ms = %d ms, want the longer mark's (above 100)", ttl)
+	}
+}
