@@ -794,3 +794,100 @@ func TestScriptRWShorterMarkKeepsLongerOnes(t *testing.T) {
 		t.Errorf("PTTL of the marks set after a mark of 2 s and one of 100 ms = %d ms, want the longer mark's (above 100)", ttl)
 	}
 }
+
+// TestScriptRWGiveBackOfGrantThatReplacedExpiredHold: a write grant that
+// replaces a hold whose lease ran out records its own attempt id (a), as
+// every grant does, so that the give-back of that attempt (its Lock was
+// abandoned while the reply was on its way) releases it and the next
+// writer gets in at once. A mutant of rwmutex_lock that wrote the nested
+// token (empty) as a on that path only left the give-back without effect:
+// the abandoned grant held the lock for its whole lease.
+func TestScriptRWGiveBackOfGrantThatReplacedExpiredHold(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, _ := sc.Script("rwmutex_lock")
+	unlock, _ := sc.Script("rwmutex_unlock")
+	abandon, _ := sc.Script("rwmutex_abandon")
+	name := "rw-giveback-replaced:" + strconv.Itoa(rand.IntN(1e9))
+	lockKeys, unlockKeys, abandonKeys := rwScriptKeys(name)
+	take := func(owner, attempt, leaseMs string) []int64 {
+		t.Helper()
+		vs, err := lock.Exec(ctx, lockKeys, []string{owner, leaseMs, "0", attempt, "", "0", ""}).AsIntSlice()
+		if err != nil || len(vs) != 3 {
+			t.Fatalf("lock %s = %v, %v", attempt, vs, err)
+		}
+		return vs
+	}
+	// W0's release keeps the hash for 30 s, so W1's short lease leaves its
+	// hold (o) behind when it runs out, for W2's grant to replace.
+	w0 := take("W0", "w0.1", "30000")
+	if n, err := unlock.Exec(ctx, unlockKeys, []string{"W0", "1", strconv.FormatInt(w0[2], 10), "p", "30000"}).AsInt64(); err != nil || n != 0 {
+		t.Fatalf("W0's unlock = %d, %v", n, err)
+	}
+	take("W1", "w1.1", "50")
+	waitRedis(t, "W1's lease to run out", func() bool { return take("W2", "w2.1", "30000")[0] == 1 })
+	n, err := abandon.Exec(ctx, abandonKeys, []string{"W2", "w2.1", "w", "p", "1000", "30000", ""}).AsInt64()
+	if err != nil || n != 1 {
+		t.Fatalf("give-back of W2's grant = %d, %v; want 1 (released)", n, err)
+	}
+	if w3 := take("W3", "w3.1", "30000"); w3[0] != 1 {
+		t.Fatalf("W3's lock after W2's grant was given back = %v, want granted", w3)
+	}
+}
+
+// TestScriptRWRLockAfterOwnWriteHoldExpired: an RWMutex value's RLock goes
+// through a writer-waiting mark only while the write hold it names is
+// held; once that hold's lease has run out, its RLock is a reader like any
+// other and is refused while another writer's mark runs. A mutant of
+// rwmutex_rlock that made the last "and" of that test an "or" let the
+// expired holder's RLock through on the token alone.
+func TestScriptRWRLockAfterOwnWriteHoldExpired(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, _ := sc.Script("rwmutex_lock")
+	rlock, _ := sc.Script("rwmutex_rlock")
+	name := "rw-rlock-expired-writer:" + strconv.Itoa(rand.IntN(1e9))
+	lockKeys, _, _ := rwScriptKeys(name)
+	rlockKeys := []string{rwKey(name, "h"), rwKey(name, "z"), rwKey(name, "t")}
+	w, err := lock.Exec(ctx, lockKeys, []string{"W", "2000", "0", "w.1", "", "0", ""}).AsIntSlice()
+	if err != nil || w[0] != 1 {
+		t.Fatalf("W's lock = %v, %v", w, err)
+	}
+	token := strconv.FormatInt(w[2], 10)
+	if x, err := lock.Exec(ctx, lockKeys, []string{"X", "30000", "0", "x.1", "", "30000", "mx.1"}).AsIntSlice(); err != nil || x[0] != 0 {
+		t.Fatalf("X's lock while W holds = %v, %v; want refused, with its mark", x, err)
+	}
+	rl := func(attempt string) int64 {
+		t.Helper()
+		vs, err := rlock.Exec(ctx, rlockKeys, []string{"W", "30000", "0", attempt, token}).AsIntSlice()
+		if err != nil || len(vs) != 3 {
+			t.Fatalf("W's rlock %s = %v, %v", attempt, vs, err)
+		}
+		return vs[0]
+	}
+	if got := rl("w.2"); got != 1 {
+		t.Fatalf("W's rlock while it holds the write lock = %d, want granted through X's mark", got)
+	}
+	waitRedis(t, "W's write lease to run out", func() bool {
+		e, err := client.Do(ctx, client.B().Hget().Key(rwKey(name, "h")).Field("e").Build()).AsInt64()
+		if err != nil {
+			t.Fatalf("W's lease end: %v", err)
+		}
+		now, err := client.Do(ctx, client.B().Time().Build()).AsIntSlice()
+		if err != nil || len(now) != 2 {
+			t.Fatalf("TIME: %v, %v", now, err)
+		}
+		return e < now[0]*1000+now[1]/1000
+	})
+	if got := rl("w.3"); got != 0 {
+		t.Errorf("W's rlock naming its expired write hold while X's mark runs = %d, want refused (0)", got)
+	}
+}
