@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -328,4 +329,130 @@ func TestFairPassLooksAt32Waiters(t *testing.T) {
 			t.Fatalf("waiter %s among the first 32 holds no permit: %v", id, err)
 		}
 	}
+}
+
+// TestReclaimTakes16ExpiredAtMost: a call that reclaims expired permits
+// takes 16 at most (bounded work), the oldest first, and says with a wait
+// of 0 that more remain; a call of weight 0 (Available) has no permit of
+// its own to look up. With 17 expired and one live, one such call leaves
+// the 17th listed. Mutants of semaphore_acquire that reclaimed a 17th, or
+// looked up the id of a call of weight 0 (a ZSCORE more on every
+// Available), were told from the original by no test. The script is run
+// by hand, on a server of its own, to count its calls.
+func TestReclaimTakes16ExpiredAtMost(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	e := newEnv(t, []string{srv.Addr()}, semaphore.Options{})
+	name := uniqueName(t)
+	acq := script(t, e, "semaphore_acquire")
+	keys := []string{e.key(name, ""), e.key(name, ":e"), e.key(name, ":w")}
+	call := func(n, id, leaseMs string) scriptcache.Reply {
+		return acq.Exec(ctx, keys, []string{"20", n, id, leaseMs, "pt"})
+	}
+	// The live permit first: its lease keeps the keys.
+	if got, err := call("1", "live", "60000").AsInt64(); err != nil || got != 1 {
+		t.Fatalf("the live permit = %d, %v; want granted", got, err)
+	}
+	for i := range 17 {
+		if got, err := call("1", "p"+strconv.Itoa(i), "50").AsInt64(); err != nil || got != 1 {
+			t.Fatalf("permit %d = %d, %v; want granted", i, got, err)
+		}
+	}
+	waitExpiredOnServer(t, e, name, "p16")
+	before := commandCalls(t, srv)
+	r, err := call("0", "", "60000").AsIntSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if zscore := commandCalls(t, srv)["zscore"] - before["zscore"]; zscore != 0 {
+		t.Errorf("a call of weight 0 made %d ZSCORE calls, want none (it has no permit of its own)", zscore)
+	}
+	if len(r) != 4 || r[0] != 1 || r[1] != 2 || r[3] != 0 {
+		t.Errorf("the reclaiming call = %v, want {1, 2 used, 20, wait 0}: 16 reclaimed, one expired left to reclaim", r)
+	}
+	left, err := e.client.Do(ctx, e.client.B().Zrange().Key(e.key(name, ":e")).Min("0").Max("-1").Build()).AsStrSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 2 {
+		t.Errorf("permits left after one reclaiming call: %q, want 2 (the live one and the 17th expired)", left)
+	}
+}
+
+// TestFairPassReadsPastDeadEntries: the grant pass reads as many entries
+// as the permits free could be granted to, plus one, and reads further
+// when those do not use the permits up (entries dead, or granted with
+// permits to spare): with 2 permits freed and the queue x, d1, d2, w (d1
+// and d2 dead), it grants x, drops d1 and d2, and reads on to grant w. A
+// mutant of semaphore_queue that stopped after the first read whenever it
+// returned as many entries as asked left w queued with a permit free.
+func TestFairPassReadsPastDeadEntries(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, []string{redistest.Single(t).Addr()}, semaphore.Options{Fair: true})
+	name := uniqueName(t)
+	queue := script(t, e, "semaphore_queue")
+	keys := []string{e.key(name, ""), e.key(name, ":e"), e.key(name, ":w"), e.key(name, ":q"), e.key(name, ":qe")}
+	call := func(mode, n, id, leaseMs string) []int64 {
+		t.Helper()
+		r, err := queue.Exec(ctx, keys, []string{mode, "2", n, id, leaseMs, "p"}).AsIntSlice()
+		if err != nil {
+			t.Fatalf("semaphore_queue %s %s: %v", mode, id, err)
+		}
+		return r
+	}
+	if r := call("a", "2", "holder", "60000"); r[0] != 1 {
+		t.Fatalf("the holder's Acquire of 2 = %v, want granted", r)
+	}
+	// x first: its lease keeps the queue keys while d1 and d2 die.
+	for _, w := range []struct{ id, lease string }{{"x", "60000"}, {"d1", "50"}, {"d2", "50"}, {"w", "60000"}} {
+		if r := call("a", "1", w.id, w.lease); r[0] != 0 {
+			t.Fatalf("%s's Acquire with all held = %v, want queued", w.id, r)
+		}
+	}
+	if !redistest.WaitFor(ctx, signalWait, func() bool {
+		exp, _, _ := strings.Cut(e.entry(name, "d2"), " ")
+		ms, err := strconv.ParseInt(exp, 10, 64)
+		return err == nil && ms < serverMs(t, e)
+	}) {
+		t.Fatal("d2's entry did not die")
+	}
+	if r := call("r", "", "holder", ""); r[0] != 1 || r[1] != 2 {
+		t.Fatalf("the holder's release = %v, want {1, 2}: held, and x and w granted", r)
+	}
+	for _, id := range []string{"x", "w"} {
+		if err := e.client.Do(ctx, e.client.B().Zscore().Key(e.key(name, ":e")).Member(id).Build()).Error(); err != nil {
+			t.Errorf("%s holds no permit after the release: %v", id, err)
+		}
+	}
+	if q := e.queued(t, name); len(q) != 0 {
+		t.Errorf("queued after the release: %q, want none", q)
+	}
+}
+
+// TestFairSetCapacityKeepsKeysWhilePermitsHeld: SetCapacity on a fair
+// semaphore while a permit is held makes the keys live at least
+// CapacityRetention, as it does on an idle one, so the capacity set is not
+// lost when the permits' shorter leases end. A mutant of semaphore_queue
+// that set no expiry for SetCapacity (and one for every other call)
+// left the keys to expire with the permit.
+func TestFairSetCapacityKeepsKeysWhilePermitsHeld(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, []string{redistest.Single(t).Addr()}, semaphore.Options{Fair: true, Lease: time.Minute})
+	name := uniqueName(t)
+	s := e.sem(t, name, 2)
+	p := acquire(t, s, 1)
+	if err := s.SetCapacity(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	for _, suffix := range []string{"", ":e"} {
+		ttl, err := e.client.Do(ctx, e.client.B().Pttl().Key(e.key(name, suffix)).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Duration(ttl) * time.Millisecond; d < semaphore.CapacityRetention-time.Minute {
+			t.Errorf("key %q expires in %v after SetCapacity with a permit of a 1 min lease held, want at least about %v", suffix, d, semaphore.CapacityRetention)
+		}
+	}
+	release(t, p)
+	wantAvailable(t, e.sem(t, name, 2), 3)
 }
