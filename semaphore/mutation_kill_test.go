@@ -335,10 +335,11 @@ func TestFairPassLooksAt32Waiters(t *testing.T) {
 // takes 16 at most (bounded work), the oldest first, and says with a wait
 // of 0 that more remain; a call of weight 0 (Available) has no permit of
 // its own to look up. With 17 expired and one live, one such call leaves
-// the 17th listed. Mutants of semaphore_acquire that reclaimed a 17th, or
-// looked up the id of a call of weight 0 (a ZSCORE more on every
-// Available), were told from the original by no test. The script is run
-// by hand, on a server of its own, to count its calls.
+// the 17th listed. A mutant of semaphore_acquire that reclaimed a 17th
+// was told from the original by no test; the count of ZSCORE calls is
+// for one that would look up the id of a call of weight 0 (n > 0 made
+// n >= 0: a ZSCORE more on every Available). The script is run by hand,
+// on a server of its own, to count its calls.
 func TestReclaimTakes16ExpiredAtMost(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.NewServer(t)
