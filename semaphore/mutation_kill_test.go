@@ -457,3 +457,51 @@ func TestFairSetCapacityKeepsKeysWhilePermitsHeld(t *testing.T) {
 	release(t, p)
 	wantAvailable(t, e.sem(t, name, 2), 3)
 }
+
+// TestFairGrantWithNobodyQueuedSkipsQueue: a fair Acquire that fits, with
+// nobody queued, is granted without touching the queue: one ZADD (its
+// permit), no grant pass (no ZRANGE of the queue, no ZREM). That is the
+// common fair grant, and a request that fills the capacity exactly (every
+// grant of a semaphore of capacity 1) is one. A mutant of semaphore_queue
+// whose check read used + n < stored sent exactly those through the queue
+// (join, then a pass that granted them): the same state and reply, at
+// about a dozen calls more, and no test counted them. The script is run by
+// hand, on a server of its own, to count its calls.
+func TestFairGrantWithNobodyQueuedSkipsQueue(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		capacity, before string // before: the weight held first
+	}{
+		{"fills exactly", "3", "2"},
+		{"room to spare", "4", "2"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.NewServer(t)
+			e := newEnv(t, []string{srv.Addr()}, semaphore.Options{Fair: true})
+			name := uniqueName(t)
+			queue := script(t, e, "semaphore_queue")
+			keys := []string{e.key(name, ""), e.key(name, ":e"), e.key(name, ":w"), e.key(name, ":q"), e.key(name, ":qe")}
+			call := func(n, id string) []int64 {
+				t.Helper()
+				r, err := queue.Exec(ctx, keys, []string{"a", c.capacity, n, id, "60000", "p"}).AsIntSlice()
+				if err != nil || len(r) == 0 || r[0] != 1 {
+					t.Fatalf("Acquire of %s for %s = %v, %v; want granted", n, id, r, err)
+				}
+				return r
+			}
+			call(c.before, "first")
+			before := commandCalls(t, srv)
+			call("1", "second")
+			after := commandCalls(t, srv)
+			for _, w := range []struct {
+				cmd  string
+				want int64
+			}{{"zadd", 1}, {"zrange", 0}, {"zrem", 0}} {
+				if got := after[w.cmd] - before[w.cmd]; got != w.want {
+					t.Errorf("%s calls of the grant = %d, want %d", w.cmd, got, w.want)
+				}
+			}
+		})
+	}
+}
