@@ -3,6 +3,7 @@ package mutex_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/mutex"
+	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // Tests written against mutants that escaped every other test (issue 32;
@@ -561,5 +563,331 @@ func TestNestedLockAfterForceUnlock(t *testing.T) {
 	}
 	if err := m.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
 		t.Fatalf("Unlock after the loss = %v, want ErrNotHeld", err)
+	}
+}
+
+// rwScriptKeys returns the keys of RWMutex name as rwmutex_lock,
+// rwmutex_unlock and rwmutex_abandon take them.
+func rwScriptKeys(name string) (lock, unlock, abandon []string) {
+	return []string{rwKey(name, "h"), rwKey(name, "z"), rwKey(name, "t"), rwKey(name, "m")},
+		[]string{rwKey(name, "h"), rwKey(name, "rd"), rwKey(name, "wr")},
+		[]string{rwKey(name, "h"), rwKey(name, "z"), rwKey(name, "t"), rwKey(name, "rd"), rwKey(name, "wr"), rwKey(name, "m")}
+}
+
+// TestRWRefusedWriterMarkExpires: a Lock refused by readers sets its
+// writer-waiting mark (q) on a state hash that did not exist (readers
+// alone write none); the hash must then expire, no later than the mark, as
+// every key of an RWMutex has a TTL. A mutant of rwmutex_lock without the
+// PEXPIRE of the hash in its refusal left a hash without a TTL, forever if
+// the writer vanished, and no test looked at its TTL.
+func TestRWRefusedWriterMarkExpires(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*signal)
+	defer cancel()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	l := newLocker(t, client, mutex.Options{Lease: time.Minute})
+	name := "rwmark-ttl:" + t.Name() + strconv.Itoa(rand.IntN(1e9))
+	r, w := newRW(t, l, name), newRW(t, l, name)
+	if err := r.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Lock(wctx) }()
+	waitRedis(t, "the writer's mark", func() bool {
+		in, err := r.Info(ctx)
+		return err == nil && in.WriterWaiting > 0
+	})
+	for _, suffix := range []string{"h", "m"} {
+		ttl, err := client.Do(ctx, client.B().Pttl().Key(rwKey(name, suffix)).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl <= 0 || ttl > 2000 {
+			t.Errorf("PTTL of %q while a writer's mark of 2 s runs = %d ms, want in (0, 2000]", suffix, ttl)
+		}
+	}
+	wcancel()
+	if err := <-done; err == nil {
+		t.Fatal("the writer's Lock got the lock while a reader held")
+	}
+	if err := r.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestScriptRWWithdrawalDropsDeadMarks: a writer that gives up withdraws
+// its mark (rwmutex_abandon, kind "m"), and marks of writers that vanished
+// (their end passed) go with it, so the marks set does not keep them. A
+// mutant without that removal left them; q and the readers' refusals
+// were right either way, and no test read the set.
+func TestScriptRWWithdrawalDropsDeadMarks(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, _ := sc.Script("rwmutex_lock")
+	abandon, _ := sc.Script("rwmutex_abandon")
+	name := "rw-dead-marks:" + strconv.Itoa(rand.IntN(1e9))
+	lockKeys, _, abandonKeys := rwScriptKeys(name)
+	try := func(owner, attempt, markMs, markID string) int64 {
+		t.Helper()
+		vs, err := lock.Exec(ctx, lockKeys, []string{owner, "30000", "0", attempt, "", markMs, markID}).AsIntSlice()
+		if err != nil || len(vs) != 3 {
+			t.Fatalf("lock %s = %v, %v", attempt, vs, err)
+		}
+		return vs[0]
+	}
+	if try("H", "h.1", "0", "") != 1 {
+		t.Fatal("the first writer was refused")
+	}
+	if try("X", "x.1", "50", "mx.1") != 0 || try("Y", "y.1", "30000", "my.1") != 0 {
+		t.Fatal("a writer got in while another held")
+	}
+	marks := rwKey(name, "m")
+	waitRedis(t, "X's mark to end", func() bool {
+		end, err := client.Do(ctx, client.B().Zscore().Key(marks).Member("mx.1").Build()).AsInt64()
+		if err != nil {
+			t.Fatalf("X's mark: %v", err)
+		}
+		now, err := client.Do(ctx, client.B().Time().Build()).AsIntSlice()
+		if err != nil || len(now) != 2 {
+			t.Fatalf("TIME: %v, %v", now, err)
+		}
+		return end < now[0]*1000+now[1]/1000
+	})
+	n, err := abandon.Exec(ctx, abandonKeys, []string{"Y", "my.1", "m", "p", "1000", "30000", "my.1"}).AsInt64()
+	if err != nil || n != 1 {
+		t.Fatalf("Y's withdrawal = %d, %v; want 1", n, err)
+	}
+	left, err := client.Do(ctx, client.B().Zrange().Key(marks).Min("0").Max("-1").Build()).AsStrSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 0 {
+		t.Errorf("marks left after the only live one was withdrawn: %q, want none (the dead ones go with it)", left)
+	}
+}
+
+// TestScriptRWRunKeepsUnlockedHoldsAfterExpiry: a grant that replaces a
+// write hold whose lease ran out lists that hold in c and keeps the run's
+// start, so a write hold that ended by its Unlock before it is still
+// known as released: that Unlock, retried after a later release (so r,
+// the last release, names another), is told 0 (its first try released),
+// while the expired hold's is told -1. A mutant that read c
+// as empty there (the "or" of its HGET made "and") started a new run
+// after the expired hold and forgot the earlier one: its retried Unlock was told -1, a loss
+// that never happened. TestScriptRWUnlockRetryAfterExpiry had no hold
+// before the expired one.
+func TestScriptRWRunKeepsUnlockedHoldsAfterExpiry(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, _ := sc.Script("rwmutex_lock")
+	unlock, _ := sc.Script("rwmutex_unlock")
+	name := "rw-run-expiry:" + strconv.Itoa(rand.IntN(1e9))
+	lockKeys, unlockKeys, _ := rwScriptKeys(name)
+	take := func(owner, attempt, leaseMs string) []int64 {
+		t.Helper()
+		vs, err := lock.Exec(ctx, lockKeys, []string{owner, leaseMs, "0", attempt, "", "0", ""}).AsIntSlice()
+		if err != nil || len(vs) != 3 {
+			t.Fatalf("lock %s = %v, %v", attempt, vs, err)
+		}
+		return vs
+	}
+	release := func(owner string, token int64) int64 {
+		t.Helper()
+		n, err := unlock.Exec(ctx, unlockKeys, []string{owner, "1", strconv.FormatInt(token, 10), "p", "30000"}).AsInt64()
+		if err != nil {
+			t.Fatalf("unlock %s %d: %v", owner, token, err)
+		}
+		return n
+	}
+	w0 := take("W0", "w0.1", "30000")
+	if n := release("W0", w0[2]); n != 0 {
+		t.Fatalf("W0's unlock = %d", n)
+	}
+	w1 := take("W1", "w1.1", "50")
+	var w2 []int64
+	waitRedis(t, "W1's lease to run out", func() bool {
+		w2 = take("W2", "w2.1", "30000")
+		return w2[0] == 1
+	})
+	if n := release("W2", w2[2]); n != 0 {
+		t.Fatalf("W2's unlock = %d", n)
+	}
+	// W2's release is the last (r): the retries are judged by c.
+	if n := release("W0", w0[2]); n != 0 {
+		t.Errorf("W0's retried unlock after an expired hold was replaced = %d, want 0 (its first try released)", n)
+	}
+	if n := release("W1", w1[2]); n != -1 {
+		t.Errorf("unlock of the hold whose lease ran out = %d, want -1", n)
+	}
+}
+
+// TestScriptLockRepeatedAttemptRenewsLease: a Lock call that repeats the
+// attempt id of the current hold (a retry whose first reply was lost, or
+// the waiter a release handed the lock to) is told it holds the lock, and
+// the lease starts again from now: the record's TTL is the new call's
+// lease, not what was left of the first one. A mutant of mutex_lock that
+// set the expiry on the tombstones' key instead answered {2, ...} all the
+// same, and no test read the record's TTL after it.
+func TestScriptLockRepeatedAttemptRenewsLease(t *testing.T) {
+	for _, mode := range []string{"", "f"} {
+		t.Run("mode="+mode, func(t *testing.T) {
+			r := newScriptRig(t, "repeat-renews:"+mode+strconv.Itoa(rand.IntN(1e9)))
+			if a := r.takeLease("A", "a.1", mode, "1000"); a[0] != 1 {
+				t.Fatalf("A's lock = %v, want granted", a)
+			}
+			if a := r.takeLease("A", "a.1", mode, "60000"); a[0] != 2 {
+				t.Fatalf("A's lock repeated = %v, want {2, holds, token}", a)
+			}
+			ttl, err := r.client.Do(r.ctx, r.client.B().Pttl().Key(r.keys.lock[0]).Build()).AsInt64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ttl <= 1000 {
+				t.Errorf("PTTL of the record after the repeated call with a lease of 60 s = %d ms, want the new lease (above the first call's 1 s)", ttl)
+			}
+		})
+	}
+}
+
+// TestScriptRWShorterMarkKeepsLongerOnes: the writers' marks set lives as
+// long as its longest mark: a writer refused with a shorter mark (a
+// shorter lease) than one already set must not cut the set's TTL to its
+// own, or the longer mark would vanish with the set while q still holds
+// readers off for it, and its writer's grant or withdrawal would no longer
+// find it to bring q back. A mutant of rwmutex_lock that compared the
+// tombstones' TTL instead (none: always shorter) set the set's TTL to
+// every refused writer's mark, and no test had two marks of different
+// lengths.
+func TestScriptRWShorterMarkKeepsLongerOnes(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, _ := sc.Script("rwmutex_lock")
+	name := "rw-mark-ttl:" + strconv.Itoa(rand.IntN(1e9))
+	lockKeys, _, _ := rwScriptKeys(name)
+	for _, c := range []struct{ owner, attempt, markMs, markID string }{
+		{"H", "h.1", "0", ""}, // holds
+		{"X", "x.1", "2000", "mx.1"},
+		{"Y", "y.1", "100", "my.1"},
+	} {
+		vs, err := lock.Exec(ctx, lockKeys, []string{c.owner, "30000", "0", c.attempt, "", c.markMs, c.markID}).AsIntSlice()
+		if err != nil || len(vs) != 3 || (vs[0] == 1) != (c.owner == "H") {
+			t.Fatalf("lock %s = %v, %v; want only H granted", c.attempt, vs, err)
+		}
+	}
+	ttl, err := client.Do(ctx, client.B().Pttl().Key(rwKey(name, "m")).Build()).AsInt64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl <= 100 {
+		t.Errorf("PTTL of the marks set after a mark of 2 s and one of 100 ms = %d ms, want the longer mark's (above 100)", ttl)
+	}
+}
+
+// TestScriptRWGiveBackOfGrantThatReplacedExpiredHold: a write grant that
+// replaces a hold whose lease ran out records its own attempt id (a), as
+// every grant does, so that the give-back of that attempt (its Lock was
+// abandoned while the reply was on its way) releases it and the next
+// writer gets in at once. A mutant of rwmutex_lock that wrote the nested
+// token (empty) as a on that path only left the give-back without effect:
+// the abandoned grant held the lock for its whole lease.
+func TestScriptRWGiveBackOfGrantThatReplacedExpiredHold(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, _ := sc.Script("rwmutex_lock")
+	unlock, _ := sc.Script("rwmutex_unlock")
+	abandon, _ := sc.Script("rwmutex_abandon")
+	name := "rw-giveback-replaced:" + strconv.Itoa(rand.IntN(1e9))
+	lockKeys, unlockKeys, abandonKeys := rwScriptKeys(name)
+	take := func(owner, attempt, leaseMs string) []int64 {
+		t.Helper()
+		vs, err := lock.Exec(ctx, lockKeys, []string{owner, leaseMs, "0", attempt, "", "0", ""}).AsIntSlice()
+		if err != nil || len(vs) != 3 {
+			t.Fatalf("lock %s = %v, %v", attempt, vs, err)
+		}
+		return vs
+	}
+	// W0's release keeps the hash for 30 s, so W1's short lease leaves its
+	// hold (o) behind when it runs out, for W2's grant to replace.
+	w0 := take("W0", "w0.1", "30000")
+	if n, err := unlock.Exec(ctx, unlockKeys, []string{"W0", "1", strconv.FormatInt(w0[2], 10), "p", "30000"}).AsInt64(); err != nil || n != 0 {
+		t.Fatalf("W0's unlock = %d, %v", n, err)
+	}
+	take("W1", "w1.1", "50")
+	waitRedis(t, "W1's lease to run out", func() bool { return take("W2", "w2.1", "30000")[0] == 1 })
+	n, err := abandon.Exec(ctx, abandonKeys, []string{"W2", "w2.1", "w", "p", "1000", "30000", ""}).AsInt64()
+	if err != nil || n != 1 {
+		t.Fatalf("give-back of W2's grant = %d, %v; want 1 (released)", n, err)
+	}
+	if w3 := take("W3", "w3.1", "30000"); w3[0] != 1 {
+		t.Fatalf("W3's lock after W2's grant was given back = %v, want granted", w3)
+	}
+}
+
+// TestScriptRWRLockAfterOwnWriteHoldExpired: an RWMutex value's RLock goes
+// through a writer-waiting mark only while the write hold it names is
+// held; once that hold's lease has run out, its RLock is a reader like any
+// other and is refused while another writer's mark runs. A mutant of
+// rwmutex_rlock that made the last "and" of that test an "or" let the
+// expired holder's RLock through on the token alone.
+func TestScriptRWRLockAfterOwnWriteHoldExpired(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, _ := sc.Script("rwmutex_lock")
+	rlock, _ := sc.Script("rwmutex_rlock")
+	name := "rw-rlock-expired-writer:" + strconv.Itoa(rand.IntN(1e9))
+	lockKeys, _, _ := rwScriptKeys(name)
+	rlockKeys := []string{rwKey(name, "h"), rwKey(name, "z"), rwKey(name, "t")}
+	w, err := lock.Exec(ctx, lockKeys, []string{"W", "2000", "0", "w.1", "", "0", ""}).AsIntSlice()
+	if err != nil || w[0] != 1 {
+		t.Fatalf("W's lock = %v, %v", w, err)
+	}
+	token := strconv.FormatInt(w[2], 10)
+	if x, err := lock.Exec(ctx, lockKeys, []string{"X", "30000", "0", "x.1", "", "30000", "mx.1"}).AsIntSlice(); err != nil || x[0] != 0 {
+		t.Fatalf("X's lock while W holds = %v, %v; want refused, with its mark", x, err)
+	}
+	rl := func(attempt string) int64 {
+		t.Helper()
+		vs, err := rlock.Exec(ctx, rlockKeys, []string{"W", "30000", "0", attempt, token}).AsIntSlice()
+		if err != nil || len(vs) != 3 {
+			t.Fatalf("W's rlock %s = %v, %v", attempt, vs, err)
+		}
+		return vs[0]
+	}
+	if got := rl("w.2"); got != 1 {
+		t.Fatalf("W's rlock while it holds the write lock = %d, want granted through X's mark", got)
+	}
+	waitRedis(t, "W's write lease to run out", func() bool {
+		e, err := client.Do(ctx, client.B().Hget().Key(rwKey(name, "h")).Field("e").Build()).AsInt64()
+		if err != nil {
+			t.Fatalf("W's lease end: %v", err)
+		}
+		now, err := client.Do(ctx, client.B().Time().Build()).AsIntSlice()
+		if err != nil || len(now) != 2 {
+			t.Fatalf("TIME: %v, %v", now, err)
+		}
+		return e < now[0]*1000+now[1]/1000
+	})
+	if got := rl("w.3"); got != 0 {
+		t.Errorf("W's rlock naming its expired write hold while X's mark runs = %d, want refused (0)", got)
 	}
 }
