@@ -6,8 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/sluicekit/sluice/internal/testkit/faultproxy"
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
+	"github.com/sluicekit/sluice/scriptcache"
 	"github.com/sluicekit/sluice/semaphore"
 )
 
@@ -107,7 +110,25 @@ func TestCloseGivesUpQueueingAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { proxy.Close() })
-	slow := newEnv(t, []string{proxy.Addr()}, semaphore.Options{Fair: true})
+	// One connection, up before the replies are dropped: rueidis dials its
+	// other pipelines on first use, and a handshake whose replies are
+	// dropped never completes (the attempt then never reached Redis, 1 run
+	// in 12).
+	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{proxy.Addr()}, DisableCache: true, PipelineMultiplex: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.Close)
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := semaphore.NewManager(sc, semaphore.Options{Fair: true, Prefix: semaphore.DefaultPrefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mgr.Close)
+	slow := &env{client: client, mgr: mgr, prefix: semaphore.DefaultPrefix}
 	fast := newEnv(t, []string{srv.Addr()}, semaphore.Options{Fair: true})
 	name := uniqueName(t)
 	sa, sb := slow.sem(t, name, 1), fast.sem(t, name, 1)
