@@ -185,24 +185,28 @@ func (m *Mutex) attemptOnce(ctx context.Context, id *string, try, waited bool) (
 			})
 		if err == nil {
 			r, err = parseLockReply(rr)
+		} else if !leftToLate(ctx, err) && (grantedOrUnknown(rr) || m.set.fair) {
+			// The call failed on its own (the connection, or WAIT after
+			// the script): it may have granted, and no late func will
+			// run for it. Give it back, as below.
+			m.abandonAttempt(try, *id)
 		}
 	} else {
 		rep := m.l.lock.Exec(ctx, keys[:nkeys], argv[:nargs])
 		if r, err = parseLockReply(rep); err != nil && !rep.ServerError() {
 			// ctx ended before the reply, or the connection failed: the
-			// attempt may run, or have run, and nobody would know of its
-			// grant (or its queue entry). The give-back goes at once; its
-			// tombstone makes it work in whichever order the two reach
-			// Redis. A fair Lock's attempt may have queued: it leaves the
-			// queue even after Close (see leaveQueue).
-			if m.set.fair && !try {
-				m.leaveQueue(true, *id)
-			} else {
-				m.l.giveBack(m, *id)
-			}
+			// attempt may run, or have run.
+			m.abandonAttempt(try, *id)
 		}
 	}
 	if err != nil {
+		if !errors.Is(err, ErrClosed) && m.l.closed.Load() {
+			// Close began while the call was on its way, and the call
+			// failed on its own before Close gave it up: the Lock was
+			// waiting when its Locker closed, and returns ErrClosed, as
+			// Close promises (the give-back above went first).
+			return res, fmt.Errorf("mutex: lock %q: %w: %w", m.Name(), inner(ErrClosed), inner(err))
+		}
 		return res, fmt.Errorf("mutex: lock %q: %w", m.Name(), inner(err))
 	}
 	got, n := r.got, r.n
@@ -402,6 +406,31 @@ func grantedOrUnknown(r scriptcache.Reply) bool {
 	}
 	res, err := parseLockReply(r)
 	return err == nil && res.got >= 1
+}
+
+// abandonAttempt undoes an attempt whose outcome is unknown: nobody would
+// know of its grant (or its queue entry). The give-back goes at once; its
+// tombstone makes it work in whichever order the two reach Redis. A fair
+// Lock's attempt may have queued: it leaves the queue even after Close
+// (see leaveQueue).
+func (m *Mutex) abandonAttempt(try bool, attempt string) {
+	if m.set.fair && !try {
+		m.leaveQueue(true, attempt)
+	} else {
+		m.l.giveBack(m, attempt)
+	}
+}
+
+// leftToLate reports whether ExecWaitOrLate returned err because its
+// caller left (ctx ended, or Close gave the call up): the call's late func
+// then gets its reply. Any other error is the call's own, and no late func
+// runs for it.
+func leftToLate(ctx context.Context, err error) bool {
+	if errors.Is(err, ErrClosed) {
+		return true
+	}
+	cerr := ctx.Err()
+	return cerr != nil && errors.Is(err, cerr)
 }
 
 // giveBack releases, in the background, the lock an abandoned outermost

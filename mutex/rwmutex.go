@@ -509,6 +509,11 @@ func (rw *RWMutex) attempt(ctx context.Context, write bool, mark string) (bool, 
 			})
 		if err == nil {
 			r, err = res.ToArray()
+		} else if !leftToLate(ctx, err) {
+			// The call failed on its own: it may have granted, or left
+			// a mark, and no late func runs for it (see
+			// Mutex.attemptOnce).
+			rw.giveBack(attemptID, kindArg, mark)
 		}
 	} else {
 		rep := script.Exec(ctx, rw.lockKeys, argv)
@@ -520,6 +525,11 @@ func (rw *RWMutex) attempt(ctx context.Context, write bool, mark string) (bool, 
 		}
 	}
 	if err != nil {
+		if !errors.Is(err, ErrClosed) && rw.l.closed.Load() {
+			// As for Mutex: a Lock waiting when its Locker closed
+			// returns ErrClosed, though its call failed on its own.
+			return false, 0, fmt.Errorf("mutex: lock %q (%s): %w: %w", rw.name, kind(write), inner(ErrClosed), inner(err))
+		}
 		return false, 0, fmt.Errorf("mutex: lock %q (%s): %w", rw.name, kind(write), inner(err))
 	}
 	if r.Len() != 3 {
