@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/mutex"
 )
@@ -161,6 +163,48 @@ func BenchmarkLockUnlockPerRequest(b *testing.B) {
 					if err != nil {
 						b.Error(err)
 						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkTwoRoundTrips is BenchmarkLockUnlock's floor on the same client
+// and server: two bare EVALSHAs of a one-GET script, back to back, the
+// round trips any lock pair makes (Lock, then Unlock), with nothing of the
+// library around them. BenchmarkLockUnlock's excess over it is what the
+// library and its scripts cost a pair.
+//
+//	go test -run=NONE -bench='LockUnlock/ctx=deadline|TwoRoundTrips' -count=5 ./mutex
+func BenchmarkTwoRoundTrips(b *testing.B) {
+	for _, goroutines := range []int{1, 64} {
+		b.Run(fmt.Sprintf("goroutines=%d", goroutines), func(b *testing.B) {
+			client := redistest.Client(b, redistest.Single(b).Addr())
+			ctx := context.Background()
+			sha, err := client.Do(ctx, client.B().ScriptLoad().Script("return redis.call('GET', KEYS[1])").Build()).ToString()
+			if err != nil {
+				b.Fatal(err)
+			}
+			var next atomic.Int64
+			procs := runtime.GOMAXPROCS(0)
+			b.SetParallelism(max(1, goroutines/procs))
+			if goroutines < procs {
+				runtime.GOMAXPROCS(goroutines)
+				defer runtime.GOMAXPROCS(procs)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				key := "bench:" + strconv.FormatInt(next.Add(1), 10)
+				ctx, cancel := context.WithTimeout(ctx, time.Hour)
+				defer cancel()
+				for pb.Next() {
+					for range 2 {
+						if err := client.Do(ctx, client.B().Evalsha().Sha1(sha).Numkeys(1).Key(key).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+							b.Error(err)
+							return
+						}
 					}
 				}
 			})
