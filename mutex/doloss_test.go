@@ -379,3 +379,74 @@ func TestDoDropsHoldItsUnlockFailedFor(t *testing.T) {
 		})
 	}
 }
+
+// TestNestedDoKeepsHoldItsUnlockFailedFor: the other side of
+// TestDoDropsHoldItsUnlockFailedFor. A Do inside a hold the caller took
+// did not take that hold: when its release fails, the caller still holds
+// the lock and will release it, so the hold is neither declared lost nor
+// dropped from the count. (Only releases of a nested hold fail here.)
+func TestNestedDoKeepsHoldItsUnlockFailedFor(t *testing.T) {
+	ctx := context.Background()
+	fail := map[string]string{
+		"mutex_release":  "if (ARGV[1] == 'u' or ARGV[1] == 'U') and ARGV[5] then return redis.error_reply('TRYAGAIN test') end\n",
+		"rwmutex_unlock": "if ARGV[2] ~= '1' then return redis.error_reply('TRYAGAIN test') end\n",
+	}
+	type held interface {
+		Lock(ctx context.Context) error
+		Do(ctx context.Context, fn func(ctx context.Context) error) error
+		Lost() <-chan struct{}
+		Err() error
+	}
+	for _, tc := range []struct {
+		name, script, anchor string
+		lock                 func(l *mutex.Locker) (held, func() int64)
+	}{
+		{
+			name: "Mutex", script: "mutex_release", anchor: "local mode = ARGV[1]",
+			lock: func(l *mutex.Locker) (held, func() int64) {
+				m := newMutex(t, l, "nested-do")
+				return m, m.Holds
+			},
+		},
+		{
+			name: "RWMutex", script: "rwmutex_unlock", anchor: "local h = redis.call('HMGET', KEYS[1], 'o', 'f', 'r', 'e', 'q')",
+			lock: func(l *mutex.Locker) (held, func() int64) {
+				rw := newRW(t, l, "nested-do")
+				return rw, func() int64 { w, _ := rw.Holds(); return w }
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.NewServer(t)
+			sc, err := scriptcache.New(ctx, redistest.Client(t, srv.Addr()), scriptcache.WithFS(
+				redistest.MutatedScripts(t, tc.script, tc.anchor, fail[tc.script]+tc.anchor)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := mutex.NewLocker(sc, mutex.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(l.Close)
+			m, holds := tc.lock(l)
+			if err := m.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			err = m.Do(ctx, func(context.Context) error { return nil })
+			if err == nil || !strings.Contains(err.Error(), "TRYAGAIN") {
+				t.Fatalf("nested Do = %v, want the release's TRYAGAIN", err)
+			}
+			select {
+			case <-m.Lost():
+				t.Fatalf("the caller's hold was declared lost (%v) after a nested Do's release failed", m.Err())
+			default:
+			}
+			if err := m.Err(); err != nil {
+				t.Fatalf("Err = %v after a nested Do's release failed, want nil: the caller still holds the lock", err)
+			}
+			if h := holds(); h == 0 {
+				t.Fatal("holds after a nested Do's failed release = 0, want the caller's hold still counted")
+			}
+		})
+	}
+}

@@ -77,6 +77,10 @@ func TestClientIP(t *testing.T) {
 		{"Forwarded ipv6 without port", Forwarded, request("10.0.0.1:1", "Forwarded", `For="[2001:db8:cafe::17]"`), "2001:db8:cafe::17", false},
 		{"Forwarded mapped ipv6", Forwarded, request("10.0.0.1:1", "Forwarded", `for="[::ffff:198.51.100.9]"`), "198.51.100.9", false},
 		{"Forwarded obfuscated port", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9:_abc"`), "198.51.100.9", false},
+		// RFC 7239 section 6.3: obfport = "_" 1*(ALPHA / DIGIT / "." / "_" / "-").
+		{"Forwarded obfuscated port of every allowed character", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9:_a.Z_9-x"`), "198.51.100.9", false},
+		{"Forwarded obfuscated ipv6 port", Forwarded, request("10.0.0.1:1", "Forwarded", `for="[2001:db8::9]:__"`), "2001:db8::9", false},
+		{"Forwarded obfuscated port with a bad character", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9:_a!b"`), "10.0.0.1", false},
 		{"Forwarded other parameters", Forwarded, request("10.0.0.1:1", "Forwarded", `proto=https;for=198.51.100.9;by="[fd00::1]";host="a,b"`), "198.51.100.9", false},
 		{"Forwarded chain", Forwarded, request("10.0.0.1:1", "Forwarded", "for=6.6.6.6, for=198.51.100.9;proto=http, for=10.0.0.2"), "198.51.100.9", false},
 		{"Forwarded several lines", Forwarded, request("10.0.0.1:1", "Forwarded", "for=6.6.6.6", "Forwarded", "for=198.51.100.9, for=10.0.0.2"), "198.51.100.9", false},

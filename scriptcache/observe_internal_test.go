@@ -62,3 +62,44 @@ func TestLogSampling(t *testing.T) {
 		t.Error("newObserver: want an observer for a logger alone and nil for nothing")
 	}
 }
+
+// TestLogRecordAttrs: a logged record carries the event's fields that are
+// set, by name, and leaves out those that are not (no reason="" on a
+// fallback, which has none).
+func TestLogRecordAttrs(t *testing.T) {
+	redisDown := errors.New("i/o timeout")
+	tests := []struct {
+		name    string
+		e       Event
+		want    []string
+		wantNot []string
+	}{
+		{"loss with a reason", Event{Kind: EventLost, Primitive: PrimitiveMutex, Name: "m", Reason: ReasonGone, Hold: time.Second},
+			[]string{"primitive=mutex", "name=m", "reason=gone", "held=1s"}, []string{"source=", "err="}},
+		{"fallback without a reason", Event{Kind: EventFallback, Primitive: PrimitiveRateLimit, Name: "api", Source: SourceFailOpen, Err: redisDown},
+			[]string{"primitive=ratelimit", "name=api", "source=fail_open", `err="i/o timeout"`}, []string{"reason=", "held="}},
+		{"drop", Event{Kind: EventSubscription, Reason: ReasonDropped, Err: redisDown},
+			[]string{"reason=dropped", `err="i/o timeout"`}, []string{"primitive=", "name=", "source="}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			o := newObserver(nil, slog.New(slog.NewTextHandler(&buf, nil)))
+			o.Observe(tt.e)
+			line := strings.TrimSpace(buf.String())
+			if strings.Count(line, "\n") != 0 || line == "" {
+				t.Fatalf("records:\n%s\nwant one", buf.String())
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(line, " "+w) {
+					t.Errorf("record %s lacks %s", line, w)
+				}
+			}
+			for _, w := range tt.wantNot {
+				if strings.Contains(line, " "+w) {
+					t.Errorf("record %s has %s, which the event does not set", line, w)
+				}
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"strconv"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/rueidis"
 
+	"github.com/sluicekit/sluice/internal/testkit/faultproxy"
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/scriptcache"
 )
@@ -447,5 +449,88 @@ func TestLoneCallDeadline(t *testing.T) {
 	}
 	if n2, _ := client.Do(ctx, client.B().Get().Key("lone").Build()).AsInt64(); n > 1 || n2 > 1 {
 		t.Fatalf("the script ran %d then %d times, want at most once: the call was sent again", n, n2)
+	}
+}
+
+// TestDialOfAnotherCallerEnds: rueidis dials a connection under the context
+// of the call that needs it first, and every call waiting on that dial
+// fails with that context's error (see Eval). Such a call was never sent,
+// so Eval sends it again: a caller whose own context is alive gets its
+// reply, not another caller's context error. Here a blackholed proxy
+// stalls the first caller's handshake until the dial timeout ends it
+// (rueidis does not end a handshake when the caller's context is
+// cancelled), so the waiting caller sees context.DeadlineExceeded.
+func TestDialOfAnotherCallerEnds(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	p, err := faultproxy.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	// One pipelining connection, so that both callers need the same dial.
+	client, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress:       []string{p.Addr()},
+		DisableCache:      true,
+		PipelineMultiplex: -1,
+		Dialer:            net.Dialer{Timeout: 2 * time.Second}, // the stalled handshake's end
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.Close)
+	sc, err := scriptcache.New(ctx, client, scriptcache.WithFS(testFS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := sc.Script("incr")
+	if err := s.Exec(ctx, []string{"dial"}, nil).Error(); err != nil {
+		t.Fatal(err)
+	}
+	p.Blackhole(true)
+	before := p.Accepted()
+	p.ResetAll()
+
+	// The first caller: its call finds the connection gone (until rueidis
+	// has seen the reset) or starts the dial that the blackhole stalls.
+	var cancelFirst context.CancelFunc
+	var firstDone chan struct{}
+	for range 50 {
+		var first context.Context
+		first, cancelFirst = context.WithCancel(ctx)
+		firstDone = make(chan struct{})
+		go func() {
+			defer close(firstDone)
+			s.Exec(first, []string{"dial"}, nil)
+		}()
+		dialing := redistest.WaitFor(ctx, 10*time.Second, func() bool {
+			select {
+			case <-firstDone:
+				return true
+			default:
+				return p.Accepted() > before
+			}
+		})
+		if dialing && p.Accepted() > before {
+			break
+		}
+		cancelFirst()
+		<-firstDone
+	}
+	if p.Accepted() == before {
+		cancelFirst()
+		t.Fatal("no caller started a dial")
+	}
+	// The second caller waits for that dial. Nothing signals that it has
+	// started waiting: if it comes later, it dials itself and the test
+	// passes without testing the retry, never the other way round.
+	second := make(chan error, 1)
+	go func() { second <- s.Exec(ctx, []string{"dial"}, nil).Error() }()
+	time.Sleep(100 * time.Millisecond)
+	cancelFirst()
+	<-firstDone
+	p.Blackhole(false)
+	if err := <-second; err != nil {
+		t.Fatalf("a call with a live context, waiting on another caller's dial that failed: %v; want its reply", err)
 	}
 }

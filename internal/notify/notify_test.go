@@ -211,6 +211,32 @@ func TestOneSubscriptionPerChannel(t *testing.T) {
 	}
 }
 
+// TestLingerStartsWithLastWaiter: the linger that ends a subscription
+// starts when the last waiter leaves, not when an earlier one does. The
+// second waiter leaves well after the linger of the first would have passed
+// (nothing signals a timer that should not run; a loaded machine only makes
+// the test weaker, never wrong): the channel must stay subscribed while
+// it waits, and be unsubscribed once it has left.
+func TestLingerStartsWithLastWaiter(t *testing.T) {
+	srv := redistest.Single(t)
+	h := New(hubClient(t, redistest.Client(t, srv.Addr())), false)
+	defer h.Close()
+	h.linger = 50 * time.Millisecond
+	ch := "{n}:lastout"
+	first, _ := h.Subscribe(ch, 1)
+	second, _ := h.Subscribe(ch, 1)
+	ready(t, first, second)
+	first.Close()
+	time.Sleep(4 * h.linger)
+	if got := numsub(t, srv, ch); got != 1 {
+		t.Fatalf("PUBSUB NUMSUB with one waiter left = %d, want 1", got)
+	}
+	second.Close()
+	if !redistest.WaitFor(context.Background(), signalWait, func() bool { return numsub(t, srv, ch) == 0 }) {
+		t.Errorf("still subscribed after the last waiter left and the linger passed")
+	}
+}
+
 func numsub(t *testing.T, srv *redistest.Server, ch string) int {
 	t.Helper()
 	out, err := srv.Do("PUBSUB", "NUMSUB", ch)
