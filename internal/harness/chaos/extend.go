@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sluicekit/sluice/mutex"
@@ -390,5 +391,81 @@ func (w *world) checkSuspects() {
 		if !excused {
 			h.viol = append(h.viol, s.msg)
 		}
+	}
+}
+
+// semInfoHeld checks, now and then (one hold in four, others than
+// holdersListed's), what Info and Available say of a lane's semaphore
+// while x, a permit of weight x.weight, is held: both ways, against the
+// capacity (nothing counts more than it; the lanes never set one) and
+// against the holds known live through the call (their weight and number
+// are counted, no less). Known live: a permit of a watchdog lease (a fixed
+// one may run out before its holder's timer says so) granted before the
+// call, not released nor told of a loss by the check, by a holder that did
+// not crash. A fault of the node or the server, or an operator's on the
+// semaphore, excuses (suspect).
+func (w *world) semInfoHeld(ctx context.Context, s *semaphore.Semaphore, x *hold) {
+	if x.id%4 != 2 {
+		return
+	}
+	w.count("lane.seminfo")
+	ictx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+	defer cancel()
+	call := time.Now()
+	in, err := s.Info(ictx)
+	if err != nil {
+		w.expected("Semaphore.Info", call, err)
+		return
+	}
+	mid := time.Now()
+	avail, err := s.Available(ictx)
+	if err != nil {
+		w.expected("Semaphore.Available", mid, err)
+		return
+	}
+	ret := time.Now()
+	c := laneCapacity(x.res)
+	var wrong []string
+	if in.Capacity != c || in.CapacitySet {
+		wrong = append(wrong, fmt.Sprintf("Capacity %d (set %v), want %d as made (no SetCapacity)", in.Capacity, in.CapacitySet, c))
+	}
+	if in.Used > in.Capacity || in.Used < in.Holders || in.Available != max(in.Capacity-in.Used, 0) || in.Expired < 0 {
+		wrong = append(wrong, fmt.Sprintf("Info %+v: Used over Capacity, under Holders, or Available not Capacity - Used", in))
+	}
+	if x.res == lanePSem && in.Queued != 0 {
+		wrong = append(wrong, fmt.Sprintf("Queued %d on a semaphore nobody waits on fairly", in.Queued))
+	}
+	if avail < 0 || avail > c-x.weight {
+		wrong = append(wrong, fmt.Sprintf("Available %d while this permit holds %d of %d", avail, x.weight, c))
+	}
+	// The holds known live through both calls.
+	h := w.hist
+	h.mu.Lock()
+	var weight, holders int64
+	live := func(o *hold) bool {
+		return o.start.Before(call) && (!o.ended || o.end.After(ret)) && !o.told && !o.lost() && o.expect == "" && o.node >= 0
+	}
+	ownLive := live(x) && (x.lease == 0 || ret.Before(x.start.Add(x.lease/2)))
+	for _, o := range h.active[x.res] {
+		if o == x && ownLive || o != x && o.kind == "permit" && o.lease == 0 && live(o) {
+			weight += o.weight
+			holders++
+		}
+	}
+	h.mu.Unlock()
+	if !ownLive {
+		wrong = nil // the permit may be gone: only the capacity's side holds
+		if in.Capacity != c || in.Used > in.Capacity {
+			wrong = append(wrong, fmt.Sprintf("Info %+v over its capacity %d", in, c))
+		}
+	}
+	if in.Used < weight || in.Holders < holders {
+		wrong = append(wrong, fmt.Sprintf("Info counts %d permits of weight %d, but %d of weight %d were held through the call", in.Holders, in.Used, holders, weight))
+	}
+	if avail > c-weight {
+		wrong = append(wrong, fmt.Sprintf("Available %d, but %d of %d were held through the call", avail, weight, c))
+	}
+	if len(wrong) > 0 {
+		w.suspect(call, ret, []int{x.node}, x.res, "Info and Available of %q at %s, permit #%d of weight %d held: %s", x.res, w.hist.since(call), x.id, x.weight, strings.Join(wrong, "; "))
 	}
 }

@@ -903,6 +903,7 @@ func (w *world) permitLane(ctx context.Context, n *node, rng *rand.Rand, id stri
 		lse.fixed = w.fixedSemLease()
 	}
 	w.holdersListed(ctx, s, p, x, id)
+	w.semInfoHeld(ctx, s, x)
 	d := w.laneHold(rng)
 	if fair && weight == 1 {
 		// Light holds that overlap, so that a heavy head waits behind
