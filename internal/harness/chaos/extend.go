@@ -469,3 +469,58 @@ func (w *world) semInfoHeld(ctx context.Context, s *semaphore.Semaphore, x *hold
 		w.suspect(call, ret, []int{x.node}, x.res, "Info and Available of %q at %s, permit #%d of weight %d held: %s", x.res, w.hist.since(call), x.id, x.weight, strings.Join(wrong, "; "))
 	}
 }
+
+// rwInfoHeld checks, now and then (one hold in four), what RWMutex.Info
+// says while x, a write or read hold of rw, is held with no loss, both
+// ways: a writer sees itself as the writer (its owner id, one hold, its
+// token, a lease left of at most the lease it set) and no reader; a reader
+// sees no writer, no write lease left, and at least itself and the other
+// reads known live through the call among the readers. Faults excuse
+// (suspect).
+func (w *world) rwInfoHeld(ctx context.Context, rw *mutex.RWMutex, x *hold, lse leaseOf) {
+	if x.id%4 != 1 {
+		return
+	}
+	w.count("lane.rwinfo")
+	ictx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+	defer cancel()
+	call := time.Now()
+	in, err := rw.Info(ictx)
+	ret := time.Now()
+	if err != nil {
+		w.expected("RWMutex.Info", call, err)
+		return
+	}
+	if closed(rw.Lost()) || w.owedOf(x) || lse.fixed > 0 && !ret.Before(lse.from.Add(lse.fixed/2)) {
+		return
+	}
+	lease := w.cfg.Lease
+	if lse.fixed > 0 {
+		lease = lse.fixed
+	}
+	var wrong []string
+	if in.WriterWaiting < 0 || in.WriterWaiting > 2*w.cfg.Lease {
+		wrong = append(wrong, fmt.Sprintf("a writer-waiting mark of %v", in.WriterWaiting))
+	}
+	if x.kind == "write" {
+		if in.Writer != x.owner || in.WriteHolds != 1 || in.Token != x.token || in.WriteRemain <= 0 || in.WriteRemain > lease+time.Millisecond || in.Readers != 0 {
+			wrong = append(wrong, fmt.Sprintf("writer %q, %d holds, token %d, %v left, %d readers; want %q, 1, %d, up to %v, none", in.Writer, in.WriteHolds, in.Token, in.WriteRemain, in.Readers, x.owner, x.token, lease))
+		}
+	} else {
+		h := w.hist
+		h.mu.Lock()
+		var readers int64
+		for _, o := range h.active[x.res] {
+			if o.kind == "read" && o.start.Before(call) && (!o.ended || o.end.After(ret)) && !o.told && !o.lost() && o.expect == "" && o.node >= 0 && (o.lease == 0 || ret.Before(o.start.Add(o.lease/2))) {
+				readers++
+			}
+		}
+		h.mu.Unlock()
+		if in.Writer != "" || in.WriteHolds != 0 || in.WriteRemain != 0 || in.Readers < max(readers, 1) {
+			wrong = append(wrong, fmt.Sprintf("writer %q (%d holds, %v left), %d readers; want none, and at least %d readers (held through the call)", in.Writer, in.WriteHolds, in.WriteRemain, in.Readers, max(readers, 1)))
+		}
+	}
+	if len(wrong) > 0 {
+		w.suspect(call, ret, []int{x.node}, x.res, "Info of %q at %s, %s hold #%d (owner %s) held with no loss: %s", x.res, w.hist.since(call), x.kind, x.id, x.owner, strings.Join(wrong, "; "))
+	}
+}

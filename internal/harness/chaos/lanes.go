@@ -739,6 +739,7 @@ func (w *world) rwLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string
 		return
 	}
 	lse := leaseOf{fixed: fixed, from: wt.call, upto: wt.ret, watchdog: w.cfg.Lease}
+	w.rwInfoHeld(ctx, rw, xs[0], lse)
 	d := w.laneHold(rng)
 	if !write {
 		// Readers stay a little longer, so that they overlap and a
