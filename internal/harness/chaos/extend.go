@@ -270,6 +270,33 @@ func (w *world) holdersListed(ctx context.Context, s *semaphore.Semaphore, p *se
 		w.expected("Semaphore.Holders", call, err)
 		return
 	}
+	ret := time.Now()
+	// Both ways: no more than the capacity listed, each with a lease
+	// left of at most the longest a lane's Manager sets; and every permit
+	// known live through the call listed (see semInfoHeld).
+	var total int64
+	listed := map[string]bool{}
+	for _, hd := range hs {
+		total += hd.Weight
+		listed[hd.ID] = true
+		if hd.Remaining <= 0 || hd.Remaining > w.cfg.Lease+time.Millisecond || hd.Weight < 1 {
+			w.suspect(call, ret, []int{x.node}, x.res, "Holders of %q at %s lists %+v: a weight under 1, or a lease left outside (0, %v]", x.res, w.hist.since(call), hd, w.cfg.Lease)
+		}
+	}
+	if c := laneCapacity(x.res); total > c {
+		w.suspect(call, ret, []int{x.node}, x.res, "Holders of %q at %s lists a weight of %d, over the capacity %d: %+v", x.res, w.hist.since(call), total, c, hs)
+	}
+	w.hist.mu.Lock()
+	var missing []string
+	for _, o := range w.hist.active[x.res] {
+		if o != x && o.kind == "permit" && o.lease == 0 && o.start.Before(call) && (!o.ended || o.end.After(ret)) && !o.told && !o.lost() && o.expect == "" && o.node >= 0 && !listed[o.owner] {
+			missing = append(missing, fmt.Sprintf("#%d %s", o.id, o.owner))
+		}
+	}
+	w.hist.mu.Unlock()
+	if len(missing) > 0 {
+		w.suspect(call, ret, []int{x.node}, x.res, "Holders of %q at %s leaves out permits held through the call: %s", x.res, w.hist.since(call), strings.Join(missing, ", "))
+	}
 	if closed(p.Lost()) {
 		return
 	}
