@@ -711,12 +711,14 @@ func (w *world) fairLaneOp(ctx context.Context, n *node, rng *rand.Rand, id stri
 		return
 	}
 	lse := leaseOf{fixed: fixed, from: wt.call, upto: wt.ret, watchdog: w.cfg.Lease}
+	w.infoHeld(ctx, m, xs[0])
 	w.holdLane(ctx, rng, xs, l, &lse, w.laneHold(rng), nil)
 	if plan.abandon {
 		w.abandonLane(xs, l, lse)
 		return
 	}
 	w.releaseLane(n, xs, l, true)
+	w.infoReleased(ctx, m, xs[0])
 }
 
 func (w *world) rwLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
