@@ -508,6 +508,11 @@ func (w *world) rwInfoHeld(ctx context.Context, rw *mutex.RWMutex, x *hold, lse 
 	if x.id%4 != 1 {
 		return
 	}
+	w.rwInfo(ctx, rw, x, lse)
+}
+
+// rwInfo is rwInfoHeld's check, on every call.
+func (w *world) rwInfo(ctx context.Context, rw *mutex.RWMutex, x *hold, lse leaseOf) {
 	w.count("lane.rwinfo")
 	ictx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
 	defer cancel()

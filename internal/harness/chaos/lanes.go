@@ -65,6 +65,10 @@ const (
 	// lqs: a plain semaphore of capacity 1 and few contenders (one
 	// goroutine a node, resting between holds), the semaphore's le.
 	laneQuietSem = "lqs"
+	// lrl: an RWMutex of few contenders (one goroutine a node) whose
+	// holds, on the watchdog's lease, outlast two renewals: what Redis
+	// keeps of a hold after its renewals (rwLongOp).
+	laneRWLong = "lrl"
 )
 
 // laneCapacity is the capacity of a lane's semaphore.
@@ -202,6 +206,7 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		{laneQuiet, 1, w.quietLaneOp, 300 * time.Millisecond},
 		{lanePass, 2, w.passLight, 0},
 		{laneQuietSem, 1, w.quietSemOp, 300 * time.Millisecond},
+		{laneRWLong, 1, w.rwLongOp, 300 * time.Millisecond},
 	}
 	for _, n := range w.nodes {
 		for _, l := range lanes {
@@ -760,6 +765,35 @@ func (w *world) rwLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string
 		w.abandonLane(xs, l, lse)
 		return
 	}
+	w.releaseLane(n, xs, l, true)
+}
+
+// rwLongOp takes the lane lrl's RWMutex, for writing half of the time,
+// on the watchdog's lease, holds it for 0.7 to 1.2 leases (past two of
+// the watchdog's renewals, a third of a lease apart) and checks Info
+// before releasing: the renewals keep the hold as it was granted (its
+// owner, token and readers), with a lease left of at most a lease. The
+// lane's few holders keep the other lanes' pace.
+func (w *world) rwLongOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	rw, err := n.locks.NewRWMutex(laneRWLong, mutex.WithOwner(id))
+	if err != nil {
+		w.hist.violation("NewRWMutex: %v", err)
+		return
+	}
+	write := rng.IntN(2) == 0
+	prim, kind := "read", "read"
+	if write {
+		prim, kind = "write", "write"
+	}
+	wt := &laneWait{prim: prim, res: laneRWLong, owner: id, node: n.i, weight: 1}
+	l := rwLock(rw, write)
+	xs := w.lockLane(ctx, n, rng, wt, l, kind, "long lane", func() []int64 { return []int64{rw.Token()} })
+	if xs == nil {
+		return
+	}
+	lse := leaseOf{from: wt.call, upto: wt.ret, watchdog: w.cfg.Lease}
+	w.holdLane(ctx, rng, xs, l, &lse, time.Duration((0.7+0.5*rng.Float64())*float64(w.cfg.Lease)), nil)
+	w.rwInfo(ctx, rw, xs[0], lse)
 	w.releaseLane(n, xs, l, true)
 }
 
