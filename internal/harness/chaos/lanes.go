@@ -190,12 +190,13 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		defer pl.client.Close()
 		pl.run(pollCtx)
 	})
-	lanes := []struct {
+	type lane struct {
 		tag  string
 		per  int
 		op   func(context.Context, *node, *rand.Rand, string)
 		wait time.Duration // pause between operations, at most
-	}{
+	}
+	lanes := []lane{
 		{laneMutex, 2, w.mutexLaneOp, 20 * time.Millisecond},
 		{laneFair, 3, w.fairLaneOp, 20 * time.Millisecond},
 		{laneRW, 4, w.rwLaneOp, 20 * time.Millisecond},
@@ -206,25 +207,26 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		{laneQuiet, 1, w.quietLaneOp, 300 * time.Millisecond},
 		{lanePass, 2, w.passLight, 0},
 		{laneQuietSem, 1, w.quietSemOp, 300 * time.Millisecond},
-		{laneRWLong, 1, w.rwLongOp, 300 * time.Millisecond},
+	}
+	run := func(n *node, l lane, j int, seed uint64) {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(seed, uint64(n.i)))
+			// A ramp, not a herd: a few dozen goroutines
+			// starting at once, each opening connections, would
+			// slow the first calls of the whole workload.
+			sleep(ctx, time.Duration(r.Float64()*float64(w.cfg.Lease)/4))
+			seq := 0
+			for ctx.Err() == nil && !n.closed.Load() {
+				seq++
+				l.op(ctx, n, r, fmt.Sprintf("n%d%s%d.%d", n.i, l.tag, j, seq))
+				sleep(ctx, time.Duration(r.Float64()*float64(l.wait)))
+			}
+		})
 	}
 	for _, n := range w.nodes {
 		for _, l := range lanes {
 			for j := range l.per {
-				seed := rng.Uint64()
-				wg.Go(func() {
-					r := rand.New(rand.NewPCG(seed, uint64(n.i)))
-					// A ramp, not a herd: a few dozen goroutines
-					// starting at once, each opening connections, would
-					// slow the first calls of the whole workload.
-					sleep(ctx, time.Duration(r.Float64()*float64(w.cfg.Lease)/4))
-					seq := 0
-					for ctx.Err() == nil && !n.closed.Load() {
-						seq++
-						l.op(ctx, n, r, fmt.Sprintf("n%d%s%d.%d", n.i, l.tag, j, seq))
-						sleep(ctx, time.Duration(r.Float64()*float64(l.wait)))
-					}
-				})
+				run(n, l, j, rng.Uint64())
 			}
 		}
 		seed := rng.Uint64()
@@ -239,6 +241,21 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	wg.Go(func() { w.aclLane(ctx, rand.New(rand.NewPCG(aclSeed, 0xac1))) })
 	passSeed := rng.Uint64()
 	wg.Go(func() { w.passHeavy(ctx, rand.New(rand.NewPCG(passSeed, 0x16))) })
+	forceSeed := rng.Uint64()
+	wg.Go(func() { w.forcer(ctx, rand.New(rand.NewPCG(forceSeed, 0xf0))) })
+	// Lanes added later draw their seeds last, so that the others'
+	// streams stay those of a seed before them.
+	later := []lane{
+		{laneRWLong, 1, w.rwLongOp, 300 * time.Millisecond},
+		{"lfo", 2, w.forcedLaneOp, 20 * time.Millisecond},
+	}
+	for _, n := range w.nodes {
+		for _, l := range later {
+			for j := range l.per {
+				run(n, l, j, rng.Uint64())
+			}
+		}
+	}
 	return nil
 }
 
@@ -795,6 +812,76 @@ func (w *world) rwLongOp(ctx context.Context, n *node, rng *rand.Rand, id string
 	w.holdLane(ctx, rng, xs, l, &lse, time.Duration((0.7+0.5*rng.Float64())*float64(w.cfg.Lease)), nil)
 	w.rwInfo(ctx, rw, xs[0], lse)
 	w.releaseLane(n, xs, l, true)
+}
+
+// The forced lanes: an RWMutex (rwf) and a Mutex (mf) whose holders an
+// operator's ForceUnlock removes now and then (forcer), as the operator
+// faults do to the shared names, which see few holds: "the holders learn
+// of it at their next renewal (or release) and are told through Lost".
+// The history owes every hold in progress at a ForceUnlock a loss by its
+// end: an Unlock that returns nil for a hold the operator removed is a
+// violation, and so is a hold not told within the watchdog's reach.
+var forcedLanes = []string{"rwf", "mf"}
+
+// forcedLaneOp takes one of the forced lanes (rwf for reading or writing,
+// or mf) on the watchdog's lease, holds it for 20 to 200 ms and releases
+// it.
+func (w *world) forcedLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	res := forcedLanes[rng.IntN(len(forcedLanes))]
+	var l laneLock
+	var prim, kind string
+	var token func() int64
+	if res == "mf" {
+		m, err := n.locks.NewMutex(res, mutex.WithOwner(id))
+		if err != nil {
+			w.hist.violation("NewMutex: %v", err)
+			return
+		}
+		l, prim, kind, token = mutexLock(m), "mutex", "mutex", m.Token
+	} else {
+		rw, err := n.locks.NewRWMutex(res, mutex.WithOwner(id))
+		if err != nil {
+			w.hist.violation("NewRWMutex: %v", err)
+			return
+		}
+		write := rng.IntN(2) == 0
+		prim, kind = "read", "read"
+		if write {
+			prim, kind = "write", "write"
+		}
+		l, token = rwLock(rw, write), rw.Token
+	}
+	wt := &laneWait{prim: prim, res: res, owner: id, node: n.i, weight: 1}
+	xs := w.lockLane(ctx, n, rng, wt, l, kind, "forced lane", func() []int64 { return []int64{token()} })
+	if xs == nil {
+		return
+	}
+	sleep(ctx, time.Duration((0.02+0.18*rng.Float64())*float64(time.Second)))
+	w.releaseLane(n, xs, l, false)
+}
+
+// forcer force-unlocks a forced lane every tenth to third of a lease, as
+// an operator would, through the admin node.
+func (w *world) forcer(ctx context.Context, rng *rand.Rand) {
+	for ctx.Err() == nil {
+		sleep(ctx, time.Duration((0.1+0.23*rng.Float64())*float64(w.cfg.Lease)))
+		if ctx.Err() != nil {
+			return
+		}
+		res := forcedLanes[rng.IntN(len(forcedLanes))]
+		from := time.Now()
+		done := w.hist.operator(res, "ForceUnlock")
+		err := w.forceUnlock(ctx, res)
+		// In force, for the holds it may have hit, until a lease after
+		// it ended (as the schedule's operator faults are).
+		w.hist.fault(from, time.Now().Add(w.cfg.Lease), "forceunlock", res, -1)
+		if err != nil {
+			w.expected("ForceUnlock of "+res, from, err, mutexErrs...)
+			continue
+		}
+		done()
+		w.count("lane.force")
+	}
 }
 
 // downgrade takes a read hold while rw holds the write lock, releases the
