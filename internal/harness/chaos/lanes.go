@@ -39,6 +39,9 @@ import (
 //   - lt: one owner id on two nodes, a takeover (owner.go);
 //   - lps, lfs: a plain and a fair semaphore of capacity 3, weights 1 to 3,
 //     permits of fixed-lease Managers left to expire, Holders;
+//   - lrl: RWMutex holds past two of the watchdog's renewals, Info after
+//     them; rwf, mf: an RWMutex and a Mutex that an operator force-unlocks
+//     among their holders (forcer);
 //   - mortals: a client of its own that crashes (its connections closed at
 //     once, nothing it sends reaches Redis after) while it holds or waits in
 //     a lane, leaving its lease, queue entry or writer's mark to run out;
