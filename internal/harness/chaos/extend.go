@@ -430,8 +430,9 @@ func (w *world) checkSuspects() {
 // one may run out before its holder's timer says so) granted before the
 // call, not released nor told of a loss by the check, by a holder that did
 // not crash. A fault of the node or the server, or an operator's on the
-// semaphore, excuses (suspect).
-func (w *world) semInfoHeld(ctx context.Context, s *semaphore.Semaphore, x *hold) {
+// semaphore, excuses (suspect). And through mgr, a Semaphore of another
+// capacity must be refused with ErrCapacityMismatch while x is held.
+func (w *world) semInfoHeld(ctx context.Context, mgr *semaphore.Manager, s *semaphore.Semaphore, x *hold) {
 	if x.id%4 != 2 {
 		return
 	}
@@ -449,6 +450,21 @@ func (w *world) semInfoHeld(ctx context.Context, s *semaphore.Semaphore, x *hold
 	if err != nil {
 		w.expected("Semaphore.Available", mid, err)
 		return
+	}
+	// A Semaphore made with another capacity, while this permit is held
+	// and no SetCapacity was made: ErrCapacityMismatch (package doc,
+	// "Capacity"), never a grant nor a plain refusal.
+	other, err := mgr.NewSemaphore(x.res, laneCapacity(x.res)+1)
+	if err != nil {
+		w.hist.violation("NewSemaphore: %v", err)
+		return
+	}
+	mcall := time.Now()
+	op, merr := other.TryAcquire(ictx, 1)
+	if merr == nil {
+		rctx, rcancel := w.releaseCtx()
+		_ = op.Release(rctx)
+		rcancel()
 	}
 	ret := time.Now()
 	c := laneCapacity(x.res)
@@ -491,6 +507,9 @@ func (w *world) semInfoHeld(ctx context.Context, s *semaphore.Semaphore, x *hold
 	}
 	if avail > c-weight {
 		wrong = append(wrong, fmt.Sprintf("Available %d, but %d of %d were held through the call", avail, weight, c))
+	}
+	if ownLive && (merr == nil || !errors.Is(merr, semaphore.ErrCapacityMismatch) && !errors.Is(merr, context.DeadlineExceeded)) {
+		wrong = append(wrong, fmt.Sprintf("a TryAcquire at %s through a Semaphore of capacity %d returned %v, want ErrCapacityMismatch", w.hist.since(mcall), laneCapacity(x.res)+1, merr))
 	}
 	if len(wrong) > 0 {
 		w.suspect(call, ret, []int{x.node}, x.res, "Info and Available of %q at %s, permit #%d of weight %d held: %s", x.res, w.hist.since(call), x.id, x.weight, strings.Join(wrong, "; "))

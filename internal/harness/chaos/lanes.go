@@ -780,6 +780,9 @@ func (w *world) rwLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string
 		w.downgrade(ctx, n, rng, rw, xs[0], lse)
 		return
 	}
+	if write && rng.IntN(4) == 0 {
+		w.nestWrite(ctx, rw, xs[0], lse)
+	}
 	w.holdLane(ctx, rng, xs, l, &lse, d, nil)
 	if plan.abandon {
 		w.abandonLane(xs, l, lse)
@@ -885,6 +888,31 @@ func (w *world) forcer(ctx context.Context, rng *rand.Rand) {
 		done()
 		w.count("lane.force")
 	}
+}
+
+// nestWrite takes one more write hold of rw, which holds the write lock
+// (x), and undoes it: "both nest, and each Unlock or RUnlock undoes one".
+// The nested Lock must not wait (it holds the lock already); after the
+// Unlock of one hold, the lock is still rw's: Info says so (rwInfo), and
+// the exclusion rule sees any writer or reader let in meanwhile.
+func (w *world) nestWrite(ctx context.Context, rw *mutex.RWMutex, x *hold, lse leaseOf) {
+	w.count("lane.nestwrite")
+	nctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+	call := time.Now()
+	err := rw.Lock(nctx)
+	cancel()
+	if err != nil {
+		w.expected("nested RWMutex.Lock", call, err, mutexErrs...)
+		return
+	}
+	rctx, rcancel := w.releaseCtx()
+	err = rw.Unlock(rctx)
+	rcancel()
+	if err != nil {
+		w.expected("nested RWMutex.Unlock", call, err, mutexErrs...)
+		return
+	}
+	w.rwInfo(ctx, rw, x, lse)
 }
 
 // downgrade takes a read hold while rw holds the write lock, releases the
@@ -1030,7 +1058,7 @@ func (w *world) permitLane(ctx context.Context, n *node, rng *rand.Rand, id stri
 		lse.fixed = w.fixedSemLease()
 	}
 	w.holdersListed(ctx, s, p, x, id)
-	w.semInfoHeld(ctx, s, x)
+	w.semInfoHeld(ctx, mgr, s, x)
 	d := w.laneHold(rng)
 	if fair && weight == 1 {
 		// Light holds that overlap, so that a heavy head waits behind
