@@ -175,20 +175,19 @@ func (w *world) checkWaitDue(wt *laneWait, views []snap, rounds map[string]map[i
 	if !wt.cut.IsZero() && wt.cut.Before(end) {
 		end = wt.cut // a dead waiter is due nothing
 	}
-	var first, last snap
+	var run []snap
 	var state string
-	have := false
 	flush := func() {
-		if have {
-			w.judgeRun(wt, first, last, state, holds)
+		if len(run) > 0 {
+			w.judgeRun(wt, run, state, holds)
 		}
-		have = false
+		run = nil
 	}
 	for _, s := range between(views, wt.call, end) {
 		if s.ret.After(end) {
 			break
 		}
-		if have && s.call.Sub(last.ret) > pollGap {
+		if len(run) > 0 && s.call.Sub(run[len(run)-1].ret) > pollGap {
 			flush()
 		}
 		var others map[string]snap
@@ -205,20 +204,30 @@ func (w *world) checkWaitDue(wt *laneWait, views []snap, rounds map[string]map[i
 			flush()
 			continue
 		}
-		if !have {
-			first, state, have = s, st, true
+		if len(run) == 0 {
+			state = st
 		}
-		last = s
+		run = append(run, s)
 	}
 	flush()
 }
 
-// judgeRun decides a run of views from first to last in which wt was due.
-// A run that a release of the workload began (its hold ended cleanly just
-// before the first view) is held to the wake-up's bound, a quarter lease,
-// whatever the primitive: a release wakes its waiters, and only what
-// frees a resource without a release waits for a poll.
-func (w *world) judgeRun(wt *laneWait, first, last snap, state string, holds []*hold) {
+// judgeRun decides a run of views (consecutive, in order) in which wt was
+// due. A run that a release of the workload began (its hold ended cleanly
+// just before the first view) is held to the wake-up's bound, a quarter
+// lease, whatever the primitive: a release wakes its waiters, and only
+// what frees a resource without a release waits for a poll.
+//
+// A hold in progress excuses the time it spans only if no view of the run
+// saw it (a view called after its grant returned and returning before its
+// release was called): such a hold, granted and released between two
+// views, may have kept the waiter out unseen. One that a view saw was
+// counted in that view, which still showed the waiter due: a semaphore's
+// permits that leave room for the waiter do not keep it out (a fair
+// waiter whose weight fits exactly, left waiting, was excused by the
+// other holders' permits, seen or not).
+func (w *world) judgeRun(wt *laneWait, run []snap, state string, holds []*hold) {
+	first, last := run[0], run[len(run)-1]
 	bound := w.dueBound(wt.prim)
 	if w.releasedJustBefore(wt, holds, first) {
 		bound = w.cfg.Lease / 4
@@ -231,7 +240,7 @@ func (w *world) judgeRun(wt *laneWait, first, last snap, state string, holds []*
 	type span struct{ from, to time.Time }
 	var busy []span
 	for _, o := range holds {
-		if o.start.Before(to) && o.end.After(from) {
+		if o.start.Before(to) && o.end.After(from) && !seenBy(run, o) {
 			busy = append(busy, span{maxTime(o.start, from), minTime(o.end, to)})
 		}
 	}
@@ -437,4 +446,12 @@ func (w *world) giveBacks(ctx context.Context, n *node, rng *rand.Rand) {
 				name, m.Owner(), w.hist.since(call), abandoned, tcall.Sub(call).Round(time.Millisecond), err)
 		}
 	}
+}
+
+// seenBy reports whether some view of run was taken while hold o was
+// certainly held in Redis: called after its grant returned, returned
+// before its release was called.
+func seenBy(run []snap, o *hold) bool {
+	i := searchSnaps(run, o.start)
+	return i < len(run) && !o.end.IsZero() && !run[i].ret.After(o.end)
 }

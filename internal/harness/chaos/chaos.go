@@ -173,6 +173,7 @@ type node struct {
 	sems        *semaphore.Manager
 	fairSems    *semaphore.Manager
 	limiters    []*ratelimit.Limiter
+	counters    *ratelimit.Limiter // AllowCounters of the exact worker: no deny cache, every answer Redis's
 	routes      httpRoutes
 	closed      atomic.Bool
 	once        sync.Once
@@ -367,6 +368,8 @@ func (w *world) newNode(t testing.TB, i int, proxied bool) *node {
 		n.limiters = append(n.limiters, l)
 		w.lim.limits[algoName(spec.algo)] = spec
 	}
+	n.counters, err = ratelimit.New(n.sc, ratelimit.Options{Prefix: "sluice:rl:ctr:", DisableDenyCache: true})
+	must(err)
 	w.newRoutes(t, n)
 	w.newLaneNode(t, n)
 	if i >= 0 {

@@ -206,6 +206,10 @@ func (w *world) envoyRequest(ctx context.Context, n *node, org, user string, hit
 		mustDeny = mustDeny || counts.lo[c]+hits > limits[i]
 		mustAllow = mustAllow && counts.hi[c]+hits <= limits[i]
 	}
+	if wrong := envoyFiguresWrong(resp, allowed, counters, limits, hits, counts, call, ret); wrong != "" {
+		w.hist.violation("%s: %s", where, wrong)
+		return false
+	}
 	switch {
 	case allowed && mustDeny:
 		w.hist.violation("%s: allowed, though %s had certainly counted %d of %d and user %d of %d", where,
@@ -226,4 +230,53 @@ func (w *world) envoyRequest(ctx context.Context, n *node, org, user string, hit
 		w.count("envoy.refused")
 	}
 	return true
+}
+
+// envoyFiguresWrong checks the figures of each descriptor's status against
+// the counts, both ways, and says what is wrong, or "": its limit as
+// configured; on an allowed request, LimitRemaining is the limit less the
+// count with the request (between what the counts certainly and at most
+// were, plus hits) and DurationUntilReset the time to the next midnight
+// UTC, where a day's window ends; on a refused one each counter reports
+// its state as it is, without the request (it is counted nowhere): at
+// least the limit less the most it may hold, no reset while nothing may
+// be counted, and one for a counter over its limit. A refusal may come
+// from the deny cache, which reports the other counter as the denial it
+// keeps found it (another user's requests may have counted in the
+// organisation since): counts only grow in a day, so its remaining is no
+// lower than now, but it may be higher and its reset missing.
+func envoyFiguresWrong(resp *rlspb.RateLimitResponse, allowed bool, counters []string, limits []int, hits int, counts *envoyCounts, call, ret time.Time) string {
+	midnight := ret.UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
+	const tol = 2 * time.Millisecond // rounded to ms, and TIME's ms
+	for i, st := range resp.GetStatuses() {
+		c, limit := counters[i], limits[i]
+		cl := st.GetCurrentLimit()
+		if cl.GetRequestsPerUnit() != uint32(limit) || cl.GetUnit() != rlspb.RateLimitResponse_RateLimit_DAY {
+			return fmt.Sprintf("the %s descriptor's CurrentLimit is %v, want %d a day", c, cl, limit)
+		}
+		rem := int(st.GetLimitRemaining())
+		reset := st.GetDurationUntilReset().AsDuration()
+		if allowed {
+			lo, hi := limit-counts.hi[c]-hits, limit-counts.lo[c]-hits
+			if rem < lo || rem > hi {
+				return fmt.Sprintf("allowed, its %s descriptor's LimitRemaining %d, want %d to %d (counted %d to %d of %d before)", c, rem, lo, hi, counts.lo[c], counts.hi[c], limit)
+			}
+			if rlo, rhi := midnight.Sub(ret)-tol, midnight.Sub(call)+tol; reset < rlo || reset > rhi {
+				return fmt.Sprintf("allowed, its %s descriptor's DurationUntilReset %v, want %v to %v (the day's end)", c, reset, rlo, rhi)
+			}
+			continue
+		}
+		if lo := max(limit-counts.hi[c], 0); rem < lo {
+			return fmt.Sprintf("refused, its %s descriptor's LimitRemaining %d, want at least %d: a refused request counts nowhere (counted %d to %d of %d)", c, rem, lo, counts.lo[c], counts.hi[c], limit)
+		}
+		switch {
+		case reset > midnight.Sub(call)+tol:
+			return fmt.Sprintf("refused, its %s descriptor's DurationUntilReset %v, past the day's end %v", c, reset, midnight.Sub(call))
+		case counts.hi[c] == 0 && reset != 0:
+			return fmt.Sprintf("refused, its %s descriptor, with nothing counted, has DurationUntilReset %v, want none", c, reset)
+		case st.GetCode() == rlspb.RateLimitResponse_OVER_LIMIT && counts.lo[c] > 0 && reset == 0:
+			return fmt.Sprintf("refused, its %s descriptor, over its limit with %d counted, has no DurationUntilReset", c, counts.lo[c])
+		}
+	}
+	return ""
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -385,6 +386,9 @@ type exactKey struct {
 	models []*algoModel
 	what   string   // for reports
 	log    []string // the last answers, for reports
+	// counters: the key is a group of AllowCounters, one counter per
+	// model, on a Limiter without a deny cache; nil otherwise.
+	counters []ratelimit.Counter
 }
 
 // note keeps a line of k's story for reports.
@@ -454,6 +458,12 @@ func (w *world) judge(k *exactKey, call, ret time.Time, n int, allowed bool, res
 				wrong = m.fieldsWrong(vs[i], got, n)
 			case got.allowed:
 				wrong = m.roomWrong(vs[i], b, n, got)
+				if wrong == "" && k.counters != nil {
+					// No deny cache: a counter with room in a denial
+					// reports its state without the request, exactly
+					// (a peek's answer), not what it would have had.
+					wrong = m.fieldsWrong(m.judge(a, b, 0), got, 0)
+				}
 			default:
 				if vs[i].mustAllow {
 					wrong = "reported without room where the model has some"
@@ -552,7 +562,10 @@ func pause(rng *rand.Rand, period time.Duration) time.Duration {
 // Policies set: AllowN of every cost from 0 (a peek) to the capacity,
 // Wait and WaitPolicies, Reset; each answer is judged by the model. A key
 // whose state a failed call left unknown is given up for a fresh one.
-func (w *world) exactWorker(ctx context.Context, n *node, g int, rng *rand.Rand) {
+//
+// With counters, every key is instead a group of AllowCounters (no Reset,
+// no Wait: Allow alone), one counter of each algorithm.
+func (w *world) exactWorker(ctx context.Context, n *node, g int, rng *rand.Rand, counters bool) {
 	specs, ps := exactPolicies(w.cfg.Lease)
 	period := w.cfg.Lease / 2
 	seq := 0
@@ -561,14 +574,25 @@ func (w *world) exactWorker(ctx context.Context, n *node, g int, rng *rand.Rand)
 		key := fmt.Sprintf("x.%d.%d.%d", n.i, g, seq)
 		k := &exactKey{key: key, born: time.Now()}
 		var l *ratelimit.Limiter
-		policies := rng.IntN(4) == 0
-		if policies {
+		policies := !counters && rng.IntN(4) == 0
+		switch {
+		case counters:
+			// AllowCounters: the policies' limits, each counter under a
+			// key of its own, on a Limiter that sends every call to
+			// Redis, so that every figure is the script's own.
+			l = n.counters
+			k.what = "counters"
+			for i, s := range specs {
+				k.models = append(k.models, newModel(s))
+				k.counters = append(k.counters, ratelimit.Counter{Key: "c" + strconv.Itoa(i), Policy: ratelimit.Policy{Algorithm: s.algo, Limit: s.limit}})
+			}
+		case policies:
 			l = n.limiters[0] // its prefix holds the set's state
 			k.what = "policies"
 			for _, s := range specs {
 				k.models = append(k.models, newModel(s))
 			}
-		} else {
+		default:
 			l = n.limiters[rng.IntN(len(n.limiters))]
 			spec := limiterSpec{l.Algorithm(), l.Limit()}
 			k.what = algoName(spec.algo)
@@ -594,6 +618,8 @@ func (w *world) exactWorker(ctx context.Context, n *node, g int, rng *rand.Rand)
 				cost = 1 + rng.IntN(capacity)
 			}
 			switch r := rng.IntN(20); {
+			case k.counters != nil:
+				// No Reset and no Wait for counters: Allow alone.
 			case r == 0 || denied && r < 7:
 				w.exactReset(k, l, ps, policies)
 				cost = 1 // at once, where a stale local denial would answer
@@ -604,7 +630,7 @@ func (w *world) exactWorker(ctx context.Context, n *node, g int, rng *rand.Rand)
 			denied = !w.exactAllow(k, l, ps, policies, cost)
 			sleep(ctx, pause(rng, period))
 		}
-		if policies {
+		if policies && k.counters == nil {
 			_ = l.Reset(context.Background(), key, ps) // best effort: the keys expire anyway
 		}
 	}
@@ -619,25 +645,39 @@ func (w *world) exactAllow(k *exactKey, l *ratelimit.Limiter, ps *ratelimit.Poli
 	var results []ratelimit.Result
 	var allowed bool
 	var err error
-	if policies {
+	op := map[bool]string{true: "AllowPolicies", false: "AllowN"}[policies]
+	switch {
+	case k.counters != nil:
+		op = "AllowCounters"
+		cs := slices.Clone(k.counters)
+		for i := range cs {
+			cs[i].Cost, cs[i].Peek = cost, cost == 0
+		}
+		var d ratelimit.Decision
+		d, err = l.AllowCounters(actx, k.key, cs)
+		results, allowed = d.Results, d.Allowed
+		if err == nil {
+			w.checkDecisionRetry(k, d)
+		}
+	case policies:
 		var d ratelimit.Decision
 		d, err = l.AllowPolicies(actx, k.key, cost, ps)
 		results, allowed = d.Results, d.Allowed
 		if err == nil {
 			w.checkDecisionRetry(k, d)
 		}
-	} else {
+	default:
 		var res ratelimit.Result
 		res, err = l.AllowN(actx, k.key, cost)
 		results, allowed = []ratelimit.Result{res}, res.Allowed
 	}
 	ret := time.Now()
 	if err != nil {
-		w.expected("exact AllowN", call, err)
+		w.expected("exact "+op, call, err)
 		k.forget() // the script may have run
 		return false
 	}
-	w.judge(k, call, ret, cost, allowed, results, map[bool]string{true: "AllowPolicies", false: "AllowN"}[policies])
+	w.judge(k, call, ret, cost, allowed, results, op)
 	return allowed
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sluicekit/sluice/mutex"
@@ -269,6 +270,33 @@ func (w *world) holdersListed(ctx context.Context, s *semaphore.Semaphore, p *se
 		w.expected("Semaphore.Holders", call, err)
 		return
 	}
+	ret := time.Now()
+	// Both ways: no more than the capacity listed, each with a lease
+	// left of at most the longest a lane's Manager sets; and every permit
+	// known live through the call listed (see semInfoHeld).
+	var total int64
+	listed := map[string]bool{}
+	for _, hd := range hs {
+		total += hd.Weight
+		listed[hd.ID] = true
+		if hd.Remaining <= 0 || hd.Remaining > w.cfg.Lease+time.Millisecond || hd.Weight < 1 {
+			w.suspect(call, ret, []int{x.node}, x.res, "Holders of %q at %s lists %+v: a weight under 1, or a lease left outside (0, %v]", x.res, w.hist.since(call), hd, w.cfg.Lease)
+		}
+	}
+	if c := laneCapacity(x.res); total > c {
+		w.suspect(call, ret, []int{x.node}, x.res, "Holders of %q at %s lists a weight of %d, over the capacity %d: %+v", x.res, w.hist.since(call), total, c, hs)
+	}
+	w.hist.mu.Lock()
+	var missing []string
+	for _, o := range w.hist.active[x.res] {
+		if o != x && o.kind == "permit" && o.lease == 0 && o.start.Before(call) && (!o.ended || o.end.After(ret)) && !o.told && !o.lost() && o.expect == "" && o.node >= 0 && !listed[o.owner] {
+			missing = append(missing, fmt.Sprintf("#%d %s", o.id, o.owner))
+		}
+	}
+	w.hist.mu.Unlock()
+	if len(missing) > 0 {
+		w.suspect(call, ret, []int{x.node}, x.res, "Holders of %q at %s leaves out permits held through the call: %s", x.res, w.hist.since(call), strings.Join(missing, ", "))
+	}
 	if closed(p.Lost()) {
 		return
 	}
@@ -390,5 +418,160 @@ func (w *world) checkSuspects() {
 		if !excused {
 			h.viol = append(h.viol, s.msg)
 		}
+	}
+}
+
+// semInfoHeld checks, now and then (one hold in four, others than
+// holdersListed's), what Info and Available say of a lane's semaphore
+// while x, a permit of weight x.weight, is held: both ways, against the
+// capacity (nothing counts more than it; the lanes never set one) and
+// against the holds known live through the call (their weight and number
+// are counted, no less). Known live: a permit of a watchdog lease (a fixed
+// one may run out before its holder's timer says so) granted before the
+// call, not released nor told of a loss by the check, by a holder that did
+// not crash. A fault of the node or the server, or an operator's on the
+// semaphore, excuses (suspect). And through mgr, a Semaphore of another
+// capacity must be refused with ErrCapacityMismatch while x is held.
+func (w *world) semInfoHeld(ctx context.Context, mgr *semaphore.Manager, s *semaphore.Semaphore, x *hold) {
+	if x.id%4 != 2 {
+		return
+	}
+	w.count("lane.seminfo")
+	ictx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+	defer cancel()
+	call := time.Now()
+	in, err := s.Info(ictx)
+	if err != nil {
+		w.expected("Semaphore.Info", call, err)
+		return
+	}
+	mid := time.Now()
+	avail, err := s.Available(ictx)
+	if err != nil {
+		w.expected("Semaphore.Available", mid, err)
+		return
+	}
+	// A Semaphore made with another capacity, while this permit is held
+	// and no SetCapacity was made: ErrCapacityMismatch (package doc,
+	// "Capacity"), never a grant nor a plain refusal.
+	other, err := mgr.NewSemaphore(x.res, laneCapacity(x.res)+1)
+	if err != nil {
+		w.hist.violation("NewSemaphore: %v", err)
+		return
+	}
+	mcall := time.Now()
+	op, merr := other.TryAcquire(ictx, 1)
+	if merr == nil {
+		rctx, rcancel := w.releaseCtx()
+		_ = op.Release(rctx)
+		rcancel()
+	}
+	ret := time.Now()
+	c := laneCapacity(x.res)
+	var wrong []string
+	if in.Capacity != c || in.CapacitySet {
+		wrong = append(wrong, fmt.Sprintf("Capacity %d (set %v), want %d as made (no SetCapacity)", in.Capacity, in.CapacitySet, c))
+	}
+	if in.Used > in.Capacity || in.Used < in.Holders || in.Available != max(in.Capacity-in.Used, 0) || in.Expired < 0 {
+		wrong = append(wrong, fmt.Sprintf("Info %+v: Used over Capacity, under Holders, or Available not Capacity - Used", in))
+	}
+	if x.res == lanePSem && in.Queued != 0 {
+		wrong = append(wrong, fmt.Sprintf("Queued %d on a semaphore nobody waits on fairly", in.Queued))
+	}
+	if avail < 0 || avail > c-x.weight {
+		wrong = append(wrong, fmt.Sprintf("Available %d while this permit holds %d of %d", avail, x.weight, c))
+	}
+	// The holds known live through both calls.
+	h := w.hist
+	h.mu.Lock()
+	var weight, holders int64
+	live := func(o *hold) bool {
+		return o.start.Before(call) && (!o.ended || o.end.After(ret)) && !o.told && !o.lost() && o.expect == "" && o.node >= 0
+	}
+	ownLive := live(x) && (x.lease == 0 || ret.Before(x.start.Add(x.lease/2)))
+	for _, o := range h.active[x.res] {
+		if o == x && ownLive || o != x && o.kind == "permit" && o.lease == 0 && live(o) {
+			weight += o.weight
+			holders++
+		}
+	}
+	h.mu.Unlock()
+	if !ownLive {
+		wrong = nil // the permit may be gone: only the capacity's side holds
+		if in.Capacity != c || in.Used > in.Capacity {
+			wrong = append(wrong, fmt.Sprintf("Info %+v over its capacity %d", in, c))
+		}
+	}
+	if in.Used < weight || in.Holders < holders {
+		wrong = append(wrong, fmt.Sprintf("Info counts %d permits of weight %d, but %d of weight %d were held through the call", in.Holders, in.Used, holders, weight))
+	}
+	if avail > c-weight {
+		wrong = append(wrong, fmt.Sprintf("Available %d, but %d of %d were held through the call", avail, weight, c))
+	}
+	if ownLive && (merr == nil || !errors.Is(merr, semaphore.ErrCapacityMismatch) && !errors.Is(merr, context.DeadlineExceeded)) {
+		wrong = append(wrong, fmt.Sprintf("a TryAcquire at %s through a Semaphore of capacity %d returned %v, want ErrCapacityMismatch", w.hist.since(mcall), laneCapacity(x.res)+1, merr))
+	}
+	if len(wrong) > 0 {
+		w.suspect(call, ret, []int{x.node}, x.res, "Info and Available of %q at %s, permit #%d of weight %d held: %s", x.res, w.hist.since(call), x.id, x.weight, strings.Join(wrong, "; "))
+	}
+}
+
+// rwInfoHeld checks, now and then (one hold in four), what RWMutex.Info
+// says while x, a write or read hold of rw, is held with no loss, both
+// ways: a writer sees itself as the writer (its owner id, one hold, its
+// token, a lease left of at most the lease it set) and no reader; a reader
+// sees no writer, no write lease left, and at least itself and the other
+// reads known live through the call among the readers. Faults excuse
+// (suspect).
+func (w *world) rwInfoHeld(ctx context.Context, rw *mutex.RWMutex, x *hold, lse leaseOf) {
+	if x.id%4 != 1 {
+		return
+	}
+	w.rwInfo(ctx, rw, x, lse)
+}
+
+// rwInfo is rwInfoHeld's check, on every call.
+func (w *world) rwInfo(ctx context.Context, rw *mutex.RWMutex, x *hold, lse leaseOf) {
+	w.count("lane.rwinfo")
+	ictx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+	defer cancel()
+	call := time.Now()
+	in, err := rw.Info(ictx)
+	ret := time.Now()
+	if err != nil {
+		w.expected("RWMutex.Info", call, err)
+		return
+	}
+	if closed(rw.Lost()) || w.owedOf(x) || lse.fixed > 0 && !ret.Before(lse.from.Add(lse.fixed/2)) {
+		return
+	}
+	lease := w.cfg.Lease
+	if lse.fixed > 0 {
+		lease = lse.fixed
+	}
+	var wrong []string
+	if in.WriterWaiting < 0 || in.WriterWaiting > 2*w.cfg.Lease {
+		wrong = append(wrong, fmt.Sprintf("a writer-waiting mark of %v", in.WriterWaiting))
+	}
+	if x.kind == "write" {
+		if in.Writer != x.owner || in.WriteHolds != 1 || in.Token != x.token || in.WriteRemain <= 0 || in.WriteRemain > lease+time.Millisecond || in.Readers != 0 {
+			wrong = append(wrong, fmt.Sprintf("writer %q, %d holds, token %d, %v left, %d readers; want %q, 1, %d, up to %v, none", in.Writer, in.WriteHolds, in.Token, in.WriteRemain, in.Readers, x.owner, x.token, lease))
+		}
+	} else {
+		h := w.hist
+		h.mu.Lock()
+		var readers int64
+		for _, o := range h.active[x.res] {
+			if o.kind == "read" && o.start.Before(call) && (!o.ended || o.end.After(ret)) && !o.told && !o.lost() && o.expect == "" && o.node >= 0 && (o.lease == 0 || ret.Before(o.start.Add(o.lease/2))) {
+				readers++
+			}
+		}
+		h.mu.Unlock()
+		if in.Writer != "" || in.WriteHolds != 0 || in.WriteRemain != 0 || in.Readers < max(readers, 1) {
+			wrong = append(wrong, fmt.Sprintf("writer %q (%d holds, %v left), %d readers; want none, and at least %d readers (held through the call)", in.Writer, in.WriteHolds, in.WriteRemain, in.Readers, max(readers, 1)))
+		}
+	}
+	if len(wrong) > 0 {
+		w.suspect(call, ret, []int{x.node}, x.res, "Info of %q at %s, %s hold #%d (owner %s) held with no loss: %s", x.res, w.hist.since(call), x.kind, x.id, x.owner, strings.Join(wrong, "; "))
 	}
 }

@@ -709,21 +709,24 @@ func (w *world) delKey(key string) {
 }
 
 // startLimits starts node n's limits workload: two workers of exact
-// sequences on the Limiters, three on the rate-limit routes, one on the
-// gRPC server and the Checker and one on the Envoy services (envoy.go), each with a stream drawn from the run's
+// sequences on the Limiters, one on AllowCounters, three on the rate-limit
+// routes, one on the gRPC server and the Checker and one on the Envoy
+// services (envoy.go), each with a stream drawn from the run's
 // seed and the node (the other goroutines' streams stay as they were).
 func (w *world) startLimits(ctx context.Context, wg *sync.WaitGroup, n *node) {
 	rng := rand.New(rand.NewPCG(w.cfg.Seed, 0x11a175+uint64(n.i)))
 	exact, r1, r2, g, r3, exact2, env := rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64()
 	// They start once every node has loaded its scripts and settled.
 	start := func(f func()) { wg.Go(func() { sleep(ctx, w.cfg.Lease/8); f() }) }
-	start(func() { w.exactWorker(ctx, n, 0, rand.New(rand.NewPCG(exact, 0xe8ac7))) })
+	start(func() { w.exactWorker(ctx, n, 0, rand.New(rand.NewPCG(exact, 0xe8ac7)), false) })
 	start(func() { w.routeWorker(ctx, n, rand.New(rand.NewPCG(r1, 0x70de))) })
 	start(func() { w.routeWorker(ctx, n, rand.New(rand.NewPCG(r2, 0x70df))) })
 	start(func() { w.routeWorker(ctx, n, rand.New(rand.NewPCG(r3, 0x70e0))) })
-	start(func() { w.exactWorker(ctx, n, 1, rand.New(rand.NewPCG(exact2, 0xe8ac8))) })
+	start(func() { w.exactWorker(ctx, n, 1, rand.New(rand.NewPCG(exact2, 0xe8ac8)), false) })
 	start(func() { w.grpcWorker(ctx, n, rand.New(rand.NewPCG(g, 0x6a9c))) })
 	start(func() { w.envoyWorker(ctx, n.i, rand.New(rand.NewPCG(env, 0xe4701))) })
+	ctr := rng.Uint64()
+	start(func() { w.exactWorker(ctx, n, 2, rand.New(rand.NewPCG(ctr, 0xe8ac9)), true) })
 }
 
 // localSpan is how long after an OnError a Local fallback may still

@@ -39,6 +39,9 @@ import (
 //   - lt: one owner id on two nodes, a takeover (owner.go);
 //   - lps, lfs: a plain and a fair semaphore of capacity 3, weights 1 to 3,
 //     permits of fixed-lease Managers left to expire, Holders;
+//   - lrl: RWMutex holds past two of the watchdog's renewals, Info after
+//     them; rwf, mf: an RWMutex and a Mutex that an operator force-unlocks
+//     among their holders (forcer);
 //   - mortals: a client of its own that crashes (its connections closed at
 //     once, nothing it sends reaches Redis after) while it holds or waits in
 //     a lane, leaving its lease, queue entry or writer's mark to run out;
@@ -65,6 +68,10 @@ const (
 	// lqs: a plain semaphore of capacity 1 and few contenders (one
 	// goroutine a node, resting between holds), the semaphore's le.
 	laneQuietSem = "lqs"
+	// lrl: an RWMutex of few contenders (one goroutine a node) whose
+	// holds, on the watchdog's lease, outlast two renewals: what Redis
+	// keeps of a hold after its renewals (rwLongOp).
+	laneRWLong = "lrl"
 )
 
 // laneCapacity is the capacity of a lane's semaphore.
@@ -186,12 +193,13 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		defer pl.client.Close()
 		pl.run(pollCtx)
 	})
-	lanes := []struct {
+	type lane struct {
 		tag  string
 		per  int
 		op   func(context.Context, *node, *rand.Rand, string)
 		wait time.Duration // pause between operations, at most
-	}{
+	}
+	lanes := []lane{
 		{laneMutex, 2, w.mutexLaneOp, 20 * time.Millisecond},
 		{laneFair, 3, w.fairLaneOp, 20 * time.Millisecond},
 		{laneRW, 4, w.rwLaneOp, 20 * time.Millisecond},
@@ -203,23 +211,25 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		{lanePass, 2, w.passLight, 0},
 		{laneQuietSem, 1, w.quietSemOp, 300 * time.Millisecond},
 	}
+	run := func(n *node, l lane, j int, seed uint64) {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(seed, uint64(n.i)))
+			// A ramp, not a herd: a few dozen goroutines
+			// starting at once, each opening connections, would
+			// slow the first calls of the whole workload.
+			sleep(ctx, time.Duration(r.Float64()*float64(w.cfg.Lease)/4))
+			seq := 0
+			for ctx.Err() == nil && !n.closed.Load() {
+				seq++
+				l.op(ctx, n, r, fmt.Sprintf("n%d%s%d.%d", n.i, l.tag, j, seq))
+				sleep(ctx, time.Duration(r.Float64()*float64(l.wait)))
+			}
+		})
+	}
 	for _, n := range w.nodes {
 		for _, l := range lanes {
 			for j := range l.per {
-				seed := rng.Uint64()
-				wg.Go(func() {
-					r := rand.New(rand.NewPCG(seed, uint64(n.i)))
-					// A ramp, not a herd: a few dozen goroutines
-					// starting at once, each opening connections, would
-					// slow the first calls of the whole workload.
-					sleep(ctx, time.Duration(r.Float64()*float64(w.cfg.Lease)/4))
-					seq := 0
-					for ctx.Err() == nil && !n.closed.Load() {
-						seq++
-						l.op(ctx, n, r, fmt.Sprintf("n%d%s%d.%d", n.i, l.tag, j, seq))
-						sleep(ctx, time.Duration(r.Float64()*float64(l.wait)))
-					}
-				})
+				run(n, l, j, rng.Uint64())
 			}
 		}
 		seed := rng.Uint64()
@@ -234,6 +244,21 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	wg.Go(func() { w.aclLane(ctx, rand.New(rand.NewPCG(aclSeed, 0xac1))) })
 	passSeed := rng.Uint64()
 	wg.Go(func() { w.passHeavy(ctx, rand.New(rand.NewPCG(passSeed, 0x16))) })
+	forceSeed := rng.Uint64()
+	wg.Go(func() { w.forcer(ctx, rand.New(rand.NewPCG(forceSeed, 0xf0))) })
+	// Lanes added later draw their seeds last, so that the others'
+	// streams stay those of a seed before them.
+	later := []lane{
+		{laneRWLong, 1, w.rwLongOp, 300 * time.Millisecond},
+		{"lfo", 2, w.forcedLaneOp, 20 * time.Millisecond},
+	}
+	for _, n := range w.nodes {
+		for _, l := range later {
+			for j := range l.per {
+				run(n, l, j, rng.Uint64())
+			}
+		}
+	}
 	return nil
 }
 
@@ -711,12 +736,14 @@ func (w *world) fairLaneOp(ctx context.Context, n *node, rng *rand.Rand, id stri
 		return
 	}
 	lse := leaseOf{fixed: fixed, from: wt.call, upto: wt.ret, watchdog: w.cfg.Lease}
+	w.infoHeld(ctx, m, xs[0])
 	w.holdLane(ctx, rng, xs, l, &lse, w.laneHold(rng), nil)
 	if plan.abandon {
 		w.abandonLane(xs, l, lse)
 		return
 	}
 	w.releaseLane(n, xs, l, true)
+	w.infoReleased(ctx, m, xs[0])
 }
 
 func (w *world) rwLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
@@ -739,6 +766,7 @@ func (w *world) rwLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string
 		return
 	}
 	lse := leaseOf{fixed: fixed, from: wt.call, upto: wt.ret, watchdog: w.cfg.Lease}
+	w.rwInfoHeld(ctx, rw, xs[0], lse)
 	d := w.laneHold(rng)
 	if !write {
 		// Readers stay a little longer, so that they overlap and a
@@ -752,12 +780,139 @@ func (w *world) rwLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string
 		w.downgrade(ctx, n, rng, rw, xs[0], lse)
 		return
 	}
+	if write && rng.IntN(4) == 0 {
+		w.nestWrite(ctx, rw, xs[0], lse)
+	}
 	w.holdLane(ctx, rng, xs, l, &lse, d, nil)
 	if plan.abandon {
 		w.abandonLane(xs, l, lse)
 		return
 	}
 	w.releaseLane(n, xs, l, true)
+}
+
+// rwLongOp takes the lane lrl's RWMutex, for writing half of the time,
+// on the watchdog's lease, holds it for 0.7 to 1.2 leases (past two of
+// the watchdog's renewals, a third of a lease apart) and checks Info
+// before releasing: the renewals keep the hold as it was granted (its
+// owner, token and readers), with a lease left of at most a lease. The
+// lane's few holders keep the other lanes' pace.
+func (w *world) rwLongOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	rw, err := n.locks.NewRWMutex(laneRWLong, mutex.WithOwner(id))
+	if err != nil {
+		w.hist.violation("NewRWMutex: %v", err)
+		return
+	}
+	write := rng.IntN(2) == 0
+	prim, kind := "read", "read"
+	if write {
+		prim, kind = "write", "write"
+	}
+	wt := &laneWait{prim: prim, res: laneRWLong, owner: id, node: n.i, weight: 1}
+	l := rwLock(rw, write)
+	xs := w.lockLane(ctx, n, rng, wt, l, kind, "long lane", func() []int64 { return []int64{rw.Token()} })
+	if xs == nil {
+		return
+	}
+	lse := leaseOf{from: wt.call, upto: wt.ret, watchdog: w.cfg.Lease}
+	w.holdLane(ctx, rng, xs, l, &lse, time.Duration((0.7+0.5*rng.Float64())*float64(w.cfg.Lease)), nil)
+	w.rwInfo(ctx, rw, xs[0], lse)
+	w.releaseLane(n, xs, l, true)
+}
+
+// The forced lanes: an RWMutex (rwf) and a Mutex (mf) whose holders an
+// operator's ForceUnlock removes now and then (forcer), as the operator
+// faults do to the shared names, which see few holds: "the holders learn
+// of it at their next renewal (or release) and are told through Lost".
+// The history owes every hold in progress at a ForceUnlock a loss by its
+// end: an Unlock that returns nil for a hold the operator removed is a
+// violation, and so is a hold not told within the watchdog's reach.
+var forcedLanes = []string{"rwf", "mf"}
+
+// forcedLaneOp takes one of the forced lanes (rwf for reading or writing,
+// or mf) on the watchdog's lease, holds it for 20 to 200 ms and releases
+// it.
+func (w *world) forcedLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	res := forcedLanes[rng.IntN(len(forcedLanes))]
+	var l laneLock
+	var prim, kind string
+	var token func() int64
+	if res == "mf" {
+		m, err := n.locks.NewMutex(res, mutex.WithOwner(id))
+		if err != nil {
+			w.hist.violation("NewMutex: %v", err)
+			return
+		}
+		l, prim, kind, token = mutexLock(m), "mutex", "mutex", m.Token
+	} else {
+		rw, err := n.locks.NewRWMutex(res, mutex.WithOwner(id))
+		if err != nil {
+			w.hist.violation("NewRWMutex: %v", err)
+			return
+		}
+		write := rng.IntN(2) == 0
+		prim, kind = "read", "read"
+		if write {
+			prim, kind = "write", "write"
+		}
+		l, token = rwLock(rw, write), rw.Token
+	}
+	wt := &laneWait{prim: prim, res: res, owner: id, node: n.i, weight: 1}
+	xs := w.lockLane(ctx, n, rng, wt, l, kind, "forced lane", func() []int64 { return []int64{token()} })
+	if xs == nil {
+		return
+	}
+	sleep(ctx, time.Duration((0.02+0.18*rng.Float64())*float64(time.Second)))
+	w.releaseLane(n, xs, l, false)
+}
+
+// forcer force-unlocks a forced lane every tenth to third of a lease, as
+// an operator would, through the admin node.
+func (w *world) forcer(ctx context.Context, rng *rand.Rand) {
+	for ctx.Err() == nil {
+		sleep(ctx, time.Duration((0.1+0.23*rng.Float64())*float64(w.cfg.Lease)))
+		if ctx.Err() != nil {
+			return
+		}
+		res := forcedLanes[rng.IntN(len(forcedLanes))]
+		from := time.Now()
+		done := w.hist.operator(res, "ForceUnlock")
+		err := w.forceUnlock(ctx, res)
+		// In force, for the holds it may have hit, until a lease after
+		// it ended (as the schedule's operator faults are).
+		w.hist.fault(from, time.Now().Add(w.cfg.Lease), "forceunlock", res, -1)
+		if err != nil {
+			w.expected("ForceUnlock of "+res, from, err, mutexErrs...)
+			continue
+		}
+		done()
+		w.count("lane.force")
+	}
+}
+
+// nestWrite takes one more write hold of rw, which holds the write lock
+// (x), and undoes it: "both nest, and each Unlock or RUnlock undoes one".
+// The nested Lock must not wait (it holds the lock already); after the
+// Unlock of one hold, the lock is still rw's: Info says so (rwInfo), and
+// the exclusion rule sees any writer or reader let in meanwhile.
+func (w *world) nestWrite(ctx context.Context, rw *mutex.RWMutex, x *hold, lse leaseOf) {
+	w.count("lane.nestwrite")
+	nctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+	call := time.Now()
+	err := rw.Lock(nctx)
+	cancel()
+	if err != nil {
+		w.expected("nested RWMutex.Lock", call, err, mutexErrs...)
+		return
+	}
+	rctx, rcancel := w.releaseCtx()
+	err = rw.Unlock(rctx)
+	rcancel()
+	if err != nil {
+		w.expected("nested RWMutex.Unlock", call, err, mutexErrs...)
+		return
+	}
+	w.rwInfo(ctx, rw, x, lse)
 }
 
 // downgrade takes a read hold while rw holds the write lock, releases the
@@ -903,6 +1058,7 @@ func (w *world) permitLane(ctx context.Context, n *node, rng *rand.Rand, id stri
 		lse.fixed = w.fixedSemLease()
 	}
 	w.holdersListed(ctx, s, p, x, id)
+	w.semInfoHeld(ctx, mgr, s, x)
 	d := w.laneHold(rng)
 	if fair && weight == 1 {
 		// Light holds that overlap, so that a heavy head waits behind
