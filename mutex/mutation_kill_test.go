@@ -896,11 +896,11 @@ func TestScriptRWRLockAfterOwnWriteHoldExpired(t *testing.T) {
 // and arguments package mutex sends, through scriptcache (so the mutation
 // runner selects the tests that use it), on a lock of its own.
 type rwScriptRig struct {
-	t                            *testing.T
-	ctx                          context.Context
-	lock, rlock, unlock, abandon *scriptcache.Script
-	lockKeys, unlockKeys         []string
-	rlockKeys, abandonKeys       []string
+	t                                   *testing.T
+	ctx                                 context.Context
+	lock, rlock, unlock, abandon, force *scriptcache.Script
+	lockKeys, unlockKeys, forceKeys     []string
+	rlockKeys, abandonKeys              []string
 }
 
 func newRWScriptRig(t *testing.T, name string) *rwScriptRig {
@@ -915,9 +915,11 @@ func newRWScriptRig(t *testing.T, name string) *rwScriptRig {
 	r.rlock, _ = sc.Script("rwmutex_rlock")
 	r.unlock, _ = sc.Script("rwmutex_unlock")
 	r.abandon, _ = sc.Script("rwmutex_abandon")
+	r.force, _ = sc.Script("rwmutex_force")
 	name += strconv.Itoa(rand.IntN(1e9))
 	r.lockKeys, r.unlockKeys, r.abandonKeys = rwScriptKeys(name)
 	r.rlockKeys = r.lockKeys[:3]
+	r.forceKeys = []string{rwKey(name, "h"), rwKey(name, "z"), rwKey(name, "rd"), rwKey(name, "wr")}
 	return r
 }
 
@@ -951,6 +953,17 @@ func (r *rwScriptRig) release(owner string, token int64) int64 {
 		r.t.Fatalf("unlock %s %d: %v", owner, token, err)
 	}
 	return n
+}
+
+// forceUnlock runs ForceUnlock and returns {1 if a writer held, live
+// readers released}.
+func (r *rwScriptRig) forceUnlock() []int64 {
+	r.t.Helper()
+	vs, err := r.force.Exec(r.ctx, r.forceKeys, []string{"p", "1000"}).AsIntSlice()
+	if err != nil || len(vs) != 2 {
+		r.t.Fatalf("force unlock = %v, %v", vs, err)
+	}
+	return vs
 }
 
 // giveBack runs the give-back of owner's abandoned attempt (kind "w" or
@@ -1018,28 +1031,47 @@ func TestScriptRWStaleAttemptCannotRetag(t *testing.T) {
 	}
 }
 
-// TestScriptRWGiveBackKeepsOtherWritersMark: the give-back of a granted
-// write attempt releases that hold and nothing else: another writer that
-// was refused and left its mark still keeps new readers out until it
-// gets in, or readers could take the lock it was about to get, for ever
-// under a steady stream of them. A mutant of rwmutex_abandon whose HDEL
-// took q (the mark's end) instead of o let a reader in at once, and no
-// test read what a give-back of a hold left for other waiters.
-func TestScriptRWGiveBackKeepsOtherWritersMark(t *testing.T) {
-	r := newRWScriptRig(t, "rw-giveback-mark:")
-	if w := r.take("W", "w.1", "30000", "mw.1"); w[0] != 1 {
-		t.Fatalf("W's lock = %v, want granted", w)
-	}
-	if x := r.take("X", "x.1", "30000", "mx.1"); x[0] != 0 {
-		t.Fatalf("X's lock while W holds = %v, want refused, with its mark", x)
-	}
-	if n := r.giveBack("W", "w.1", "w", "mw.1"); n != 1 {
-		t.Fatalf("give-back of W's grant = %d, want 1 (released)", n)
-	}
-	if got := r.rtake("R", "r.1"); got[0] != 0 || got[1] <= 0 {
-		t.Errorf("a reader's RLock while X's mark runs = %v, want refused until the mark ends", got)
-	}
-	if x := r.take("X", "x.2", "30000", "mx.1"); x[0] != 1 {
-		t.Errorf("X's lock after W's give-back = %v, want granted", x)
+// TestScriptRWWriteReleaseKeepsOtherWritersMark: the end of a write hold
+// (the give-back of its granted attempt, its Unlock, a ForceUnlock)
+// releases that hold and nothing else: another writer that was refused
+// and left its mark still keeps new readers out until it gets in, or
+// readers could take the lock it was about to get, for ever under a
+// steady stream of them (and a ForceUnlock "leaves a writer-waiting mark"
+// by its own word). Mutants of rwmutex_abandon (issue 32, run 11),
+// rwmutex_unlock and rwmutex_force whose HDEL of the hold took q (the
+// mark's end) instead of o let a reader in at once, and no test read what
+// the end of a hold left for other waiters.
+func TestScriptRWWriteReleaseKeepsOtherWritersMark(t *testing.T) {
+	for _, end := range []string{"give-back", "unlock", "force"} {
+		t.Run(end, func(t *testing.T) {
+			r := newRWScriptRig(t, "rw-release-mark:"+end)
+			w := r.take("W", "w.1", "30000", "mw.1")
+			if w[0] != 1 {
+				t.Fatalf("W's lock = %v, want granted", w)
+			}
+			if x := r.take("X", "x.1", "30000", "mx.1"); x[0] != 0 {
+				t.Fatalf("X's lock while W holds = %v, want refused, with its mark", x)
+			}
+			switch end {
+			case "give-back":
+				if n := r.giveBack("W", "w.1", "w", "mw.1"); n != 1 {
+					t.Fatalf("give-back of W's grant = %d, want 1 (released)", n)
+				}
+			case "unlock":
+				if n := r.release("W", w[2]); n != 0 {
+					t.Fatalf("W's unlock = %d, want 0 (released)", n)
+				}
+			case "force":
+				if got := r.forceUnlock(); got[0] != 1 {
+					t.Fatalf("force unlock = %v, want the writer released", got)
+				}
+			}
+			if got := r.rtake("R", "r.1"); got[0] != 0 || got[1] <= 0 {
+				t.Errorf("a reader's RLock while X's mark runs = %v, want refused until the mark ends", got)
+			}
+			if x := r.take("X", "x.2", "30000", "mx.1"); x[0] != 1 {
+				t.Errorf("X's lock after W's hold ended = %v, want granted", x)
+			}
+		})
 	}
 }
