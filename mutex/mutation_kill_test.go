@@ -1075,3 +1075,31 @@ func TestScriptRWWriteReleaseKeepsOtherWritersMark(t *testing.T) {
 		})
 	}
 }
+
+// TestScriptRWUnlockRetryAfterGiveBack: a write hold given back lists its
+// token in c and leaves f, so that a final Unlock of an earlier hold, retried
+// after the give-back (and after another release, so r names another), is
+// still told its first try released the lock, as docs/guarantees.md promises for
+// up to 16 holds that ended otherwise. A mutant of rwmutex_abandon whose
+// HDEL took f instead of e left the retry nothing to judge by: it was told
+// -1, a loss that never happened.
+func TestScriptRWUnlockRetryAfterGiveBack(t *testing.T) {
+	r := newRWScriptRig(t, "rw-retry-giveback:")
+	w0 := r.take("W0", "w0.1", "0", "")
+	if n := r.release("W0", w0[2]); n != 0 {
+		t.Fatalf("W0's unlock = %d", n)
+	}
+	w2 := r.take("W2", "w2.1", "0", "")
+	if n := r.release("W2", w2[2]); n != 0 {
+		t.Fatalf("W2's unlock = %d", n)
+	}
+	if w1 := r.take("W1", "w1.1", "0", ""); w1[0] != 1 {
+		t.Fatalf("W1's lock = %v, want granted", w1)
+	}
+	if n := r.giveBack("W1", "w1.1", "w", ""); n != 1 {
+		t.Fatalf("give-back of W1's grant = %d, want 1 (released)", n)
+	}
+	if n := r.release("W0", w0[2]); n != 0 {
+		t.Errorf("W0's retried unlock after a later hold was given back = %d, want 0 (its first try released)", n)
+	}
+}
