@@ -1036,11 +1036,11 @@ func TestScriptRWStaleAttemptCannotRetag(t *testing.T) {
 // releases that hold and nothing else: another writer that was refused
 // and left its mark still keeps new readers out until it gets in, or
 // readers could take the lock it was about to get, for ever under a
-// steady stream of them (and a ForceUnlock "leaves a writer-waiting mark"
-// by its own word). Mutants of rwmutex_abandon (issue 32, run 11),
-// rwmutex_unlock and rwmutex_force whose HDEL of the hold took q (the
-// mark's end) instead of o let a reader in at once, and no test read what
-// the end of a hold left for other waiters.
+// steady stream of them (rwmutex_force's header says the mark stays).
+// Mutants of rwmutex_abandon (issue 32, run 11), rwmutex_unlock and
+// rwmutex_force whose HDEL of the hold took q (the mark's end) instead of
+// o let a reader in at once, and no test read what the end of a hold left
+// for other waiters.
 func TestScriptRWWriteReleaseKeepsOtherWritersMark(t *testing.T) {
 	for _, end := range []string{"give-back", "unlock", "force"} {
 		t.Run(end, func(t *testing.T) {
