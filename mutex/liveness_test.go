@@ -537,41 +537,54 @@ func TestRWReaderWokenPastDeadWritersMark(t *testing.T) {
 // up, its withdrawal brings the mark back to the short one's end, but it
 // woke the readers only when no mark was left: the reader slept until the
 // withdrawn mark's end. Now a withdrawal that brings the end of the mark
-// forward wakes the readers.
+// forward wakes the readers. Without the other writer ("last"), the
+// withdrawal ends every mark and must wake the reader at once: a mutant
+// of rwmutex_abandon that negated that wake-up's condition (issue 32, run
+// 11) left the reader asleep for the rest of the minute's mark, and no
+// test gave up the only mark.
 func TestRWReaderWokenWhenMarkWithdrawn(t *testing.T) {
 	const short = 4 * time.Second
-	for _, tg := range realTargets {
-		t.Run(tg.name, func(t *testing.T) {
-			ctx := context.Background()
-			addrs := tg.addrs(t)
-			name := "rw-withdraw-mark:" + t.Name()
-			probe := rwProbe(t, addrs, name)
-			direct := newLocker(t, redistest.Client(t, addrs...), mutex.Options{})
-			r0, w2 := newRW(t, direct, name), newRW(t, direct, name)
-			mutex.SetWriterMark(w2, holderLease)
-			w3, w3spy := spiedRW(t, addrs, name)
-			mutex.SetWriterMark(w3, short)
-			r, rspy := spiedRW(t, addrs, name)
-			if err := r0.RLock(ctx); err != nil { // keeps the writers waiting
-				t.Fatal(err)
-			}
-			defer r0.RUnlock(ctx)
-			wctx, cancel := context.WithTimeout(ctx, holderLease)
-			defer cancel()
-			w3Got := deadWriter(wctx, t, probe, w3, w3spy)
-			w2ctx, w2cancel := context.WithCancel(wctx)
-			defer w2cancel()
-			w2Got := result(func() error { return w2.Lock(w2ctx) })
-			waitMark(t, probe, short)
-			rGot := sleepingReader(wctx, t, r, rspy)
-			w2cancel()
-			if err := within(t, w2Got, signal, "the long-mark writer's Lock"); !errors.Is(err, mutex.ErrNotObtained) {
-				t.Fatalf("the writer that gave up: %v, want ErrNotObtained", err)
-			}
-			if err := within(t, rGot, short+signal, "the reader's RLock, after the withdrawal and the dead writer's mark"); err != nil {
-				t.Fatal(err)
-			}
-			wantNoLock(t, w3Got)
-		})
+	for _, other := range []string{"forward", "last"} {
+		for _, tg := range realTargets {
+			t.Run(other+"/"+tg.name, func(t *testing.T) {
+				ctx := context.Background()
+				addrs := tg.addrs(t)
+				name := "rw-withdraw-mark:" + t.Name()
+				probe := rwProbe(t, addrs, name)
+				direct := newLocker(t, redistest.Client(t, addrs...), mutex.Options{})
+				r0, w2 := newRW(t, direct, name), newRW(t, direct, name)
+				mutex.SetWriterMark(w2, holderLease)
+				r, rspy := spiedRW(t, addrs, name)
+				if err := r0.RLock(ctx); err != nil { // keeps the writers waiting
+					t.Fatal(err)
+				}
+				defer r0.RUnlock(ctx)
+				wctx, cancel := context.WithTimeout(ctx, holderLease)
+				defer cancel()
+				var w3Got <-chan error
+				wait := signal // for the reader, once the long mark is withdrawn
+				if other == "forward" {
+					w3, w3spy := spiedRW(t, addrs, name)
+					mutex.SetWriterMark(w3, short)
+					w3Got = deadWriter(wctx, t, probe, w3, w3spy)
+					wait += short
+				}
+				w2ctx, w2cancel := context.WithCancel(wctx)
+				defer w2cancel()
+				w2Got := result(func() error { return w2.Lock(w2ctx) })
+				waitMark(t, probe, short)
+				rGot := sleepingReader(wctx, t, r, rspy)
+				w2cancel()
+				if err := within(t, w2Got, signal, "the long-mark writer's Lock"); !errors.Is(err, mutex.ErrNotObtained) {
+					t.Fatalf("the writer that gave up: %v, want ErrNotObtained", err)
+				}
+				if err := within(t, rGot, wait, "the reader's RLock, after the withdrawal (and the dead writer's mark)"); err != nil {
+					t.Fatal(err)
+				}
+				if w3Got != nil {
+					wantNoLock(t, w3Got)
+				}
+			})
+		}
 	}
 }

@@ -891,3 +891,215 @@ func TestScriptRWRLockAfterOwnWriteHoldExpired(t *testing.T) {
 		t.Errorf("W's rlock naming its expired write hold while X's mark runs = %d, want refused (0)", got)
 	}
 }
+
+// rwScriptRig runs the read-write lock's scripts by hand, with the keys
+// and arguments package mutex sends, through scriptcache (so the mutation
+// runner selects the tests that use it), on a lock of its own.
+type rwScriptRig struct {
+	t                                   *testing.T
+	ctx                                 context.Context
+	lock, rlock, unlock, abandon, force *scriptcache.Script
+	lockKeys, unlockKeys, forceKeys     []string
+	rlockKeys, abandonKeys              []string
+}
+
+func newRWScriptRig(t *testing.T, name string) *rwScriptRig {
+	t.Helper()
+	ctx := context.Background()
+	sc, err := scriptcache.New(ctx, redistest.Client(t, redistest.Single(t).Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rwScriptRig{t: t, ctx: ctx}
+	r.lock, _ = sc.Script("rwmutex_lock")
+	r.rlock, _ = sc.Script("rwmutex_rlock")
+	r.unlock, _ = sc.Script("rwmutex_unlock")
+	r.abandon, _ = sc.Script("rwmutex_abandon")
+	r.force, _ = sc.Script("rwmutex_force")
+	name += strconv.Itoa(rand.IntN(1e9))
+	r.lockKeys, r.unlockKeys, r.abandonKeys = rwScriptKeys(name)
+	r.rlockKeys = r.lockKeys[:3]
+	r.forceKeys = []string{rwKey(name, "h"), rwKey(name, "z"), rwKey(name, "rd"), rwKey(name, "wr")}
+	return r
+}
+
+// take runs an outermost Lock attempt of owner with a lease of 30 s; a
+// refusal leaves the mark markID for markMs ("0", "": none, a TryLock).
+func (r *rwScriptRig) take(owner, attempt, markMs, markID string) []int64 {
+	r.t.Helper()
+	vs, err := r.lock.Exec(r.ctx, r.lockKeys, []string{owner, "30000", "0", attempt, "", markMs, markID}).AsIntSlice()
+	if err != nil || len(vs) != 3 {
+		r.t.Fatalf("lock %s = %v, %v", attempt, vs, err)
+	}
+	return vs
+}
+
+// rtake runs an outermost RLock attempt of owner (holding no write lock)
+// with a lease of 30 s.
+func (r *rwScriptRig) rtake(owner, attempt string) []int64 {
+	r.t.Helper()
+	vs, err := r.rlock.Exec(r.ctx, r.rlockKeys, []string{owner, "30000", "0", attempt, ""}).AsIntSlice()
+	if err != nil || len(vs) != 3 {
+		r.t.Fatalf("rlock %s = %v, %v", attempt, vs, err)
+	}
+	return vs
+}
+
+// release runs the final Unlock of owner's write hold with token.
+func (r *rwScriptRig) release(owner string, token int64) int64 {
+	r.t.Helper()
+	n, err := r.unlock.Exec(r.ctx, r.unlockKeys, []string{owner, "1", strconv.FormatInt(token, 10), "p", "30000"}).AsInt64()
+	if err != nil {
+		r.t.Fatalf("unlock %s %d: %v", owner, token, err)
+	}
+	return n
+}
+
+// forceUnlock runs ForceUnlock and returns {1 if a writer held, live
+// readers released}.
+func (r *rwScriptRig) forceUnlock() []int64 {
+	r.t.Helper()
+	vs, err := r.force.Exec(r.ctx, r.forceKeys, []string{"p", "1000"}).AsIntSlice()
+	if err != nil || len(vs) != 2 {
+		r.t.Fatalf("force unlock = %v, %v", vs, err)
+	}
+	return vs
+}
+
+// giveBack runs the give-back of owner's abandoned attempt (kind "w" or
+// "r"), withdrawing the Lock call's mark too ("": none).
+func (r *rwScriptRig) giveBack(owner, attempt, kind, mark string) int64 {
+	r.t.Helper()
+	n, err := r.abandon.Exec(r.ctx, r.abandonKeys, []string{owner, attempt, kind, "p", "1000", "30000", mark}).AsInt64()
+	if err != nil {
+		r.t.Fatalf("give-back of %s: %v", attempt, err)
+	}
+	return n
+}
+
+// TestScriptRWGiveBackBeforeAttempt: the give-back of an abandoned Lock or
+// RLock is sent without waiting for the attempt's reply, so it may reach
+// Redis first; its tombstone must then make the attempt take nothing when
+// it arrives, or nobody (the caller has gone) would release that hold and
+// everyone else would wait out its lease. Here a writer gets the lock at
+// once after each late attempt. A mutant of rwmutex_lock that looked the
+// tombstone up under ARGV[5] (the nested token) let the late write
+// attempt take the lock, and no test sent an RWMutex attempt after its
+// give-back (TestGiveBackBeforeAttempt does it for Mutex).
+func TestScriptRWGiveBackBeforeAttempt(t *testing.T) {
+	r := newRWScriptRig(t, "rw-giveback-first:")
+	if n := r.giveBack("R", "r.3", "r", ""); n != 0 {
+		t.Fatalf("give-back of read attempt r.3 before it ran = %d, want 0 (nothing held yet)", n)
+	}
+	r.rtake("R", "r.3")
+	x := r.take("X", "x.1", "0", "")
+	if x[0] != 1 {
+		t.Fatalf("a writer after the late read attempt r.3 = %v, want granted (the attempt took no read hold)", x)
+	}
+	if n := r.release("X", x[2]); n != 0 {
+		t.Fatalf("X's unlock = %d", n)
+	}
+	if n := r.giveBack("W", "w.5", "w", "mw.5"); n != 0 {
+		t.Fatalf("give-back of write attempt w.5 before it ran = %d, want 0 (nothing held yet)", n)
+	}
+	r.take("W", "w.5", "30000", "mw.5")
+	if y := r.take("Y", "y.1", "0", ""); y[0] != 1 {
+		t.Errorf("a writer after the late write attempt w.5 = %v, want granted (the attempt took no hold)", y)
+	}
+}
+
+// TestScriptRWStaleAttemptCannotRetag: attempt 2 of an RWMutex value holds
+// the write lock when the value's abandoned attempt 1 arrives (as
+// TestStaleAttemptCannotRetag for Mutex). Attempt 1 must take nothing, so
+// that its give-back leaves attempt 2's hold alone and attempt 2's Unlock
+// releases it. A mutant of rwmutex_lock that read c instead of a (the
+// holding attempt) never found an older attempt: attempt 1 replaced
+// attempt 2's hold, and its give-back released it, a lock released that
+// its holder did not give up.
+func TestScriptRWStaleAttemptCannotRetag(t *testing.T) {
+	r := newRWScriptRig(t, "rw-retag:")
+	w2 := r.take("W", "n0nce.2", "0", "")
+	if w2[0] != 1 {
+		t.Fatalf("attempt 2 = %v, want granted", w2)
+	}
+	r.take("W", "n0nce.1", "30000", "n0nce.0")
+	if n := r.giveBack("W", "n0nce.1", "w", "n0nce.0"); n != 0 {
+		t.Errorf("give-back of the stale attempt 1 = %d, want 0 (it holds nothing)", n)
+	}
+	if n := r.release("W", w2[2]); n != 0 {
+		t.Errorf("attempt 2's Unlock after the stale attempt 1 and its give-back = %d, want 0 (it still held)", n)
+	}
+}
+
+// TestScriptRWWriteReleaseKeepsOtherWritersMark: the end of a write hold
+// (the give-back of its granted attempt, its Unlock, a ForceUnlock)
+// releases that hold and nothing else: another writer that was refused
+// and left its mark still keeps new readers out until it gets in, or
+// readers could take the lock it was about to get, for ever under a
+// steady stream of them (rwmutex_force's header says the mark stays).
+// Mutants of rwmutex_abandon (issue 32, run 11), rwmutex_unlock and
+// rwmutex_force whose HDEL of the hold took q (the mark's end) instead of
+// o let a reader in at once, and no test read what the end of a hold left
+// for other waiters.
+func TestScriptRWWriteReleaseKeepsOtherWritersMark(t *testing.T) {
+	for _, end := range []string{"give-back", "unlock", "force"} {
+		t.Run(end, func(t *testing.T) {
+			r := newRWScriptRig(t, "rw-release-mark:"+end)
+			w := r.take("W", "w.1", "30000", "mw.1")
+			if w[0] != 1 {
+				t.Fatalf("W's lock = %v, want granted", w)
+			}
+			if x := r.take("X", "x.1", "30000", "mx.1"); x[0] != 0 {
+				t.Fatalf("X's lock while W holds = %v, want refused, with its mark", x)
+			}
+			switch end {
+			case "give-back":
+				if n := r.giveBack("W", "w.1", "w", "mw.1"); n != 1 {
+					t.Fatalf("give-back of W's grant = %d, want 1 (released)", n)
+				}
+			case "unlock":
+				if n := r.release("W", w[2]); n != 0 {
+					t.Fatalf("W's unlock = %d, want 0 (released)", n)
+				}
+			case "force":
+				if got := r.forceUnlock(); got[0] != 1 {
+					t.Fatalf("force unlock = %v, want the writer released", got)
+				}
+			}
+			if got := r.rtake("R", "r.1"); got[0] != 0 || got[1] <= 0 {
+				t.Errorf("a reader's RLock while X's mark runs = %v, want refused until the mark ends", got)
+			}
+			if x := r.take("X", "x.2", "30000", "mx.1"); x[0] != 1 {
+				t.Errorf("X's lock after W's hold ended = %v, want granted", x)
+			}
+		})
+	}
+}
+
+// TestScriptRWUnlockRetryAfterGiveBack: a write hold given back lists its
+// token in c and leaves f, so that a final Unlock of an earlier hold, retried
+// after the give-back (and after another release, so r names another), is
+// still told its first try released the lock, as docs/guarantees.md promises for
+// up to 16 holds that ended otherwise. A mutant of rwmutex_abandon whose
+// HDEL took f instead of e left the retry nothing to judge by: it was told
+// -1, a loss that never happened.
+func TestScriptRWUnlockRetryAfterGiveBack(t *testing.T) {
+	r := newRWScriptRig(t, "rw-retry-giveback:")
+	w0 := r.take("W0", "w0.1", "0", "")
+	if n := r.release("W0", w0[2]); n != 0 {
+		t.Fatalf("W0's unlock = %d", n)
+	}
+	w2 := r.take("W2", "w2.1", "0", "")
+	if n := r.release("W2", w2[2]); n != 0 {
+		t.Fatalf("W2's unlock = %d", n)
+	}
+	if w1 := r.take("W1", "w1.1", "0", ""); w1[0] != 1 {
+		t.Fatalf("W1's lock = %v, want granted", w1)
+	}
+	if n := r.giveBack("W1", "w1.1", "w", ""); n != 1 {
+		t.Fatalf("give-back of W1's grant = %d, want 1 (released)", n)
+	}
+	if n := r.release("W0", w0[2]); n != 0 {
+		t.Errorf("W0's retried unlock after a later hold was given back = %d, want 0 (its first try released)", n)
+	}
+}

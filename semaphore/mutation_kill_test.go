@@ -505,3 +505,37 @@ func TestFairGrantWithNobodyQueuedSkipsQueue(t *testing.T) {
 		})
 	}
 }
+
+// TestReclaimOfLastHeavyPermitKeepsNoWeight: a grant that first reclaims
+// the last permit listed, expired and of weight 2, must leave nothing of
+// that permit counted: with a capacity of 2, the next caller's permit of 1
+// fits beside the new one. The reclaim drops the semaphore's keys (its
+// weight and ':h' go with the hash) and the grant writes a new hash. Mutants
+// of semaphore_acquire that kept the hash there (no DEL, or a DEL of the
+// sorted set twice) left ':h' at 1 under the new permit, and the
+// semaphore lost one of its two permits for as long as the hash lived; no
+// test reclaimed the last heavy permit in the call that grants.
+func TestReclaimOfLastHeavyPermitKeepsNoWeight(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unfair", true: "fair"}[fair], func(t *testing.T) {
+			ctx := context.Background()
+			addr := redistest.Single(t).Addr()
+			short := newEnv(t, []string{addr}, semaphore.Options{Fair: fair, Lease: 100 * time.Millisecond})
+			long := newEnv(t, []string{addr}, semaphore.Options{Fair: fair, Lease: time.Minute})
+			name := uniqueName(t)
+			dead := acquire(t, short.sem(t, name, 2), 2)
+			waitExpiredOnServer(t, long, name, dead.ID())
+			s := long.sem(t, name, 2)
+			p, err := s.TryAcquire(ctx, 1) // reclaims the dead permit, then grants
+			if err != nil {
+				t.Fatalf("TryAcquire(1) after the only permit (weight 2) expired = %v, want a permit", err)
+			}
+			q, err := s.TryAcquire(ctx, 1)
+			if err != nil {
+				t.Fatalf("TryAcquire(1) with 1 of 2 held = %v, want a permit (the reclaimed permit's weight still counted)", err)
+			}
+			release(t, q)
+			release(t, p)
+		})
+	}
+}
