@@ -281,7 +281,12 @@ func (l *link) read(src net.Conn, q chan<- chunk, reply bool) {
 		if n > 0 {
 			p := l.p
 			p.mu.Lock()
-			drop := reply && p.dropReplies
+			// A link that lost server bytes never forwards any again:
+			// DropReplies(false) resets it, but bytes read between the
+			// switch and the reset would reach the client after a gap,
+			// and it would take them for the replies of earlier requests
+			// (a real connection loses nothing in its middle).
+			drop := reply && (p.dropReplies || l.tainted)
 			if drop {
 				l.tainted = true
 			}
