@@ -213,3 +213,57 @@ func TestLockFailingDuringCloseReturnsErrClosed(t *testing.T) {
 		})
 	}
 }
+
+// TestExtendUnknownOutcomeShortens: an Extend that shortens the lease and
+// fails with its outcome unknown (here: the server ran it, the reply was
+// lost) may have been applied, so the hold is known to last only until the
+// shorter lease's end. Before, HeldUntil kept the old end, 30 s away, while
+// the server freed the lock after 200 ms: another owner could take it while
+// this one was still Valid (the fault harness's soak saw exactly that).
+func TestExtendUnknownOutcomeShortens(t *testing.T) {
+	ctx := context.Background()
+	addr := redistest.Single(t).Addr()
+	l, c := newFailingLocker(t, addr, mutex.Options{})
+	m := newMutex(t, l, "extend-unknown", mutex.WithLease(30*time.Second))
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Unlock(ctx)
+	c.arm("extend-unknown", false)
+	sent := time.Now()
+	if _, err := m.Extend(ctx, 200*time.Millisecond); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("Extend = %v, want the connection's error", err)
+	}
+	if until := m.HeldUntil(); until.After(sent.Add(200 * time.Millisecond)) {
+		t.Fatalf("HeldUntil = %v after the call, want no later than the 200 ms lease that may have been taken (%v)", until.Sub(sent), 200*time.Millisecond)
+	}
+	select {
+	case <-m.Lost():
+	case <-time.After(signal):
+		t.Fatal("Lost did not close at the end of the shorter lease")
+	}
+	other := newMutex(t, newLocker(t, redistest.Client(t, addr), mutex.Options{}), "extend-unknown")
+	lctx, cancel := context.WithTimeout(ctx, signal)
+	defer cancel()
+	if err := other.Lock(lctx); err != nil {
+		t.Fatalf("the lock after the shorter lease: %v", err)
+	}
+	other.Unlock(ctx)
+
+	// A longer lease whose outcome is unknown changes nothing: the old
+	// end holds either way.
+	l2, c2 := newFailingLocker(t, addr, mutex.Options{})
+	m2 := newMutex(t, l2, "extend-unknown-longer", mutex.WithLease(5*time.Second))
+	if err := m2.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Unlock(ctx)
+	before := m2.HeldUntil()
+	c2.arm("extend-unknown-longer", false)
+	if _, err := m2.Extend(ctx, 20*time.Second); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("Extend = %v, want the connection's error", err)
+	}
+	if until := m2.HeldUntil(); !until.Equal(before) {
+		t.Fatalf("HeldUntil = %v after a longer Extend of unknown outcome, want the old %v", until, before)
+	}
+}

@@ -120,6 +120,9 @@ var ErrNotFixed = errors.New("mutex: lease is renewed by the watchdog, not fixed
 // it back before it returns. A new lease that ends before the old one
 // wakes the Locks waiting for the lock (they sleep at most until the end of
 // the lease they were refused under), so that they wait for the new end.
+// An Extend that fails with its outcome unknown (ctx ended, the connection
+// failed) may have been applied: if its lease ends before the old one,
+// the hold is known to last only until then (HeldUntil, Valid, Lost).
 func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) {
 	if m.set.watchdog {
 		return time.Time{}, fmt.Errorf("%w: %q", ErrNotFixed, m.Name())
@@ -139,8 +142,12 @@ func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) 
 		return time.Time{}, fmt.Errorf("%w: %q", ErrNotHeld, m.Name())
 	}
 	sent := time.Now()
-	ok, err := m.l.renew.Exec(ctx, []string{m.key(keyLock), m.key(keyWake)}, []string{m.owner, tokenArg, strconv.FormatInt(d.Milliseconds(), 10), m.l.pubMode}).AsInt64()
+	rep := m.l.renew.Exec(ctx, []string{m.key(keyLock), m.key(keyWake)}, []string{m.owner, tokenArg, strconv.FormatInt(d.Milliseconds(), 10), m.l.pubMode})
+	ok, err := rep.AsInt64()
 	if err != nil {
+		if !rep.ServerError() {
+			m.mayHaveExtended(gen, sent, d)
+		}
 		return time.Time{}, fmt.Errorf("mutex: extend %q: %w", m.Name(), inner(err))
 	}
 	if ok == 0 {
@@ -188,6 +195,39 @@ func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) 
 	}
 	m.lse = lse
 	return lse.Deadline(), nil
+}
+
+// mayHaveExtended follows an Extend by d, sent at sent, whose outcome is
+// unknown (its context ended, or the connection failed, before the
+// reply): the server may have taken the new lease or not. If the new one
+// ends first (an Extend that shortens), the hold is known to last only
+// until its end, so HeldUntil, Valid and Lost follow it: keeping the old
+// end would let this client believe it holds the lock after the server
+// freed it for others. A longer new lease changes nothing: the old end
+// holds either way. Called with m.op held.
+func (m *Mutex) mayHaveExtended(gen uint64, sent time.Time, d time.Duration) {
+	m.mu.Lock()
+	old := m.lse
+	if m.gen != gen || m.holds == 0 || old == nil || !lease.End(sent, d).Before(old.Deadline()) {
+		m.mu.Unlock()
+		return
+	}
+	m.mu.Unlock()
+	if !lease.Live(sent, d, time.Now()) {
+		old.Stop()
+		m.lose(gen, lease.ErrExpired)
+		return
+	}
+	lse := m.l.keeper.AddHeld(sent, d, nil, (*heldMutex)(m), gen)
+	m.mu.Lock()
+	if m.gen != gen || m.holds == 0 {
+		m.mu.Unlock()
+		lse.Stop()
+		return
+	}
+	m.lse = lse
+	m.mu.Unlock()
+	old.Stop()
 }
 
 // HeldUntil returns the time until which, by this client's clock, the
