@@ -411,9 +411,7 @@ func (w *world) giveBacks(ctx context.Context, n *node, rng *rand.Rand) {
 		err = m.Lock(actx)
 		cancel()
 		if err == nil {
-			rctx, rcancel := w.releaseCtx()
-			_ = m.Unlock(rctx) // its own lock: a failed Unlock ends with the lease, and the next TryLock says so
-			rcancel()
+			w.unlockSure(ctx, m) // its own lock
 			continue
 		}
 		w.expected("an abandoned Lock", call, err, mutexErrs...)
@@ -432,9 +430,7 @@ func (w *world) giveBacks(ctx context.Context, n *node, rng *rand.Rand) {
 		err = t.TryLock(tctx)
 		tcancel()
 		if err == nil {
-			rctx, rcancel := w.releaseCtx()
-			_ = t.Unlock(rctx)
-			rcancel()
+			w.unlockSure(ctx, t)
 			continue
 		}
 		// A refusal is Redis's answer; a TryLock whose context ended
@@ -454,4 +450,20 @@ func (w *world) giveBacks(ctx context.Context, n *node, rng *rand.Rand) {
 func seenBy(run []snap, o *hold) bool {
 	i := searchSnaps(run, o.start)
 	return i < len(run) && !o.end.IsZero() && !run[i].ret.After(o.end)
+}
+
+// unlockSure unlocks m, again while Unlock fails with the outcome unknown:
+// a Mutex whose Unlock failed still counts its hold, and the watchdog
+// keeps it (see Mutex.Unlock), so a lane that dropped it would find its
+// own lock held for the rest of the run.
+func (w *world) unlockSure(ctx context.Context, m *mutex.Mutex) {
+	for i := 0; i < 20; i++ {
+		rctx, rcancel := w.releaseCtx()
+		err := m.Unlock(rctx)
+		rcancel()
+		if err == nil || errors.Is(err, mutex.ErrNotHeld) || ctx.Err() != nil {
+			return
+		}
+		sleep(ctx, w.cfg.Lease/20)
+	}
 }
