@@ -152,7 +152,13 @@ func TestBatchSizeBound(t *testing.T) {
 	f := newFakeGroup()
 	g := k.NewGroup(f.renew)
 	const n = 6*MaxBatch - 100
-	leases, losts := addDue(k, g, "l", n, dueSoon())
+	// All of them due together, once all are in: adding thousands of
+	// leases under -race on a loaded machine can take longer than
+	// dueSoon's 300 ms, and a batch sent before the last ones are in
+	// holds fewer, so the count below holds only if they were.
+	due := time.Now().Add(1500 * time.Millisecond)
+	leases, losts := addDue(k, g, "l", n, due.Add(-batchTTL/3))
+	allIn := time.Now().Before(due)
 	defer stopAll(leases)
 
 	seen := make(map[any]bool)
@@ -184,7 +190,11 @@ func TestBatchSizeBound(t *testing.T) {
 		c.answer(nil, nil)
 	}
 	if want := (n + MaxBatch - 1) / MaxBatch; calls != want {
-		t.Errorf("%d requests to renew %d leases, want %d", calls, n, want)
+		if allIn {
+			t.Errorf("%d requests to renew %d leases, want %d", calls, n, want)
+		} else {
+			t.Logf("%d requests to renew %d leases: some were due before the last was added, so the count is not judged", calls, n)
+		}
 	}
 	checkNotLost(t, losts)
 }
