@@ -27,12 +27,7 @@ func BenchmarkLockUnlock(b *testing.B) {
 			b.Run(fmt.Sprintf("ctx=%s/goroutines=%d", map[bool]string{false: "background", true: "deadline"}[deadline], goroutines), func(b *testing.B) {
 				l := newLocker(b, redistest.Client(b, redistest.Single(b).Addr()), mutex.Options{})
 				var next atomic.Int64
-				procs := runtime.GOMAXPROCS(0)
-				b.SetParallelism(max(1, goroutines/procs))
-				if goroutines < procs {
-					runtime.GOMAXPROCS(goroutines)
-					defer runtime.GOMAXPROCS(procs)
-				}
+				spread(b, goroutines)
 				b.ReportAllocs()
 				b.ResetTimer()
 				b.RunParallel(func(pb *testing.PB) {
@@ -140,12 +135,7 @@ func BenchmarkLockUnlockPerRequest(b *testing.B) {
 		b.Run(fmt.Sprintf("goroutines=%d", goroutines), func(b *testing.B) {
 			l := newLocker(b, redistest.Client(b, redistest.Single(b).Addr()), mutex.Options{})
 			var next atomic.Int64
-			procs := runtime.GOMAXPROCS(0)
-			b.SetParallelism(max(1, goroutines/procs))
-			if goroutines < procs {
-				runtime.GOMAXPROCS(goroutines)
-				defer runtime.GOMAXPROCS(procs)
-			}
+			spread(b, goroutines)
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
@@ -187,12 +177,7 @@ func BenchmarkTwoRoundTrips(b *testing.B) {
 				b.Fatal(err)
 			}
 			var next atomic.Int64
-			procs := runtime.GOMAXPROCS(0)
-			b.SetParallelism(max(1, goroutines/procs))
-			if goroutines < procs {
-				runtime.GOMAXPROCS(goroutines)
-				defer runtime.GOMAXPROCS(procs)
-			}
+			spread(b, goroutines)
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
@@ -209,5 +194,17 @@ func BenchmarkTwoRoundTrips(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// spread makes b.RunParallel run goroutines goroutines: fewer than
+// GOMAXPROCS lowers GOMAXPROCS for the benchmark (restored at its end),
+// more sets the parallelism.
+func spread(b *testing.B, goroutines int) {
+	procs := runtime.GOMAXPROCS(0)
+	b.SetParallelism(max(1, goroutines/procs))
+	if goroutines < procs {
+		runtime.GOMAXPROCS(goroutines)
+		b.Cleanup(func() { runtime.GOMAXPROCS(procs) })
 	}
 }
