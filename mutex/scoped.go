@@ -171,17 +171,28 @@ func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) 
 	}
 	old := m.lse
 	m.mu.Unlock()
+	// Answered when the new lease was already over on this client's
+	// clock, the hold is lost: the server may have ended it meanwhile, as
+	// a late grant is not a hold (see Mutex.startHold).
+	if lse := m.replaceLease(gen, sent, d, old); lse != nil {
+		return lse.Deadline(), nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return time.Time{}, m.err
+}
+
+// replaceLease makes the lease d, counted from sent, the hold's in place
+// of old (nil: none), and returns it; or nil if the hold of gen is gone,
+// or declared lost here because that lease is already over. Called with
+// m.op held.
+func (m *Mutex) replaceLease(gen uint64, sent time.Time, d time.Duration, old *lease.Lease) *lease.Lease {
 	if !lease.Live(sent, d, time.Now()) {
-		// Answered when the new lease was already over on this client's
-		// clock: the server may have ended the hold meanwhile, so it is
-		// lost, as a late grant is not a hold (see Mutex.startHold).
 		if old != nil {
 			old.Stop()
 		}
 		m.lose(gen, lease.ErrExpired)
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return time.Time{}, m.err
+		return nil
 	}
 	lse := m.l.keeper.AddHeld(sent, d, nil, (*heldMutex)(m), gen)
 	if old != nil {
@@ -191,10 +202,10 @@ func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) 
 	defer m.mu.Unlock()
 	if m.gen != gen || m.holds == 0 {
 		lse.Stop()
-		return time.Time{}, m.err
+		return nil
 	}
 	m.lse = lse
-	return lse.Deadline(), nil
+	return lse
 }
 
 // mayHaveExtended follows an Extend by d, sent at sent, whose outcome is
@@ -213,21 +224,7 @@ func (m *Mutex) mayHaveExtended(gen uint64, sent time.Time, d time.Duration) {
 		return
 	}
 	m.mu.Unlock()
-	if !lease.Live(sent, d, time.Now()) {
-		old.Stop()
-		m.lose(gen, lease.ErrExpired)
-		return
-	}
-	lse := m.l.keeper.AddHeld(sent, d, nil, (*heldMutex)(m), gen)
-	m.mu.Lock()
-	if m.gen != gen || m.holds == 0 {
-		m.mu.Unlock()
-		lse.Stop()
-		return
-	}
-	m.lse = lse
-	m.mu.Unlock()
-	old.Stop()
+	m.replaceLease(gen, sent, d, old)
 }
 
 // HeldUntil returns the time until which, by this client's clock, the
