@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluicekit/sluice/internal/scriptexec"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
@@ -133,10 +134,11 @@ func (m *Mutex) releaseGrant(_ context.Context, token int64) {
 
 // grantBound is the context of a grant's give-back (releaseGrant): it ends
 // after lease or a second after Close; on a closed Locker (a grant whose
-// answer came after Close) it gives the call that second from now.
+// answer came after Close) it gives the call that second from now, or
+// the lease if shorter.
 func (l *Locker) grantBound(lease time.Duration) (context.Context, context.CancelFunc) {
 	if l.bg.Closed() {
-		return context.WithTimeout(context.Background(), time.Second)
+		return scriptexec.AfterClose(lease)
 	}
 	return l.bg.Bounded(lease)
 }

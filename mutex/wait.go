@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/internal/notify"
+	"github.com/sluicekit/sluice/internal/scriptexec"
 )
 
 // lock is Lock; it also reports whether the lock was acquired as an
@@ -232,18 +233,10 @@ func (m *Mutex) leaveQueue(queued bool, id string) {
 	if !queued || m.l.giveBack(m, id) {
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	// No deadline: see scriptexec.Group.Bounded.
-	t := time.AfterFunc(min(m.set.lease, leaveAfterClose), cancel)
-	defer t.Stop()
+	ctx, cancel := scriptexec.AfterClose(m.set.lease)
 	defer cancel()
 	m.l.sendGiveBack(ctx, m, id)
 }
-
-// leaveAfterClose bounds the give-back of a fair Lock that ends after its
-// Locker closed (see leaveQueue): as long as Close gives the background
-// give-backs it waits for.
-const leaveAfterClose = time.Second
 
 // takeGrant starts the hold that a release handed to the waiting Lock id.
 // sent is when the waiter's last attempt, which found it still queued, was

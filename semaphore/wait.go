@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/internal/notify"
+	"github.com/sluicekit/sluice/internal/scriptexec"
 )
 
 // waitFor is how long a waiting Acquire sleeps before trying again, given
@@ -31,24 +32,17 @@ func (m *Manager) waitFor(wait time.Duration) time.Duration {
 // returns as soon as its context ends, or, once Close has stopped waiting
 // for the background, before Acquire returns ErrClosed. Left in the queue,
 // the entry would be granted permits nobody takes for a lease. After Close
-// the leave has a second (leaveAfterClose), as Close gives the group's own
+// the leave has a second at most (scriptexec.AfterClose), as Close gives the group's own
 // give-backs, so that a server that stopped answering holds the Acquire
 // up no longer (it held it up to cleanupTimeout).
 func (m *Manager) leave(s *Semaphore, id string) {
 	if m.bg.Go(func() { s.cleanupInGroup(id) }) {
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	// No deadline: see scriptexec.Group.Bounded.
-	t := time.AfterFunc(leaveAfterClose, cancel)
-	defer t.Stop()
+	ctx, cancel := scriptexec.AfterClose(s.m.lease)
 	defer cancel()
 	s.releaseCall(ctx, id, true)
 }
-
-// leaveAfterClose bounds the leave of a fair waiter that ends after its
-// Manager closed (see leave).
-const leaveAfterClose = time.Second
 
 // acquireWaiting is the unfair Acquire of n permits for id after its first
 // attempt res was refused: it subscribes to the semaphore's wake-ups and

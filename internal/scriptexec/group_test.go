@@ -214,3 +214,37 @@ func TestGroupCloseEndsAttendedCalls(t *testing.T) {
 		})
 	}
 }
+
+// TestAfterClose checks the bound of a give-back sent after Close: the
+// shorter of d and closeGrace, and never a deadline (see Bounded).
+func TestAfterClose(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"d shorter than the grace", 10 * time.Millisecond},
+		{"the grace shorter than d", time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			ctx, cancel := scriptexec.AfterClose(tc.d)
+			defer cancel()
+			if _, ok := ctx.Deadline(); ok {
+				t.Fatal("AfterClose's context has a deadline")
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Minute):
+				t.Fatalf("AfterClose(%v) not ended after a minute", tc.d)
+			}
+			if el := time.Since(start); el < min(tc.d, time.Second) {
+				t.Fatalf("AfterClose(%v) ended after %v, before %v", tc.d, el, min(tc.d, time.Second))
+			}
+		})
+	}
+	ctx, cancel := scriptexec.AfterClose(time.Hour)
+	cancel()
+	if ctx.Err() == nil {
+		t.Fatal("cancel left AfterClose's context running")
+	}
+}

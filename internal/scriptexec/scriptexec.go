@@ -87,6 +87,20 @@ func (g *Group) Bounded(d time.Duration) (context.Context, context.CancelFunc) {
 	}
 }
 
+// AfterClose returns the context of a give-back that its caller sends
+// itself because the group, closed, takes no more work (see Go): it ends
+// after d or a second (closeGrace), whichever comes first, so it holds
+// its caller up no longer than Close holds up the group's own. Like
+// Bounded's, it has no deadline.
+func AfterClose(d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t := time.AfterFunc(min(d, closeGrace), cancel)
+	return ctx, func() {
+		t.Stop()
+		cancel()
+	}
+}
+
 // Closed reports whether Close has been called.
 func (g *Group) Closed() bool { return g.ctx.Err() != nil }
 
