@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -248,21 +249,33 @@ func (r rueidisClient) LoadScripts(ctx context.Context, bodies ...string) error 
 // place when its context ends; Subscribe unsubscribes on the same
 // connection, so a process that waited on many names does not stay
 // subscribed to all.
+//
+// The UNSUBSCRIBE is sent from Receive's return hook but awaited only
+// once Receive has returned. The hook runs before Receive lets go of the
+// subscription's message buffer (16 messages, read only by its loop,
+// which has stopped): awaited there, a reply behind more than 16 messages
+// of the channel never came, since the connection's reader blocked
+// handing the 17th to that buffer, and every call on the connection,
+// which all of the client's calls share, stalled for the hook's second.
+// Once Receive has returned, rueidis drains and drops the buffer.
 func (r rueidisClient) Subscribe(ctx context.Context, channel string, sharded bool, subscribed func(), message func(string)) error {
 	rctx := rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
 		if s.Kind == "subscribe" || s.Kind == "ssubscribe" {
 			subscribed()
 		}
 	})
+	var unsubscribing sync.WaitGroup
 	rctx = rueidis.WithOnReceiveReturnHook(rctx, func(err error, cc rueidis.CommandClient) error {
 		if ctx.Err() != nil {
-			uctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			if sharded {
-				cc.Do(uctx, cc.B().Sunsubscribe().Channel(channel).Build())
-			} else {
-				cc.Do(uctx, cc.B().Unsubscribe().Channel(channel).Build())
-			}
+			unsubscribing.Go(func() {
+				uctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				if sharded {
+					cc.Do(uctx, cc.B().Sunsubscribe().Channel(channel).Build())
+				} else {
+					cc.Do(uctx, cc.B().Unsubscribe().Channel(channel).Build())
+				}
+			})
 		}
 		return err
 	})
@@ -273,6 +286,7 @@ func (r rueidisClient) Subscribe(ctx context.Context, channel string, sharded bo
 		sub = r.c.B().Subscribe().Channel(channel).Build()
 	}
 	err := r.c.Receive(rctx, sub, func(m rueidis.PubSubMessage) { message(m.Message) })
+	unsubscribing.Wait()
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
