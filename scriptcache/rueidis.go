@@ -16,12 +16,13 @@ import (
 // rueidisClient is the Client of a rueidis.Client.
 type rueidisClient struct {
 	c        rueidis.Client
-	inflight *atomic.Int64 // Eval calls in progress
+	inflight *atomic.Int64  // Eval calls in progress
+	subs     *subscriptions // one Receive per channel (see Subscribe)
 }
 
 // newRueidisClient returns the Client of c.
 func newRueidisClient(c rueidis.Client) rueidisClient {
-	return rueidisClient{c: c, inflight: new(atomic.Int64)}
+	return rueidisClient{c: c, inflight: new(atomic.Int64), subs: &subscriptions{byKey: map[subKey]*shared{}}}
 }
 
 func (r rueidisClient) Cluster() bool { return r.c.Mode() == rueidis.ClientModeCluster }
@@ -245,8 +246,152 @@ func (r rueidisClient) LoadScripts(ctx context.Context, bodies ...string) error 
 	return errors.Join(errs...)
 }
 
-// Subscribe runs Receive. Receive leaves the server-side subscription in
-// place when its context ends; Subscribe unsubscribes on the same
+// Subscribe shares one Receive of the channel among the Subscribe calls
+// of the client that want it at once (several Lockers and Managers on one
+// client wait on the same names), and starts a channel's Receive only
+// once the one before it has ended, its UNSUBSCRIBE answered.
+//
+// rueidis hands a subscription's messages to a buffer of 16 that only its
+// Receive loop reads, and its connection's reader, which reads the
+// replies of every call of the client, waits for room there. So a
+// subscription must never be registered where its loop does not read:
+// a second Receive of a channel the connection already receives, which
+// takes its messages from the moment it is registered but reads them
+// only once its own SUBSCRIBE is answered, stalled the connection, the
+// answer behind more than 16 messages, until the connection was closed
+// (the chaos harness, issue 32: every call of a node stalled for seconds,
+// leases lost, with no fault in force). Sharing also keeps one Receive's
+// UNSUBSCRIBE from ending the subscription of another on the same
+// connection: Redis counts subscriptions per connection, and rueidis
+// drops every local subscription of the channel when one is confirmed.
+func (r rueidisClient) Subscribe(ctx context.Context, channel string, sharded bool, subscribed func(), message func(string)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	me := &subscriber{subscribed: subscribed, message: message}
+	sh := r.subs.join(r, subKey{channel, sharded}, me)
+	select {
+	case <-ctx.Done():
+		r.subs.leave(sh, me)
+		return ctx.Err()
+	case <-sh.done:
+		r.subs.leave(sh, me)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return sh.err
+	}
+}
+
+// subscriptions are the channels a client receives, each shared by the
+// Subscribe calls that want it.
+type subscriptions struct {
+	mu    sync.Mutex
+	byKey map[subKey]*shared // the Receive a new Subscribe joins
+}
+
+type subKey struct {
+	channel string
+	sharded bool
+}
+
+// shared is one Receive of a channel and the Subscribe calls it serves.
+// Its goroutine is owned by them: the last to leave ends it and waits
+// for it.
+type shared struct {
+	stop context.CancelFunc
+	done chan struct{} // closed when the Receive has returned
+	err  error         // its error, set before done is closed
+
+	// mu is held while the callbacks run, so that none runs for a
+	// subscriber once leave has returned.
+	mu        sync.Mutex
+	subs      map[*subscriber]struct{}
+	confirmed bool // the server confirmed the subscription at least once
+	ending    bool // its last subscriber left (guarded by subscriptions.mu)
+}
+
+type subscriber struct {
+	subscribed func()
+	message    func(string)
+}
+
+// join adds me to the channel's Receive, starting one if there is none
+// (after the one that is ending, if any: see Subscribe).
+func (s *subscriptions) join(r rueidisClient, k subKey, me *subscriber) *shared {
+	s.mu.Lock()
+	sh := s.byKey[k]
+	if sh == nil || sh.ending {
+		prev := sh
+		ctx, stop := context.WithCancel(context.Background())
+		sh = &shared{stop: stop, done: make(chan struct{}), subs: map[*subscriber]struct{}{}}
+		s.byKey[k] = sh
+		go s.run(ctx, r, k, sh, prev)
+	}
+	s.mu.Unlock()
+	sh.mu.Lock()
+	sh.subs[me] = struct{}{}
+	if sh.confirmed {
+		me.subscribed() // subscribed already: as a confirmation would
+	}
+	sh.mu.Unlock()
+	return sh
+}
+
+// leave removes me from sh; the last to leave ends sh's Receive and waits
+// for it (its UNSUBSCRIBE included).
+func (s *subscriptions) leave(sh *shared, me *subscriber) {
+	sh.mu.Lock()
+	delete(sh.subs, me)
+	last := len(sh.subs) == 0
+	sh.mu.Unlock()
+	if !last {
+		return
+	}
+	s.mu.Lock()
+	sh.mu.Lock()
+	last = len(sh.subs) == 0 // a join may have come meanwhile
+	sh.mu.Unlock()
+	if last {
+		sh.ending = true
+	}
+	s.mu.Unlock()
+	if last {
+		sh.stop()
+		<-sh.done
+	}
+}
+
+// run is sh's Receive, after prev's has ended.
+func (s *subscriptions) run(ctx context.Context, r rueidisClient, k subKey, sh *shared, prev *shared) {
+	defer close(sh.done)
+	if prev != nil {
+		<-prev.done
+	}
+	sh.err = r.receive(ctx, k.channel, k.sharded, func() {
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		sh.confirmed = true
+		for sub := range sh.subs {
+			sub.subscribed()
+		}
+	}, func(payload string) {
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		for sub := range sh.subs {
+			sub.message(payload)
+		}
+	})
+	sh.stop()
+	s.mu.Lock()
+	if s.byKey[k] == sh {
+		delete(s.byKey, k) // the next Subscribe starts afresh
+	}
+	s.mu.Unlock()
+}
+
+// receive runs Receive. Receive leaves the server-side subscription in
+// place when its context ends; receive unsubscribes on the same
 // connection, so a process that waited on many names does not stay
 // subscribed to all.
 //
@@ -258,7 +403,7 @@ func (r rueidisClient) LoadScripts(ctx context.Context, bodies ...string) error 
 // handing the 17th to that buffer, and every call on the connection,
 // which all of the client's calls share, stalled for the hook's second.
 // Once Receive has returned, rueidis drains and drops the buffer.
-func (r rueidisClient) Subscribe(ctx context.Context, channel string, sharded bool, subscribed func(), message func(string)) error {
+func (r rueidisClient) receive(ctx context.Context, channel string, sharded bool, subscribed func(), message func(string)) error {
 	rctx := rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
 		if s.Kind == "subscribe" || s.Kind == "ssubscribe" {
 			subscribed()
