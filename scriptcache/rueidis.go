@@ -328,8 +328,11 @@ func (s *subscriptions) join(r rueidisClient, k subKey, me *subscriber) *shared 
 		s.byKey[k] = sh
 		go s.run(ctx, r, k, sh, prev)
 	}
-	s.mu.Unlock()
+	// Added under s.mu too, so that a leave that finds sh without
+	// subscribers (and ends it) is never before this join and after its
+	// choice of sh.
 	sh.mu.Lock()
+	s.mu.Unlock()
 	sh.subs[me] = struct{}{}
 	if sh.confirmed {
 		me.subscribed() // subscribed already: as a confirmation would
