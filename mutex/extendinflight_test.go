@@ -39,7 +39,7 @@ func TestExtendShorterInFlightBoundsHold(t *testing.T) {
 		lctx, cancel := context.WithTimeout(ctx, signal)
 		defer cancel()
 		if err := other.TryLock(lctx); !errors.Is(err, mutex.ErrNotObtained) {
-			granted <- fmt.Errorf("TryLock under the hold: %v, want ErrNotObtained", err)
+			granted <- fmt.Errorf("TryLock under the hold: %w, want ErrNotObtained", err)
 			return
 		}
 		close(waiting)
