@@ -371,6 +371,13 @@ func (s *subscriptions) run(ctx context.Context, r rueidisClient, k subKey, sh *
 	if prev != nil {
 		<-prev.done
 	}
+	if err := ctx.Err(); err != nil {
+		// Its subscribers left while it waited: no SUBSCRIBE, and no
+		// UNSUBSCRIBE that a stopped server would hold for a second.
+		sh.err = err
+		s.forget(k, sh)
+		return
+	}
 	sh.err = r.receive(ctx, k.channel, k.sharded, func() {
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
@@ -386,11 +393,17 @@ func (s *subscriptions) run(ctx context.Context, r rueidisClient, k subKey, sh *
 		}
 	})
 	sh.stop()
+	s.forget(k, sh)
+}
+
+// forget removes sh, whose Receive has ended, from s: the next Subscribe
+// of its channel starts afresh.
+func (s *subscriptions) forget(k subKey, sh *shared) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.byKey[k] == sh {
-		delete(s.byKey, k) // the next Subscribe starts afresh
+		delete(s.byKey, k)
 	}
-	s.mu.Unlock()
 }
 
 // receive runs Receive. Receive leaves the server-side subscription in
