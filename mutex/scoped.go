@@ -120,9 +120,11 @@ var ErrNotFixed = errors.New("mutex: lease is renewed by the watchdog, not fixed
 // it back before it returns. A new lease that ends before the old one
 // wakes the Locks waiting for the lock (they sleep at most until the end of
 // the lease they were refused under), so that they wait for the new end.
-// An Extend that fails with its outcome unknown (ctx ended, the connection
-// failed) may have been applied: if its lease ends before the old one,
-// the hold is known to last only until then (HeldUntil, Valid, Lost).
+// A new lease that ends before the old one bounds the hold from the moment
+// the call is sent, since the server may apply it before its reply comes
+// back: the hold is known to last only until its end (HeldUntil, Valid,
+// Lost), also if the call fails with its outcome unknown (ctx ended, the
+// connection failed) or is refused.
 func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) {
 	if m.set.watchdog {
 		return time.Time{}, fmt.Errorf("%w: %q", ErrNotFixed, m.Name())
@@ -142,12 +144,13 @@ func (m *Mutex) Extend(ctx context.Context, d time.Duration) (time.Time, error) 
 		return time.Time{}, fmt.Errorf("%w: %q", ErrNotHeld, m.Name())
 	}
 	sent := time.Now()
+	// A shorter lease takes effect when the call reaches the server, and
+	// another owner may get the lock when it ends, before the reply is
+	// back (a slow network): the hold follows the shorter end from now.
+	m.mayHaveExtended(gen, sent, d)
 	rep := m.l.renew.Exec(ctx, []string{m.key(keyLock), m.key(keyWake)}, []string{m.owner, tokenArg, strconv.FormatInt(d.Milliseconds(), 10), m.l.pubMode})
 	ok, err := rep.AsInt64()
 	if err != nil {
-		if !rep.ServerError() {
-			m.mayHaveExtended(gen, sent, d)
-		}
 		return time.Time{}, fmt.Errorf("mutex: extend %q: %w", m.Name(), inner(err))
 	}
 	if ok == 0 {
@@ -208,14 +211,17 @@ func (m *Mutex) replaceLease(gen uint64, sent time.Time, d time.Duration, old *l
 	return lse
 }
 
-// mayHaveExtended follows an Extend by d, sent at sent, whose outcome is
-// unknown (its context ended, or the connection failed, before the
-// reply): the server may have taken the new lease or not. If the new one
-// ends first (an Extend that shortens), the hold is known to last only
-// until its end, so HeldUntil, Valid and Lost follow it: keeping the old
-// end would let this client believe it holds the lock after the server
-// freed it for others. A longer new lease changes nothing: the old end
-// holds either way. Called with m.op held.
+// mayHaveExtended follows an Extend by d, sent at sent, from its send on:
+// until its reply, and for good if its outcome stays unknown (its context
+// ended, or the connection failed, before the reply), the server may have
+// taken the new lease or not. If the new one ends first (an Extend that
+// shortens), the hold is known to last only until its end, so HeldUntil,
+// Valid and Lost follow it: keeping the old end would let this client
+// believe it holds the lock after the server freed it for others (also
+// while the reply is on its way). A longer new lease changes nothing: the
+// old end holds either way. An Extend that the server refused (an error
+// reply) leaves the hold with the shorter end: early, never late. Called
+// with m.op held.
 func (m *Mutex) mayHaveExtended(gen uint64, sent time.Time, d time.Duration) {
 	m.mu.Lock()
 	old := m.lse

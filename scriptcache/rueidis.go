@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,12 +16,13 @@ import (
 // rueidisClient is the Client of a rueidis.Client.
 type rueidisClient struct {
 	c        rueidis.Client
-	inflight *atomic.Int64 // Eval calls in progress
+	inflight *atomic.Int64  // Eval calls in progress
+	subs     *subscriptions // one Receive per channel (see Subscribe)
 }
 
 // newRueidisClient returns the Client of c.
 func newRueidisClient(c rueidis.Client) rueidisClient {
-	return rueidisClient{c: c, inflight: new(atomic.Int64)}
+	return rueidisClient{c: c, inflight: new(atomic.Int64), subs: &subscriptions{byKey: map[subKey]*shared{}}}
 }
 
 func (r rueidisClient) Cluster() bool { return r.c.Mode() == rueidis.ClientModeCluster }
@@ -244,25 +246,197 @@ func (r rueidisClient) LoadScripts(ctx context.Context, bodies ...string) error 
 	return errors.Join(errs...)
 }
 
-// Subscribe runs Receive. Receive leaves the server-side subscription in
-// place when its context ends; Subscribe unsubscribes on the same
+// Subscribe shares one Receive of the channel among the Subscribe calls
+// of the client that want it at once (several Lockers and Managers on one
+// client wait on the same names), and starts a channel's Receive only
+// once the one before it has ended, its UNSUBSCRIBE answered.
+//
+// rueidis hands a subscription's messages to a buffer of 16 that only its
+// Receive loop reads, and its connection's reader, which reads the
+// replies of every call of the client, waits for room there. So a
+// subscription must never be registered where its loop does not read:
+// a second Receive of a channel the connection already receives, which
+// takes its messages from the moment it is registered but reads them
+// only once its own SUBSCRIBE is answered, stalled the connection, the
+// answer behind more than 16 messages, until the connection was closed
+// (the chaos harness, issue 32: every call of a node stalled for seconds,
+// leases lost, with no fault in force). Sharing also keeps one Receive's
+// UNSUBSCRIBE from ending the subscription of another on the same
+// connection: Redis counts subscriptions per connection, and rueidis
+// drops every local subscription of the channel when one is confirmed.
+func (r rueidisClient) Subscribe(ctx context.Context, channel string, sharded bool, subscribed func(), message func(string)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	me := &subscriber{subscribed: subscribed, message: message}
+	sh := r.subs.join(r, subKey{channel, sharded}, me)
+	select {
+	case <-ctx.Done():
+		r.subs.leave(sh, me)
+		return ctx.Err()
+	case <-sh.done:
+		r.subs.leave(sh, me)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return sh.err
+	}
+}
+
+// subscriptions are the channels a client receives, each shared by the
+// Subscribe calls that want it.
+type subscriptions struct {
+	mu    sync.Mutex
+	byKey map[subKey]*shared // the Receive a new Subscribe joins
+}
+
+type subKey struct {
+	channel string
+	sharded bool
+}
+
+// shared is one Receive of a channel and the Subscribe calls it serves.
+// Its goroutine is owned by them: the last to leave ends it and waits
+// for it.
+type shared struct {
+	stop context.CancelFunc
+	done chan struct{} // closed when the Receive has returned
+	err  error         // its error, set before done is closed
+
+	// mu is held while the callbacks run, so that none runs for a
+	// subscriber once leave has returned.
+	mu        sync.Mutex
+	subs      map[*subscriber]struct{}
+	confirmed bool // the server confirmed the subscription at least once
+	ending    bool // its last subscriber left (guarded by subscriptions.mu)
+}
+
+type subscriber struct {
+	subscribed func()
+	message    func(string)
+}
+
+// join adds me to the channel's Receive, starting one if there is none
+// (after the one that is ending, if any: see Subscribe).
+func (s *subscriptions) join(r rueidisClient, k subKey, me *subscriber) *shared {
+	s.mu.Lock()
+	sh := s.byKey[k]
+	if sh == nil || sh.ending {
+		prev := sh
+		ctx, stop := context.WithCancel(context.Background())
+		sh = &shared{stop: stop, done: make(chan struct{}), subs: map[*subscriber]struct{}{}}
+		s.byKey[k] = sh
+		go s.run(ctx, r, k, sh, prev)
+	}
+	// Added under s.mu too, so that a leave that finds sh without
+	// subscribers (and ends it) is never before this join and after its
+	// choice of sh.
+	sh.mu.Lock()
+	s.mu.Unlock()
+	sh.subs[me] = struct{}{}
+	if sh.confirmed {
+		me.subscribed() // subscribed already: as a confirmation would
+	}
+	sh.mu.Unlock()
+	return sh
+}
+
+// leave removes me from sh; the last to leave ends sh's Receive and waits
+// for it (its UNSUBSCRIBE included).
+func (s *subscriptions) leave(sh *shared, me *subscriber) {
+	sh.mu.Lock()
+	delete(sh.subs, me)
+	last := len(sh.subs) == 0
+	sh.mu.Unlock()
+	if !last {
+		return
+	}
+	s.mu.Lock()
+	sh.mu.Lock()
+	last = len(sh.subs) == 0 // a join may have come meanwhile
+	sh.mu.Unlock()
+	if last {
+		sh.ending = true
+	}
+	s.mu.Unlock()
+	if last {
+		sh.stop()
+		<-sh.done
+	}
+}
+
+// run is sh's Receive, after prev's has ended.
+func (s *subscriptions) run(ctx context.Context, r rueidisClient, k subKey, sh *shared, prev *shared) {
+	defer close(sh.done)
+	if prev != nil {
+		<-prev.done
+	}
+	if err := ctx.Err(); err != nil {
+		// Its subscribers left while it waited: no SUBSCRIBE, and no
+		// UNSUBSCRIBE that a stopped server would hold for a second.
+		sh.err = err
+		s.forget(k, sh)
+		return
+	}
+	sh.err = r.receive(ctx, k.channel, k.sharded, func() {
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		sh.confirmed = true
+		for sub := range sh.subs {
+			sub.subscribed()
+		}
+	}, func(payload string) {
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		for sub := range sh.subs {
+			sub.message(payload)
+		}
+	})
+	sh.stop()
+	s.forget(k, sh)
+}
+
+// forget removes sh, whose Receive has ended, from s: the next Subscribe
+// of its channel starts afresh.
+func (s *subscriptions) forget(k subKey, sh *shared) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.byKey[k] == sh {
+		delete(s.byKey, k)
+	}
+}
+
+// receive runs Receive. Receive leaves the server-side subscription in
+// place when its context ends; receive unsubscribes on the same
 // connection, so a process that waited on many names does not stay
 // subscribed to all.
-func (r rueidisClient) Subscribe(ctx context.Context, channel string, sharded bool, subscribed func(), message func(string)) error {
+//
+// The UNSUBSCRIBE is sent from Receive's return hook but awaited only
+// once Receive has returned. The hook runs before Receive lets go of the
+// subscription's message buffer (16 messages, read only by its loop,
+// which has stopped): awaited there, a reply behind more than 16 messages
+// of the channel never came, since the connection's reader blocked
+// handing the 17th to that buffer, and every call on the connection,
+// which all of the client's calls share, stalled for the hook's second.
+// Once Receive has returned, rueidis drains and drops the buffer.
+func (r rueidisClient) receive(ctx context.Context, channel string, sharded bool, subscribed func(), message func(string)) error {
 	rctx := rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
 		if s.Kind == "subscribe" || s.Kind == "ssubscribe" {
 			subscribed()
 		}
 	})
+	var unsubscribing sync.WaitGroup
 	rctx = rueidis.WithOnReceiveReturnHook(rctx, func(err error, cc rueidis.CommandClient) error {
 		if ctx.Err() != nil {
-			uctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			if sharded {
-				cc.Do(uctx, cc.B().Sunsubscribe().Channel(channel).Build())
-			} else {
-				cc.Do(uctx, cc.B().Unsubscribe().Channel(channel).Build())
-			}
+			unsubscribing.Go(func() {
+				uctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				if sharded {
+					cc.Do(uctx, cc.B().Sunsubscribe().Channel(channel).Build())
+				} else {
+					cc.Do(uctx, cc.B().Unsubscribe().Channel(channel).Build())
+				}
+			})
 		}
 		return err
 	})
@@ -273,6 +447,7 @@ func (r rueidisClient) Subscribe(ctx context.Context, channel string, sharded bo
 		sub = r.c.B().Subscribe().Channel(channel).Build()
 	}
 	err := r.c.Receive(rctx, sub, func(m rueidis.PubSubMessage) { message(m.Message) })
+	unsubscribing.Wait()
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}

@@ -162,7 +162,7 @@ func (s *Semaphore) call(ctx context.Context, id string, n int64, mode attemptMo
 		r, err := s.parse(res, !s.fairCall(n))
 		if err == nil && r.status == 1 && got < acks {
 			// Too few replicas have it: a failover now could grant it again.
-			s.cleanup(ctx, id)
+			s.cleanup(id)
 			return reply{}, fmt.Errorf("%w: %q: %d of %d replicas", ErrNotReplicated, s.name, got, acks)
 		}
 		return r, err
@@ -308,7 +308,7 @@ func (s *Semaphore) attemptOnce(ctx context.Context, id string, n int64, mode at
 			// script): it may have run and granted the permit anyway. Give
 			// it back so a failed Acquire holds nothing. A call abandoned
 			// because ctx ended hands its late reply to releaseLate instead.
-			s.cleanup(ctx, id)
+			s.cleanup(id)
 		}
 		if ctx.Err() != nil {
 			return res, s.notObtained(ctx.Err())
@@ -337,7 +337,7 @@ func (s *Semaphore) attemptOnce(ctx context.Context, id string, n int64, mode at
 // returns an error wrapping ErrNotObtained and lease.ErrLate.
 func (s *Semaphore) newPermit(ctx context.Context, id string, n int64, sent time.Time) (*Permit, error) {
 	if !lease.Live(sent, s.m.lease, time.Now()) {
-		s.cleanup(ctx, id)
+		s.cleanup(id)
 		return nil, s.notObtained(lease.ErrLate)
 	}
 	p := &Permit{s: s, id: id, weight: n, lost: make(chan struct{}), since: sent}
@@ -353,7 +353,7 @@ func (s *Semaphore) newPermit(ctx context.Context, id string, n int64, sent time
 	p.mu.Unlock()
 	if closed {
 		// Close ran during the request: nobody would renew this permit.
-		s.cleanup(ctx, id)
+		s.cleanup(id)
 		return nil, ErrClosed
 	}
 	return p, nil

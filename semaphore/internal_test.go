@@ -220,7 +220,7 @@ func TestFairBypassLimit(t *testing.T) {
 			if r.status != 1 {
 				t.Fatalf("light waiter %d = %+v, want granted past the blocked head", i, r)
 			}
-			s.cleanup(ctx, id)
+			s.cleanup(id)
 			continue
 		}
 		if r.status != 0 {
@@ -233,7 +233,7 @@ func TestFairBypassLimit(t *testing.T) {
 	if r, err := s.call(ctx, "heavy", 2, afterWait); err != nil || r.status != 1 {
 		t.Fatalf("heavy waiter after the release = %+v, %v; want granted", r, err)
 	}
-	s.cleanup(ctx, "heavy")
+	s.cleanup("heavy")
 	if r, err := s.call(ctx, "light"+strconv.Itoa(bypassLimit), 1, afterWait); err != nil || r.status != 1 {
 		t.Fatalf("last light waiter after the heavy one = %+v, %v; want granted", r, err)
 	}

@@ -120,11 +120,21 @@ func releaseHeld(r scriptcache.Reply, fair bool) (held int64, err error) {
 }
 
 // cleanup releases id (on a fair semaphore also its queue entry), best
-// effort, with its own deadline since ctx may be done already.
-func (s *Semaphore) cleanup(ctx context.Context, id string) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+// effort, for an Acquire that fails (its caller waits for it): within
+// cleanupTimeout, or a second after Close, as every give-back of the
+// Manager (a second of its own if Close came first), so that a server
+// that stopped answering holds the Acquire no longer than Close. The
+// caller's ctx may be done already, and did not bound it either.
+func (s *Semaphore) cleanup(id string) {
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if s.m.bg.Closed() {
+		ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+	} else {
+		ctx, cancel = s.m.bg.Bounded(cleanupTimeout)
+	}
 	defer cancel()
-	s.releaseCall(cctx, id, true)
+	s.releaseCall(ctx, id, true)
 }
 
 // cleanupInGroup is cleanup run in a goroutine of the Manager's group,

@@ -324,9 +324,17 @@ func (w *world) apply(ctx context.Context, f fault) error {
 	var err error
 	switch f.kind {
 	case "latency", "lag":
-		nd.proxy.SetLatency(f.base, f.base/4)
+		jitter := f.base / 4
+		nd.proxy.SetLatency(f.base, jitter)
 		hold()
 		nd.proxy.SetLatency(0, 0)
+		// The proxy delays each chunk by what was in force when it read
+		// it, and writes a connection's chunks in order: those read just
+		// before now are written up to base+jitter later, and what is
+		// sent meanwhile waits behind them (seed 1795919402220820657's lag
+		// of 2.7 s on node 1: a call sent 0.6 s after the lag ended took
+		// 2.7 s). The fault ends when they are through.
+		w.hist.fault(from, time.Now().Add(f.base+jitter+w.cfg.Lease), f.kind, f.res, hit)
 	case "race":
 		x := nd
 		var y *node
