@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicekit/sluice/internal/scriptexec"
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
@@ -129,7 +130,7 @@ func (s *Semaphore) cleanup(id string) {
 	var ctx context.Context
 	var cancel context.CancelFunc
 	if s.m.bg.Closed() {
-		ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+		ctx, cancel = scriptexec.AfterClose(cleanupTimeout)
 	} else {
 		ctx, cancel = s.m.bg.Bounded(cleanupTimeout)
 	}
