@@ -582,7 +582,13 @@ func (w *world) exactWorker(ctx context.Context, n *node, g int, rng *rand.Rand,
 			// Redis, so that every figure is the script's own.
 			l = n.counters
 			k.what = "counters"
+			// A third of the groups take a GCRA counter of Burst 1
+			// (one request at a time, no bucket to spend).
+			burst1 := rng.IntN(3) == 0
 			for i, s := range specs {
+				if burst1 && s.algo == ratelimit.GCRA {
+					s.limit.Burst = 1
+				}
 				k.models = append(k.models, newModel(s))
 				k.counters = append(k.counters, ratelimit.Counter{Key: "c" + strconv.Itoa(i), Policy: ratelimit.Policy{Algorithm: s.algo, Limit: s.limit}})
 			}

@@ -167,7 +167,7 @@ func (h *history) operator(res, what string) (done func()) {
 	for r, c := range h.capacity {
 		if res == "" || r == res {
 			resets = append(resets, reset{r, len(h.capChanges[r])})
-			h.capChanges[r] = append(h.capChanges[r], capChange{at: now, done: now, cap: c, failed: true})
+			h.capChanges[r] = append(h.capChanges[r], capChange{at: now, done: now, cap: c, failed: true, wipe: true})
 		}
 	}
 	var before []*hold
@@ -724,6 +724,7 @@ type capChange struct {
 	at, done time.Time
 	cap      int64
 	failed   bool // the call failed: it may or may not have taken effect
+	wipe     bool // the keys were removed (an operator): no capacity is set after it
 }
 
 // setCapacity records a SetCapacity of res to c, called at at and
@@ -731,7 +732,7 @@ type capChange struct {
 // effect: until the next change, either capacity may be in force.
 func (h *history) setCapacity(res string, at, done time.Time, c int64, failed bool) {
 	h.mu.Lock()
-	h.capChanges[res] = append(h.capChanges[res], capChange{at, done, c, failed})
+	h.capChanges[res] = append(h.capChanges[res], capChange{at: at, done: done, cap: c, failed: failed})
 	h.mu.Unlock()
 }
 
@@ -757,6 +758,37 @@ func (h *history) capacityLocked(res string, from, to time.Time) int64 {
 		}
 	}
 	return best
+}
+
+// capacityKnownLocked returns the capacity of res in force all through
+// [from, to] and whether SetCapacity set it, if the history tells it for
+// sure: the change that ended last before from succeeded and overlapped
+// no other, and no change overlapped the span. Before any change, the
+// capacity res was made with is in force, not set. Called with h.mu held.
+func (h *history) capacityKnownLocked(res string, from, to time.Time) (c int64, set, ok bool) {
+	var last *capChange
+	for i := range h.capChanges[res] {
+		ch := &h.capChanges[res][i]
+		if !ch.at.After(to) && !ch.done.Before(from) {
+			return 0, false, false
+		}
+		if ch.done.Before(from) && (last == nil || ch.done.After(last.done)) {
+			last = ch
+		}
+	}
+	if last == nil {
+		return h.capacity[res], false, true
+	}
+	for i := range h.capChanges[res] {
+		ch := &h.capChanges[res][i]
+		if ch != last && ch.done.Before(from) && ch.done.After(last.at) {
+			return 0, false, false // two changes at once: either may have come last
+		}
+	}
+	if last.failed {
+		return 0, false, false
+	}
+	return last.cap, !last.wipe, true
 }
 
 // A wrongSpan is a time the HTTP rate limiter's key surely held a string:

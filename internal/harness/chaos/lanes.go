@@ -129,6 +129,7 @@ type laneState struct {
 	expiries []expiry
 	suspects []suspect
 	retried  []func() // releaseLane's checks of retried releases
+	later    []func() // checks decided after the run, before the suspects (later)
 }
 
 func (ls *laneState) add(wt *laneWait) {
@@ -188,6 +189,8 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	w.hist.capacity[lanePass] = lanePassCap
 	w.hist.capacity[laneQuietSem] = 1
 	w.hist.capacity[laneReplSem] = 2
+	w.hist.capacity[laneCapSem] = laneCapMade
+	w.hist.capacity[laneCapFair] = laneCapMade
 	w.hist.mu.Unlock()
 	pollWG.Go(func() {
 		defer pl.client.Close()
@@ -259,6 +262,16 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 			}
 		}
 	}
+	// The capacity lanes (capacity.go), after all of them.
+	for _, n := range w.nodes {
+		for _, l := range []lane{{laneCapSem, 2, w.capLaneOp, 20 * time.Millisecond}, {laneCapFair, 2, w.capFairLaneOp, 20 * time.Millisecond}} {
+			for j := range l.per {
+				run(n, l, j, rng.Uint64())
+			}
+		}
+	}
+	capSeed := rng.Uint64()
+	wg.Go(func() { w.capacitySetter(ctx, rand.New(rand.NewPCG(capSeed, 0xca9))) })
 	return nil
 }
 
@@ -1281,6 +1294,12 @@ func (w *world) checkLanes() map[string]int {
 	w.checkWriterPreference()
 	w.checkValidity()
 	w.checkLeaseEnds()
+	w.ln.mu.Lock()
+	later := slices.Clone(w.ln.later)
+	w.ln.mu.Unlock()
+	for _, check := range later {
+		check()
+	}
 	w.checkSuspects()
 	w.ln.mu.Lock()
 	retried := slices.Clone(w.ln.retried)
