@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,6 +54,8 @@ const (
 	laneFair  = "lf"
 	laneRW    = "lrw"
 	laneTake  = "lt"
+	// lwt: lt's takeovers of RWMutex write holds (owner.go).
+	laneRWTake = "lwt"
 	// le: a plain Mutex of few contenders (one goroutine a node, resting
 	// between holds), whose holders often leave a long fixed lease
 	// shortened by Extend to expire: with nobody else awake, a waiter that
@@ -156,7 +159,7 @@ type laneNode struct {
 
 // laneResources lists the lanes' resources and how the poller reads them.
 func laneResources() map[string]pollKind {
-	r := map[string]pollKind{laneMutex: pollMutex, laneFair: pollMutex, laneRW: pollRW, laneTake: pollMutex, laneQuiet: pollMutex,
+	r := map[string]pollKind{laneMutex: pollMutex, laneFair: pollMutex, laneRW: pollRW, laneTake: pollMutex, laneRWTake: pollRW, laneQuiet: pollMutex,
 		lanePSem: pollSem, laneFSem: pollSem, lanePass: pollSem, laneQuietSem: pollSem}
 	for _, n := range laneMulti {
 		r[n] = pollMutex
@@ -269,6 +272,13 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 				run(n, l, j, rng.Uint64())
 			}
 		}
+	}
+	for _, n := range w.nodes {
+		run(n, lane{laneRWTake, 1, w.rwTakeContender, 60 * time.Millisecond}, 0, rng.Uint64())
+	}
+	for i := range 2 {
+		rwTakeSeed := rng.Uint64()
+		wg.Go(func() { w.rwTakeovers(ctx, rand.New(rand.NewPCG(rwTakeSeed, 0x7a6f)), strconv.Itoa(i)) })
 	}
 	capSeed := rng.Uint64()
 	wg.Go(func() { w.capacitySetter(ctx, rand.New(rand.NewPCG(capSeed, 0xca9))) })
