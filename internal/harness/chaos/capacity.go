@@ -210,7 +210,7 @@ func (w *world) capacitySetter(ctx context.Context, rng *rand.Rand) {
 		at := time.Now()
 		err = s.SetCapacity(sctx, c)
 		cancel()
-		w.hist.setCapacity(res, at, time.Now(), c, err != nil)
+		w.hist.setCapacity(res, n.i, at, time.Now(), c, err != nil)
 		w.count("lane.setcapacity")
 		if err != nil && !n.closed.Load() {
 			w.expected("SetCapacity", at, err)

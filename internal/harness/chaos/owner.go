@@ -87,6 +87,12 @@ func (w *world) takeoverOf(ctx context.Context, rng *rand.Rand, a, b *node, id, 
 	ret := time.Now()
 	if err != nil {
 		w.expected("takeover Lock", call, err, mutexErrs...)
+		if res == laneRWTake {
+			// Refused, it set a writer's mark (markSpans).
+			w.ln.mu.Lock()
+			w.ln.markers = append(w.ln.markers, &laneWait{prim: kind, res: res, owner: id, node: b.i, weight: 1, call: call, ret: ret, err: err})
+			w.ln.mu.Unlock()
+		}
 		// The Lock may have been granted late (superseding A) and given
 		// back: A's loss is then the workload's own.
 		w.hist.mu.Lock()
