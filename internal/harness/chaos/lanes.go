@@ -43,6 +43,9 @@ import (
 //   - lrl: RWMutex holds past two of the watchdog's renewals, Info after
 //     them; rwf, mf: an RWMutex and a Mutex that an operator force-unlocks
 //     among their holders (forcer);
+//   - lcs, lcf: a plain and a fair semaphore whose capacity an operator
+//     sets (capacity.go); lwt: lt's takeovers of RWMutex write holds;
+//     lqr: an RWMutex whose writers give up under waiting readers;
 //   - mortals: a client of its own that crashes (its connections closed at
 //     once, nothing it sends reaches Redis after) while it holds or waits in
 //     a lane, leaving its lease, queue entry or writer's mark to run out;
