@@ -146,6 +146,10 @@ func (w *world) checkAnytime() {
 		}
 		rounds[res] = m
 	}
+	ls.mu.Lock()
+	markers := slices.Clone(ls.markers)
+	ls.mu.Unlock()
+	marks := w.markSpans(append(markers, waits...))
 	for _, wt := range waits {
 		if wt.try {
 			continue
@@ -158,8 +162,58 @@ func (w *world) checkAnytime() {
 				}
 			}
 		}
-		w.checkWaitDue(wt, views[wt.res], rounds, holds)
+		w.checkWaitDue(wt, views[wt.res], rounds, holds, marks[wt.res])
 	}
+}
+
+// markLimit is the longest a writer's mark runs: min(lease, 2 s) (the
+// RWMutex doc, "Writers are not starved").
+const markLimit = 2 * time.Second
+
+// A span is a stretch of time.
+type span struct{ from, to time.Time }
+
+// markSpans returns, by resource, when a writer's mark could run: from a
+// write acquisition's call to its grant (a grant takes its mark out) or,
+// for one that gave up, a quarter lease past its return (the give-back
+// withdraws it); a mark long past (markLimit) if its writer crashed, or if
+// a fault of its node or the server came near (the withdrawal may not
+// have reached Redis). A reader that a view shows refused only by a mark
+// that no writer could have set then is due (stranded by a mark that
+// outlived its writer's wait).
+func (w *world) markSpans(waits []*laneWait) map[string][]span {
+	h := w.hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := map[string][]span{}
+	for _, wt := range waits {
+		if wt.prim != "write" {
+			continue
+		}
+		end := wt.end()
+		switch {
+		case wt.node < 0:
+			end = maxTime(end, wt.cut).Add(markLimit)
+		case wt.x == nil && h.renewalsHitLocked(wt.call, wt.ret.Add(w.cfg.Lease/4), wt.node):
+			end = end.Add(markLimit)
+		case wt.x == nil:
+			end = end.Add(w.cfg.Lease / 4)
+		}
+		out[wt.res] = append(out[wt.res], span{wt.call, end})
+	}
+	return out
+}
+
+// markJustified reports whether a writer's mark seen in a view taken in
+// [call, ret] may be one a writer set: some mark span overlaps the
+// markLimit before ret.
+func markJustified(spans []span, call, ret time.Time) bool {
+	for _, m := range spans {
+		if !m.from.After(ret) && !m.to.Before(call.Add(-markLimit/8)) {
+			return true
+		}
+	}
+	return false
 }
 
 // resources are the names wt waits for.
@@ -170,7 +224,7 @@ func (wt *laneWait) resources() []string {
 	return []string{wt.res}
 }
 
-func (w *world) checkWaitDue(wt *laneWait, views []snap, rounds map[string]map[int]snap, holds []*hold) {
+func (w *world) checkWaitDue(wt *laneWait, views []snap, rounds map[string]map[int]snap, holds []*hold, marks []span) {
 	end := wt.end()
 	if !wt.cut.IsZero() && wt.cut.Before(end) {
 		end = wt.cut // a dead waiter is due nothing
@@ -200,6 +254,9 @@ func (w *world) checkWaitDue(wt *laneWait, views []snap, rounds map[string]map[i
 			}
 		}
 		ok, st := due(wt, s, others)
+		if !ok && wt.prim == "read" && s.owner == "" && s.mark > s.now && !markJustified(marks, s.call, s.ret) {
+			ok, st = true, fmt.Sprintf("no writer; a mark to %d ms later that no writer waiting could have set", s.mark-s.now)
+		}
 		if !ok {
 			flush()
 			continue
@@ -237,7 +294,6 @@ func (w *world) judgeRun(wt *laneWait, run []snap, state string, holds []*hold) 
 		return
 	}
 	// The longest spell of the run with no conflicting hold in progress.
-	type span struct{ from, to time.Time }
 	var busy []span
 	for _, o := range holds {
 		if o.start.Before(to) && o.end.After(from) && !seenBy(run, o) {

@@ -71,7 +71,7 @@ func TestJudgeFairWaiterAfterRelease(t *testing.T) {
 				views = append(views, snap{call: at, ret: at.Add(2 * time.Millisecond), now: now, owner: owner, token: token,
 					queue: []entry{{id: "x.6", owner: wt.owner, expiry: now + lease.Milliseconds()}}})
 			}
-			w.checkWaitDue(wt, views, nil, []*hold{o})
+			w.checkWaitDue(wt, views, nil, []*hold{o}, nil)
 			got := w.hist.viol
 			if (len(got) > 0) != tt.violation || len(got) > 0 && !strings.Contains(got[0], "liveness: fair waiter n1lf0.6") {
 				t.Errorf("violations %q, want one: %v", got, tt.violation)

@@ -299,6 +299,12 @@ func Run(t testing.TB, cfg Config) Report {
 			w.hist.violation("removing s1's set capacity: %v", err)
 		}
 	}
+	// The capacity lanes' set capacity, kept a day, as s1's.
+	for _, res := range []string{laneCapSem, laneCapFair} {
+		if err := w.delKeys(res); err != nil {
+			w.hist.violation("removing %s's set capacity: %v", res, err)
+		}
+	}
 	w.checkKeysExpire()
 	w.hist.settle()
 	for _, e := range w.hist.excused {

@@ -389,6 +389,9 @@ type exactKey struct {
 	// counters: the key is a group of AllowCounters, one counter per
 	// model, on a Limiter without a deny cache; nil otherwise.
 	counters []ratelimit.Counter
+	// noCache: every answer is Redis's (counters, and half of the
+	// policies' keys: a Limiter without a deny cache).
+	noCache bool
 }
 
 // note keeps a line of k's story for reports.
@@ -458,10 +461,11 @@ func (w *world) judge(k *exactKey, call, ret time.Time, n int, allowed bool, res
 				wrong = m.fieldsWrong(vs[i], got, n)
 			case got.allowed:
 				wrong = m.roomWrong(vs[i], b, n, got)
-				if wrong == "" && k.counters != nil {
-					// No deny cache: a counter with room in a denial
-					// reports its state without the request, exactly
-					// (a peek's answer), not what it would have had.
+				if wrong == "" && k.noCache {
+					// No deny cache: a counter (or policy) with room in a
+					// denial reports its state without the request,
+					// exactly (a peek's answer), not what it would have
+					// had ("a denied request is counted nowhere").
 					wrong = m.fieldsWrong(m.judge(a, b, 0), got, 0)
 				}
 			default:
@@ -582,13 +586,25 @@ func (w *world) exactWorker(ctx context.Context, n *node, g int, rng *rand.Rand,
 			// Redis, so that every figure is the script's own.
 			l = n.counters
 			k.what = "counters"
+			k.noCache = true
+			// A third of the groups take a GCRA counter of Burst 1
+			// (one request at a time, no bucket to spend).
+			burst1 := rng.IntN(3) == 0
 			for i, s := range specs {
+				if burst1 && s.algo == ratelimit.GCRA {
+					s.limit.Burst = 1
+				}
 				k.models = append(k.models, newModel(s))
 				k.counters = append(k.counters, ratelimit.Counter{Key: "c" + strconv.Itoa(i), Policy: ratelimit.Policy{Algorithm: s.algo, Limit: s.limit}})
 			}
 		case policies:
 			l = n.limiters[0] // its prefix holds the set's state
 			k.what = "policies"
+			if rng.IntN(2) == 0 {
+				// Half on the counters' Limiter (no deny cache), where
+				// a denial's figures are all Redis's.
+				l, k.what, k.noCache = n.counters, "policies, no deny cache", true
+			}
 			for _, s := range specs {
 				k.models = append(k.models, newModel(s))
 			}

@@ -426,7 +426,7 @@ func (w *world) apply(ctx context.Context, f fault) error {
 		}
 		at := time.Now()
 		err = sem.SetCapacity(ctx, f.cap)
-		w.hist.setCapacity(f.res, at, time.Now(), f.cap, err != nil)
+		w.hist.setCapacity(f.res, -1, at, time.Now(), f.cap, err != nil)
 		w.capacitySet.Store(true)
 	case "forceunlock":
 		done := w.hist.operator(f.res, "ForceUnlock")

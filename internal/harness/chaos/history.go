@@ -167,7 +167,7 @@ func (h *history) operator(res, what string) (done func()) {
 	for r, c := range h.capacity {
 		if res == "" || r == res {
 			resets = append(resets, reset{r, len(h.capChanges[r])})
-			h.capChanges[r] = append(h.capChanges[r], capChange{at: now, done: now, cap: c, failed: true})
+			h.capChanges[r] = append(h.capChanges[r], capChange{at: now, done: now, cap: c, failed: true, wipe: true, node: -1})
 		}
 	}
 	var before []*hold
@@ -724,14 +724,34 @@ type capChange struct {
 	at, done time.Time
 	cap      int64
 	failed   bool // the call failed: it may or may not have taken effect
+	wipe     bool // the keys were removed (an operator): no capacity is set after it
+	node     int  // the node that sent it (-1: the admin client, or an operator)
+}
+
+// doneLocked is when ch surely took effect or never will: its return, or
+// for a call that failed, the end of any fault of its node or the server
+// in force while it ran (a request held up by a partition or a slowed
+// link may reach Redis when the fault ends, long after its caller gave
+// up). Called with h.mu held.
+func (h *history) doneLocked(ch capChange) time.Time {
+	d := ch.done
+	if !ch.failed || ch.wipe {
+		return d
+	}
+	for _, f := range h.faults {
+		if f.res == "" && (f.node < 0 || f.node == ch.node) && !f.from.After(ch.done) && !f.to.Before(ch.at) && f.to.After(d) {
+			d = f.to
+		}
+	}
+	return d
 }
 
 // setCapacity records a SetCapacity of res to c, called at at and
 // returned (or failed) at done. A failed call may or may not have taken
 // effect: until the next change, either capacity may be in force.
-func (h *history) setCapacity(res string, at, done time.Time, c int64, failed bool) {
+func (h *history) setCapacity(res string, node int, at, done time.Time, c int64, failed bool) {
 	h.mu.Lock()
-	h.capChanges[res] = append(h.capChanges[res], capChange{at, done, c, failed})
+	h.capChanges[res] = append(h.capChanges[res], capChange{at: at, done: done, cap: c, failed: failed, node: node})
 	h.mu.Unlock()
 }
 
@@ -743,7 +763,7 @@ func (h *history) capacityLocked(res string, from, to time.Time) int64 {
 	c := h.capacity[res]
 	for _, ch := range h.capChanges[res] {
 		switch {
-		case !ch.done.Before(from):
+		case !h.doneLocked(ch).Before(from):
 		case ch.failed:
 			c = max(c, ch.cap) // the old one, or the new one
 		default:
@@ -752,11 +772,43 @@ func (h *history) capacityLocked(res string, from, to time.Time) int64 {
 	}
 	best := c
 	for _, ch := range h.capChanges[res] {
-		if !ch.at.After(to) && !ch.done.Before(from) {
+		if !ch.at.After(to) && !h.doneLocked(ch).Before(from) {
 			best = max(best, ch.cap)
 		}
 	}
 	return best
+}
+
+// capacityKnownLocked returns the capacity of res in force all through
+// [from, to] and whether SetCapacity set it, if the history tells it for
+// sure: the change that ended last before from succeeded and overlapped
+// no other, and no change overlapped the span. Before any change, the
+// capacity res was made with is in force, not set. Called with h.mu held.
+func (h *history) capacityKnownLocked(res string, from, to time.Time) (c int64, set, ok bool) {
+	var last *capChange
+	for i := range h.capChanges[res] {
+		ch := &h.capChanges[res][i]
+		done := h.doneLocked(*ch)
+		if !ch.at.After(to) && !done.Before(from) {
+			return 0, false, false
+		}
+		if done.Before(from) && (last == nil || done.After(h.doneLocked(*last))) {
+			last = ch
+		}
+	}
+	if last == nil {
+		return h.capacity[res], false, true
+	}
+	for i := range h.capChanges[res] {
+		ch := &h.capChanges[res][i]
+		if ch != last && h.doneLocked(*ch).Before(from) && h.doneLocked(*ch).After(last.at) {
+			return 0, false, false // two changes at once: either may have come last
+		}
+	}
+	if last.failed {
+		return 0, false, false
+	}
+	return last.cap, !last.wipe, true
 }
 
 // A wrongSpan is a time the HTTP rate limiter's key surely held a string:

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,6 +43,9 @@ import (
 //   - lrl: RWMutex holds past two of the watchdog's renewals, Info after
 //     them; rwf, mf: an RWMutex and a Mutex that an operator force-unlocks
 //     among their holders (forcer);
+//   - lcs, lcf: a plain and a fair semaphore whose capacity an operator
+//     sets (capacity.go); lwt: lt's takeovers of RWMutex write holds;
+//     lqr: an RWMutex whose writers give up under waiting readers;
 //   - mortals: a client of its own that crashes (its connections closed at
 //     once, nothing it sends reaches Redis after) while it holds or waits in
 //     a lane, leaving its lease, queue entry or writer's mark to run out;
@@ -53,6 +57,12 @@ const (
 	laneFair  = "lf"
 	laneRW    = "lrw"
 	laneTake  = "lt"
+	// lwt: lt's takeovers of RWMutex write holds (owner.go).
+	laneRWTake = "lwt"
+	// lqr: an RWMutex of few contenders (two goroutines a node): readers
+	// holding a quarter to half a lease, writers that give up after a
+	// fraction of one (quietRWOp).
+	laneQuietRW = "lqr"
 	// le: a plain Mutex of few contenders (one goroutine a node, resting
 	// between holds), whose holders often leave a long fixed lease
 	// shortened by Extend to expire: with nobody else awake, a waiter that
@@ -129,6 +139,10 @@ type laneState struct {
 	expiries []expiry
 	suspects []suspect
 	retried  []func() // releaseLane's checks of retried releases
+	later    []func() // checks decided after the run, before the suspects (later)
+	// markers: write acquisitions that are no lane waits (a takeover's
+	// Lock that failed) but may have set a writer's mark (markSpans)
+	markers []*laneWait
 }
 
 func (ls *laneState) add(wt *laneWait) {
@@ -155,7 +169,7 @@ type laneNode struct {
 
 // laneResources lists the lanes' resources and how the poller reads them.
 func laneResources() map[string]pollKind {
-	r := map[string]pollKind{laneMutex: pollMutex, laneFair: pollMutex, laneRW: pollRW, laneTake: pollMutex, laneQuiet: pollMutex,
+	r := map[string]pollKind{laneMutex: pollMutex, laneFair: pollMutex, laneRW: pollRW, laneTake: pollMutex, laneRWTake: pollRW, laneQuietRW: pollRW, laneQuiet: pollMutex,
 		lanePSem: pollSem, laneFSem: pollSem, lanePass: pollSem, laneQuietSem: pollSem}
 	for _, n := range laneMulti {
 		r[n] = pollMutex
@@ -188,6 +202,8 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	w.hist.capacity[lanePass] = lanePassCap
 	w.hist.capacity[laneQuietSem] = 1
 	w.hist.capacity[laneReplSem] = 2
+	w.hist.capacity[laneCapSem] = laneCapMade
+	w.hist.capacity[laneCapFair] = laneCapMade
 	w.hist.mu.Unlock()
 	pollWG.Go(func() {
 		defer pl.client.Close()
@@ -259,6 +275,28 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 			}
 		}
 	}
+	// The capacity lanes (capacity.go), after all of them.
+	for _, n := range w.nodes {
+		for _, l := range []lane{{laneCapSem, 2, w.capLaneOp, 20 * time.Millisecond}, {laneCapFair, 2, w.capFairLaneOp, 20 * time.Millisecond}} {
+			for j := range l.per {
+				run(n, l, j, rng.Uint64())
+			}
+		}
+	}
+	for _, n := range w.nodes {
+		run(n, lane{laneRWTake, 1, w.rwTakeContender, 60 * time.Millisecond}, 0, rng.Uint64())
+	}
+	for _, n := range w.nodes {
+		for j := range 2 {
+			run(n, lane{laneQuietRW, 2, w.quietRWOp, 100 * time.Millisecond}, j, rng.Uint64())
+		}
+	}
+	for i := range 2 {
+		rwTakeSeed := rng.Uint64()
+		wg.Go(func() { w.rwTakeovers(ctx, rand.New(rand.NewPCG(rwTakeSeed, 0x7a6f)), strconv.Itoa(i)) })
+	}
+	capSeed := rng.Uint64()
+	wg.Go(func() { w.capacitySetter(ctx, rand.New(rand.NewPCG(capSeed, 0xca9))) })
 	return nil
 }
 
@@ -1074,6 +1112,51 @@ func (w *world) permitLane(ctx context.Context, n *node, rng *rand.Rand, id stri
 	w.holdersReleased(ctx, s, p, x)
 }
 
+// quietRWOp is the quiet lane of the RWMutex: a reader (three times in
+// five) holds a quarter to half a lease, or a writer waits a twentieth to
+// a quarter of a lease and mostly gives up, withdrawing its mark: readers
+// that came under that mark must then be let in at once, not when it
+// would have ended (checkAnytime, markSpans). Then it rests up to a
+// quarter lease.
+func (w *world) quietRWOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	rw, err := n.locks.NewRWMutex(laneQuietRW, mutex.WithOwner(id))
+	if err != nil {
+		w.hist.violation("NewRWMutex: %v", err)
+		return
+	}
+	write := rng.IntN(5) >= 3
+	kind, d := "read", w.quietHold(rng)
+	timeout := 3 * w.cfg.Lease
+	if write {
+		kind, d = "write", w.laneHold(rng)
+		timeout = time.Duration((0.05 + 0.2*rng.Float64()) * float64(w.cfg.Lease))
+	}
+	wt := &laneWait{prim: kind, res: laneQuietRW, owner: id, node: n.i, weight: 1}
+	l := rwLock(rw, write)
+	w.count("lane." + kind)
+	valid := false
+	err = w.acquireLane(ctx, wt, timeout, func(actx context.Context) error {
+		err := l.lock(actx)
+		valid = err == nil && l.valid() // see hold.valid
+		return err
+	})
+	if err != nil {
+		w.expected(kind+" lane acquisition", wt.call, err, mutexErrs...)
+		w.ln.add(wt)
+		sleep(ctx, time.Duration(rng.Float64()*float64(w.cfg.Lease)/4))
+		return
+	}
+	x := &hold{kind: kind, res: laneQuietRW, owner: id, node: n.i, weight: 1, token: rw.Token(), note: "quiet lane",
+		call: wt.call, start: wt.ret, valid: valid, lostCh: l.lost()}
+	w.hist.begin(x)
+	wt.x = x
+	w.ln.add(wt)
+	lse := leaseOf{from: wt.call, upto: wt.ret, watchdog: w.cfg.Lease}
+	w.holdLane(ctx, rng, []*hold{x}, l, &lse, d, nil)
+	w.releaseLane(n, []*hold{x}, l, true)
+	sleep(ctx, time.Duration(rng.Float64()*float64(w.cfg.Lease)/4))
+}
+
 // quietSemOp takes the quiet semaphore's permit (watchdog lease), holds it
 // as the lanes do, or half of the time as quietHold says, and releases it.
 func (w *world) quietSemOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
@@ -1281,6 +1364,12 @@ func (w *world) checkLanes() map[string]int {
 	w.checkWriterPreference()
 	w.checkValidity()
 	w.checkLeaseEnds()
+	w.ln.mu.Lock()
+	later := slices.Clone(w.ln.later)
+	w.ln.mu.Unlock()
+	for _, check := range later {
+		check()
+	}
 	w.checkSuspects()
 	w.ln.mu.Lock()
 	retried := slices.Clone(w.ln.retried)
