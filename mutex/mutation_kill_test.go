@@ -1103,3 +1103,112 @@ func TestScriptRWUnlockRetryAfterGiveBack(t *testing.T) {
 		t.Errorf("W0's retried unlock after a later hold was given back = %d, want 0 (its first try released)", n)
 	}
 }
+
+// TestScriptRWWithdrawalWakesReadersOnlyWhenMarkEndsSooner: a writer's
+// withdrawal of its mark (rwmutex_abandon, kind "m", or the give-back of
+// its refused attempt) wakes the waiting readers when it lets them in
+// sooner: it ends the last running mark, or brings the latest end
+// forward. It wakes nobody when the readers' wait does not change: a
+// mark shorter than another that still runs, a mark already withdrawn,
+// or a mark that ran out on its own (readers refused until its end have
+// tried again by then). Every needless wake-up makes every waiting
+// reader of the lock call Redis once more, for nothing. A mutant of
+// rwmutex_abandon that woke the readers whenever the withdrawal was told
+// to wake ("or" for "and") escaped: the tests counted the wake-ups of
+// withdrawals that changed q, never of one that did not.
+func TestScriptRWWithdrawalWakesReadersOnlyWhenMarkEndsSooner(t *testing.T) {
+	r := newRWScriptRig(t, "rw-withdraw-wake:")
+	addr := redistest.Single(t).Addr()
+	client := redistest.Client(t, addr)
+	state, readers, marks := r.abandonKeys[0], r.abandonKeys[3], r.abandonKeys[5]
+	heard := listen(t, []string{addr}, readers)
+	woken := 0
+	expect := func(what string, want int) {
+		t.Helper()
+		got := heard()[readers] - woken
+		woken += got
+		if got != want {
+			t.Errorf("%s published %d readers' wake-ups, want %d", what, got, want)
+		}
+	}
+	q := func() int64 { // the readers' wait (0: none)
+		t.Helper()
+		v, err := client.Do(r.ctx, client.B().Hget().Key(state).Field("q").Build()).AsInt64()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			t.Fatal(err)
+		}
+		return v
+	}
+	markEnd := func(mark string) int64 {
+		t.Helper()
+		end, err := client.Do(r.ctx, client.B().Zscore().Key(marks).Member(mark).Build()).AsInt64()
+		if err != nil {
+			t.Fatalf("mark %s: %v", mark, err)
+		}
+		return end
+	}
+	withdraw := func(mark string) int64 { return r.giveBack("W", mark, "m", mark) }
+	refuse := func(owner, attempt, markMs, mark string) {
+		t.Helper()
+		if vs := r.take(owner, attempt, markMs, mark); vs[0] != 0 {
+			t.Fatalf("%s's lock while H holds = %v, want refused", owner, vs)
+		}
+	}
+
+	if h := r.take("H", "h.1", "0", ""); h[0] != 1 {
+		t.Fatalf("H's lock = %v, want granted", h)
+	}
+	refuse("X", "x.1", "1000", "mx.1")
+	refuse("Y", "y.1", "30000", "my.1")
+	qy := q()
+	if qy != markEnd("my.1") {
+		t.Fatalf("q = %d with marks of 1 s and 30 s, want the later end %d", qy, markEnd("my.1"))
+	}
+	refuse("V", "v.1", "20000", "mv.1")
+	if n := withdraw("mv.1"); n != 1 {
+		t.Fatalf("withdrawal of V's mark = %d, want 1", n)
+	}
+	expect("the withdrawal of a mark shorter than another still running", 0)
+	if v := q(); v != qy {
+		t.Errorf("q = %d after a shorter mark was withdrawn, want Y's end %d", v, qy)
+	}
+	// Y gives up through the give-back of its refused attempt: X's mark,
+	// which ends sooner, is the readers' wait now.
+	if n := r.giveBack("Y", "y.1", "w", "my.1"); n != 0 {
+		t.Fatalf("give-back of Y's refused attempt = %d, want 0 (it held nothing)", n)
+	}
+	expect("the withdrawal of the latest mark, another ending sooner", 1)
+	qx := markEnd("mx.1")
+	if v := q(); v != qx {
+		t.Fatalf("q = %d after Y's mark was withdrawn, want X's end %d", v, qx)
+	}
+	// X's mark runs out on its own (the set lives on, for Y's 30 s); its
+	// withdrawal afterwards lets no reader in sooner.
+	waitRedis(t, "X's mark to run out", func() bool {
+		now, err := client.Do(r.ctx, client.B().Time().Build()).AsIntSlice()
+		if err != nil || len(now) != 2 {
+			t.Fatalf("TIME: %v, %v", now, err)
+		}
+		return qx < now[0]*1000+now[1]/1000
+	})
+	if n := withdraw("mx.1"); n != 1 {
+		t.Fatalf("withdrawal of X's mark that ran out = %d, want 1 (it was there)", n)
+	}
+	expect("the withdrawal of a mark that had run out", 0)
+	if v := q(); v != 0 {
+		t.Errorf("q = %d after the only mark was withdrawn, want none", v)
+	}
+	if n := withdraw("mx.1"); n != 0 {
+		t.Fatalf("second withdrawal of X's mark = %d, want 0", n)
+	}
+	expect("a second withdrawal of a mark", 0)
+	// The last running mark withdrawn: readers go in now.
+	refuse("Z", "z.1", "10000", "mz.1")
+	if n := withdraw("mz.1"); n != 1 {
+		t.Fatalf("withdrawal of Z's mark = %d, want 1", n)
+	}
+	expect("the withdrawal of the last running mark", 1)
+	if v := q(); v != 0 {
+		t.Errorf("q = %d after the last mark was withdrawn, want none", v)
+	}
+}
