@@ -1212,3 +1212,54 @@ func TestScriptRWWithdrawalWakesReadersOnlyWhenMarkEndsSooner(t *testing.T) {
 		t.Errorf("q = %d after the last mark was withdrawn, want none", v)
 	}
 }
+
+// TestReleaseSkipsEntryEndingThisMillisecond: a release hands the lock
+// only to a waiter whose queue entry still lives; an entry whose expiry
+// is the release's own millisecond is dead (a grant would get no lease
+// at all), and the release goes on as for any dead entry: it succeeds and
+// leaves the lock free. A mutant of mutex_release that took an entry
+// ending now as live ("expiry >= now") wrote the grant with PX 0, which
+// Redis refuses: the Unlock failed and the lock stayed held by the owner
+// who had let it go. The dead-entry tests used entries long dead. Only
+// iterations whose release ran in the millisecond the entry ends (TIME
+// read before and after agree) test the boundary; the others must pass
+// as well.
+func TestReleaseSkipsEntryEndingThisMillisecond(t *testing.T) {
+	r := newReviewRig(t, "release-entry-ends-now:"+strconv.Itoa(rand.IntN(1e9)))
+	serverMs := func() int64 {
+		t.Helper()
+		tm, err := r.client.Do(r.ctx, r.client.B().Time().Build()).AsIntSlice()
+		if err != nil || len(tm) != 2 {
+			t.Fatalf("TIME: %v, %v", tm, err)
+		}
+		return tm[0]*1000 + tm[1]/1000
+	}
+	hits := 0
+	for i := 0; i < 300 && hits < 3; i++ {
+		h := r.takeL("H", "h."+strconv.Itoa(i), "", "30000")
+		if h[0] != 1 {
+			t.Fatalf("H's lock = %v, want granted", h)
+		}
+		w := "w." + strconv.Itoa(i)
+		if got := r.takeL("W", w, "f", "30000"); got[0] != 0 {
+			t.Fatalf("W's fair lock while H holds = %v, want queued", got)
+		}
+		t0 := serverMs()
+		r.do("HSET", r.keys.lock[3], w, strconv.FormatInt(t0, 10)+" W") // W's entry ends now
+		if n := r.unlock("H", h[2]); n != 0 {
+			t.Fatalf("H's unlock = %d, want 0", n)
+		}
+		if serverMs() == t0 {
+			hits++
+		}
+		if o := r.field("o"); o != "" {
+			t.Fatalf("after H's release the lock is held by %q, want free (W's entry had ended)", o)
+		}
+		if err := r.do(append([]string{"DEL"}, r.keys.lock...)...).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if hits == 0 {
+		t.Skip("no release ran in the millisecond its waiter's entry ended (a slow machine): the boundary went untested")
+	}
+}
