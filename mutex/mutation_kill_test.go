@@ -1263,3 +1263,42 @@ func TestReleaseSkipsEntryEndingThisMillisecond(t *testing.T) {
 		t.Skip("no release ran in the millisecond its waiter's entry ended (a slow machine): the boundary went untested")
 	}
 }
+
+// TestNestedUnlockCountsDownInRedis: each Unlock of a nested hold lowers
+// the hold count the lock record keeps (what Info reports, and what
+// another process of the same owner id sees), keeps the lease, and writes
+// no other key; the last Unlock frees the lock. A mutant of mutex_release
+// that wrote the lowered count under the wake-up channel's name (KEYS[2]
+// for KEYS[1]) left the record at its old count and made a key without a
+// TTL, and no test read the count between a nested Unlock and the last.
+func TestNestedUnlockCountsDownInRedis(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	l := newLocker(t, client, mutex.Options{})
+	name := "nested-unlock:" + strconv.Itoa(rand.IntN(1e9))
+	m := newMutex(t, l, name, mutex.WithLease(time.Minute))
+	for range 3 {
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wake := lockKey(name) + ":w"
+	for want := int64(2); want >= 0; want-- {
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock down to %d holds: %v", want, err)
+		}
+		in, err := m.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.Held != (want > 0) || in.Holds != want {
+			t.Errorf("Info after an Unlock down to %d holds = %+v, want held %v with %d holds", want, in, want > 0, want)
+		}
+		if want > 0 && (in.Remain <= 0 || in.Remain > time.Minute) {
+			t.Errorf("remaining lease after a nested Unlock = %v, want the hold's lease kept (up to a minute)", in.Remain)
+		}
+		if n, err := client.Do(ctx, client.B().Exists().Key(wake).Build()).AsInt64(); err != nil || n != 0 {
+			t.Errorf("EXISTS %s (the wake-up channel's name) after an Unlock = %d, %v; want 0 (no key written)", wake, n, err)
+		}
+	}
+}
