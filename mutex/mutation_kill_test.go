@@ -1302,3 +1302,36 @@ func TestNestedUnlockCountsDownInRedis(t *testing.T) {
 		}
 	}
 }
+
+// TestScriptUnlockOfSameTokenOtherOwnerIsLost: an Unlock whose token is
+// the current hold's but whose owner is not (the record expired and was
+// made again, its new token from a clock that had gone back, as after a
+// failover to a replica whose clock is behind) did not release anything:
+// it is told the hold was lost (-1), and the other owner keeps the lock.
+// An Unlock of the same token once the hold is gone (the retry of one
+// that released) is told 0. A mutant of mutex_release that judged a
+// token equal to the current one by the run alone ("mine <= last") told
+// the first Unlock 0, a release that never happened; the tests had the
+// equal token only on a free record.
+func TestScriptUnlockOfSameTokenOtherOwnerIsLost(t *testing.T) {
+	r := newReviewRig(t, "unlock-same-token:"+strconv.Itoa(rand.IntN(1e9)))
+	a := r.takeL("A", "a.1", "", "30000")
+	if a[0] != 1 {
+		t.Fatalf("A's lock = %v, want granted", a)
+	}
+	f := strconv.FormatInt(a[2], 10)
+	// A's record expires; B's acquisition makes it again with A's token.
+	r.do("SET", r.keys.lock[0], "L:"+f+":"+f+"|1:b.1:B", "PX", "30000")
+	if n := r.unlock("A", a[2]); n != -1 {
+		t.Errorf("A's Unlock while B holds with A's token = %d, want -1 (A's hold was lost)", n)
+	}
+	if o := r.field("o"); o != "B" {
+		t.Fatalf("the lock is held by %q after A's Unlock, want B", o)
+	}
+	if n := r.unlock("B", a[2]); n != 0 {
+		t.Fatalf("B's Unlock = %d, want 0", n)
+	}
+	if n := r.unlock("B", a[2]); n != 0 {
+		t.Errorf("B's retried Unlock = %d, want 0 (its first try released)", n)
+	}
+}
