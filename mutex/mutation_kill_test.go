@@ -1335,3 +1335,56 @@ func TestScriptUnlockOfSameTokenOtherOwnerIsLost(t *testing.T) {
 		t.Errorf("B's retried Unlock = %d, want 0 (its first try released)", n)
 	}
 }
+
+// TestScriptRWGrantKeepsOtherWritersMark: a writer that waited gets the
+// lock and withdraws its own mark with the grant; the mark of another
+// writer still waiting stays the readers' wait (q), so that once this
+// hold ends, that writer still goes before new readers. A mutant of
+// rwmutex_lock that read the marks set's range wrongly there (ZRANGE
+// -1 -2: nothing) dropped q with the grant: after the Unlock, readers got
+// in ahead of the waiting writer. The grant tests had one waiting writer.
+func TestScriptRWGrantKeepsOtherWritersMark(t *testing.T) {
+	r := newRWScriptRig(t, "rw-grant-mark:")
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	q := func() int64 {
+		t.Helper()
+		v, err := client.Do(r.ctx, client.B().Hget().Key(r.lockKeys[0]).Field("q").Build()).AsInt64()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			t.Fatal(err)
+		}
+		return v
+	}
+	h := r.take("H", "h.1", "0", "")
+	if h[0] != 1 {
+		t.Fatalf("H's lock = %v, want granted", h)
+	}
+	if x := r.take("X", "x.1", "20000", "mx.1"); x[0] != 0 {
+		t.Fatalf("X's lock while H holds = %v, want refused", x)
+	}
+	qx := q()
+	if w := r.take("W", "w.1", "30000", "mw.1"); w[0] != 0 {
+		t.Fatalf("W's lock while H holds = %v, want refused", w)
+	}
+	if v := q(); v <= qx {
+		t.Fatalf("q = %d after W's longer mark, want past X's end %d", v, qx)
+	}
+	if n := r.release("H", h[2]); n != 0 {
+		t.Fatalf("H's unlock = %d", n)
+	}
+	w := r.take("W", "w.2", "30000", "mw.1")
+	if w[0] != 1 {
+		t.Fatalf("W's lock after H's release = %v, want granted", w)
+	}
+	if v := q(); v != qx {
+		t.Errorf("q = %d after W's grant withdrew its mark, want X's end %d (X still waits)", v, qx)
+	}
+	if n := r.release("W", w[2]); n != 0 {
+		t.Fatalf("W's unlock = %d", n)
+	}
+	if rd := r.rtake("R", "r.1"); rd[0] != 0 {
+		t.Errorf("a reader after W's Unlock while X's mark runs = %v, want refused", rd)
+	}
+	if x := r.take("X", "x.2", "20000", "mx.1"); x[0] != 1 {
+		t.Errorf("X's lock after W's Unlock = %v, want granted", x)
+	}
+}
