@@ -1388,3 +1388,123 @@ func TestScriptRWGrantKeepsOtherWritersMark(t *testing.T) {
 		t.Errorf("X's lock after W's Unlock = %v, want granted", x)
 	}
 }
+
+// TestScriptRWRunForgetsOldestEnding: the run (c) of a read-write lock
+// lists at most 16 write holds that ended otherwise than by their Unlock;
+// a 17th pushes the oldest out and the run starts after it, so the holds
+// before it are told lost (-1) by a retried Unlock, never released (0).
+// U's hold is released by its Unlock; then owner A's outermost Locks
+// supersede each other (each lists the one before), 16 or 17 times; A's
+// last hold is released. With 16 listed, U's retried Unlock is still in
+// the run (0); with 17, it is forgotten (-1); every superseded hold of A
+// is -1 either way. A mutant of rwmutex_lock that wrote the new start
+// over the second entry (c[2] for c[1]) kept the old start and dropped a
+// listed token: U's and A's first two Unlocks were told 0, releases that
+// never happened. TestScriptRWRunKeepsUnlockedHoldsAfterExpiry listed one
+// ending, never 17.
+func TestScriptRWRunForgetsOldestEnding(t *testing.T) {
+	for _, listed := range []int{16, 17} {
+		t.Run(strconv.Itoa(listed)+" listed", func(t *testing.T) {
+			r := newRWScriptRig(t, "rw-run-limit:")
+			u := r.take("U", "u.1", "0", "")
+			if u[0] != 1 {
+				t.Fatalf("U's lock = %v, want granted", u)
+			}
+			if n := r.release("U", u[2]); n != 0 {
+				t.Fatalf("U's unlock = %d", n)
+			}
+			var tokens []int64
+			for i := range listed + 1 {
+				w := r.take("A", "n"+strconv.Itoa(i)+".1", "0", "")
+				if w[0] != 1 {
+					t.Fatalf("A's outermost lock %d = %v, want granted (superseding its earlier hold)", i, w)
+				}
+				tokens = append(tokens, w[2])
+			}
+			last := tokens[listed]
+			if n := r.release("A", last); n != 0 {
+				t.Fatalf("Unlock of A's current hold = %d, want 0", n)
+			}
+			want := int64(0)
+			if listed > 16 {
+				want = -1
+			}
+			if n := r.release("U", u[2]); n != want {
+				t.Errorf("U's retried Unlock with %d holds listed after it = %d, want %d", listed, n, want)
+			}
+			for i, tok := range tokens[:listed] {
+				if n := r.release("A", tok); n != -1 {
+					t.Errorf("Unlock of A's superseded hold %d = %d, want -1 (it ended without an Unlock)", i, n)
+				}
+			}
+			if n := r.release("A", last); n != 0 {
+				t.Errorf("retried Unlock of A's released hold = %d, want 0", n)
+			}
+		})
+	}
+}
+
+// TestScriptRWRUnlockAfterLeaseIsLost: an RUnlock of a read hold whose
+// lease ran out is told the hold was lost (-1), whether or not the
+// expired member is still in the readers' set, and the member goes; one
+// whose hold lives releases (0), and so does its retry. A mutant of
+// rwmutex_runlock that answered 0 for the expired member (still listed)
+// told the caller its read hold had lasted to its release, and no test
+// released a read hold after its lease.
+func TestScriptRWRUnlockAfterLeaseIsLost(t *testing.T) {
+	r := newRWScriptRig(t, "rw-runlock-expired:")
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(r.ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runlock, err := sc.Script("rwmutex_runlock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readers := r.lockKeys[1]
+	keys := []string{readers, r.unlockKeys[2]}
+	runlockOf := func(id string) int64 {
+		t.Helper()
+		n, err := runlock.Exec(r.ctx, keys, []string{id, "p", "1000"}).AsInt64()
+		if err != nil {
+			t.Fatalf("runlock %s: %v", id, err)
+		}
+		return n
+	}
+	rtakeLease := func(attempt, leaseMs string) {
+		t.Helper()
+		vs, err := r.rlock.Exec(r.ctx, r.rlockKeys, []string{"R", leaseMs, "0", attempt, ""}).AsIntSlice()
+		if err != nil || len(vs) != 3 || vs[0] != 1 {
+			t.Fatalf("rlock %s = %v, %v; want granted", attempt, vs, err)
+		}
+	}
+	rtakeLease("r.1", "50")
+	rtakeLease("r.2", "30000")
+	waitRedis(t, "r.1's lease to run out", func() bool {
+		end, err := client.Do(r.ctx, client.B().Zscore().Key(readers).Member("r.1").Build()).AsInt64()
+		if err != nil {
+			t.Fatalf("r.1's member: %v", err)
+		}
+		now, err := client.Do(r.ctx, client.B().Time().Build()).AsIntSlice()
+		if err != nil || len(now) != 2 {
+			t.Fatalf("TIME: %v, %v", now, err)
+		}
+		return end < now[0]*1000+now[1]/1000
+	})
+	if n := runlockOf("r.1"); n != -1 {
+		t.Errorf("RUnlock of a read hold whose lease ran out = %d, want -1", n)
+	}
+	if err := client.Do(r.ctx, client.B().Zscore().Key(readers).Member("r.1").Build()).Error(); !rueidis.IsRedisNil(err) {
+		t.Errorf("the expired member after its RUnlock: %v, want gone", err)
+	}
+	if n := runlockOf("r.1"); n != -1 {
+		t.Errorf("second RUnlock of the expired read hold = %d, want -1", n)
+	}
+	if n := runlockOf("r.2"); n != 0 {
+		t.Errorf("RUnlock of a live read hold = %d, want 0", n)
+	}
+	if n := runlockOf("r.2"); n != 0 {
+		t.Errorf("retried RUnlock of the released read hold = %d, want 0", n)
+	}
+}
