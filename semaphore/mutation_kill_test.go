@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -537,5 +538,111 @@ func TestReclaimOfLastHeavyPermitKeepsNoWeight(t *testing.T) {
 			release(t, q)
 			release(t, p)
 		})
+	}
+}
+
+// TestFairCallThatReclaimsAnnouncesBudget: a fair Acquire that reclaims
+// an expired permit and leaves permits free publishes the budget (how
+// many are free) on the wake-up channel, whatever its own answer: the
+// permit's holder died, so no release will wake the Acquires waiting for
+// it, and this call may be the only one to see the room. A call that
+// reclaims nothing publishes nothing. Each answer's path announces it:
+// a caller with another capacity (refused, -1) and one asking for more
+// than the capacity (-2). A mutant of semaphore_queue that announced only
+// when more than one permit was reclaimed ("freed > 1") left waiters
+// asleep after a mismatched call reclaimed one, and no test counted the
+// messages of those paths.
+func TestFairCallThatReclaimsAnnouncesBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		capacity string // the call's capacity (the semaphore's is 2)
+		n        string
+		status   int64
+	}{
+		{"capacity mismatch", "3", "1", -1},
+		{"more than the capacity", "2", "3", -2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			addr := redistest.Single(t).Addr()
+			short := newEnv(t, []string{addr}, semaphore.Options{Fair: true, Lease: 100 * time.Millisecond})
+			long := newEnv(t, []string{addr}, semaphore.Options{Fair: true, Lease: time.Minute})
+			name := uniqueName(t)
+			queue := script(t, long, "semaphore_queue")
+			keys := []string{long.key(name, ""), long.key(name, ":e"), long.key(name, ":w"), long.key(name, ":q"), long.key(name, ":qe")}
+			heard := listenBudget(t, addr, keys[2])
+			call := func(what string, wantMsgs int) {
+				t.Helper()
+				vs, err := queue.Exec(ctx, keys, []string{"a", tc.capacity, tc.n, "caller.1", "60000", "p"}).AsIntSlice()
+				if err != nil || len(vs) != 4 || vs[0] != tc.status {
+					t.Fatalf("%s: semaphore_queue = %v, %v; want status %d", what, vs, err, tc.status)
+				}
+				if got := heard(); len(got) != wantMsgs || (wantMsgs > 0 && got[0] != "1") {
+					t.Errorf("%s published %q, want %d budget message(s) of 1 free permit", what, got, wantMsgs)
+				}
+			}
+			other := acquire(t, long.sem(t, name, 2), 1) // its lease keeps the keys
+			call("a call that reclaims nothing", 0)
+			dead := acquire(t, short.sem(t, name, 2), 1)
+			waitExpiredOnServer(t, long, name, dead.ID())
+			call("a call that reclaimed one expired permit", 1)
+			release(t, other)
+		})
+	}
+}
+
+// listenBudget subscribes to channel and returns a function that reports
+// the messages received since its last call. Each call first publishes a
+// probe and waits for it: the server delivers a subscriber's messages in
+// order, so whatever was published before the call has arrived by then.
+func listenBudget(t *testing.T, addr, channel string) func() []string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c := redistest.Client(t, addr)
+	var mu sync.Mutex
+	var got []string
+	probed := 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Receive(ctx, c.B().Subscribe().Channel(channel).Build(), func(m rueidis.PubSubMessage) {
+			mu.Lock()
+			defer mu.Unlock()
+			if n, ok := strings.CutPrefix(m.Message, "probe-"); ok {
+				probed, _ = strconv.Atoi(n)
+			} else {
+				got = append(got, m.Message)
+			}
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	n := 0
+	probe := func(wait time.Duration) bool {
+		n++
+		if err := c.Do(ctx, c.B().Publish().Channel(channel).Message("probe-"+strconv.Itoa(n)).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		return redistest.WaitFor(ctx, wait, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return probed >= n
+		})
+	}
+	if !redistest.WaitFor(ctx, signalWait, func() bool { return probe(200 * time.Millisecond) }) {
+		t.Fatal("subscription not confirmed")
+	}
+	mu.Lock()
+	got = nil
+	mu.Unlock()
+	return func() []string {
+		t.Helper()
+		if !probe(signalWait) {
+			t.Fatal("a probe message did not come back")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		out := got
+		got = nil
+		return out
 	}
 }
