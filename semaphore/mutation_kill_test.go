@@ -591,6 +591,61 @@ func TestFairCallThatReclaimsAnnouncesBudget(t *testing.T) {
 	}
 }
 
+// TestFairGrantFromQueueAfterReclaimAnnouncesBudget: the join-the-queue
+// path of TestFairCallThatReclaimsAnnouncesBudget. A fair Acquire finds a
+// queue (its only entry a waiter that died), reclaims an expired permit,
+// joins, and the pass grants it with a permit still free: it publishes
+// that budget, as no release will come for the dead holder. A mutant of
+// semaphore_queue that announced there only when more than one permit
+// was reclaimed left waiters of other processes asleep.
+func TestFairGrantFromQueueAfterReclaimAnnouncesBudget(t *testing.T) {
+	ctx := context.Background()
+	addr := redistest.Single(t).Addr()
+	short := newEnv(t, []string{addr}, semaphore.Options{Fair: true, Lease: 100 * time.Millisecond})
+	long := newEnv(t, []string{addr}, semaphore.Options{Fair: true, Lease: time.Minute})
+	name := uniqueName(t)
+	queue := script(t, long, "semaphore_queue")
+	keys := []string{long.key(name, ""), long.key(name, ":e"), long.key(name, ":w"), long.key(name, ":q"), long.key(name, ":qe")}
+	other := acquire(t, long.sem(t, name, 3), 1) // its lease keeps the keys
+	dead := acquire(t, short.sem(t, name, 3), 1)
+	// A waiter of weight 2 queues (2 of 3 used) with an entry of 50 ms,
+	// and dies.
+	vs, err := queue.Exec(ctx, keys, []string{"a", "3", "2", "gone.1", "50", "p"}).AsIntSlice()
+	if err != nil || len(vs) != 4 || vs[0] != 0 {
+		t.Fatalf("the waiter's call = %v, %v; want queued (0)", vs, err)
+	}
+	// The queue's keys outlive that entry, as the join of a waiter since
+	// granted would have made them (each join extends them to its lease).
+	for _, k := range keys[3:] {
+		if err := long.client.Do(ctx, long.client.B().Pexpire().Key(k).Milliseconds(60000).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitExpiredOnServer(t, long, name, dead.ID())
+	if !redistest.WaitFor(ctx, signalWait, func() bool {
+		e, err := long.client.Do(ctx, long.client.B().Hget().Key(keys[4]).Field("gone.1").Build()).ToString()
+		if err != nil {
+			t.Fatalf("the waiter's entry: %v", err)
+		}
+		expiry, err := strconv.ParseInt(strings.Fields(e)[0], 10, 64)
+		if err != nil {
+			t.Fatalf("entry %q: %v", e, err)
+		}
+		return expiry < serverMs(t, long)
+	}) {
+		t.Fatal("the waiter's entry did not expire on the server")
+	}
+	heard := listenBudget(t, addr, keys[2])
+	vs, err = queue.Exec(ctx, keys, []string{"a", "3", "1", "caller.1", "60000", "p"}).AsIntSlice()
+	if err != nil || len(vs) != 4 || vs[0] != 1 || vs[1] != 2 {
+		t.Fatalf("the caller's call = %v, %v; want granted with 2 of 3 used", vs, err)
+	}
+	if got := heard(); len(got) != 1 || got[0] != "1" {
+		t.Errorf("the grant after reclaiming a permit published %q, want one budget message of 1 free permit", got)
+	}
+	release(t, other)
+}
+
 // listenBudget subscribes to channel and returns a function that reports
 // the messages received since its last call. Each call first publishes a
 // probe and waits for it: the server delivers a subscriber's messages in
