@@ -458,9 +458,20 @@ func TestReleaseFindsPermitGone(t *testing.T) {
 	})
 }
 
+// TestCapacityMismatch: while permits are held, a Semaphore made with
+// another capacity is refused with ErrCapacityMismatch, fair or not (a
+// fair Acquire goes through semaphore_queue, whose refusal a mutant of
+// issue 32 turned into the too-many-permits answer, ErrInvalidWeight,
+// when only the unfair path was tried).
 func TestCapacityMismatch(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unfair", true: "fair"}[fair], func(t *testing.T) { testCapacityMismatch(t, fair) })
+	}
+}
+
+func testCapacityMismatch(t *testing.T, fair bool) {
 	forTargets(t, func(t *testing.T, addrs []string) {
-		e := newEnv(t, addrs, semaphore.Options{})
+		e := newEnv(t, addrs, semaphore.Options{Fair: fair})
 		name := uniqueName(t)
 		five := e.sem(t, name, 5)
 		three := e.sem(t, name, 3)
