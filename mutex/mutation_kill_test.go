@@ -1103,3 +1103,408 @@ func TestScriptRWUnlockRetryAfterGiveBack(t *testing.T) {
 		t.Errorf("W0's retried unlock after a later hold was given back = %d, want 0 (its first try released)", n)
 	}
 }
+
+// TestScriptRWWithdrawalWakesReadersOnlyWhenMarkEndsSooner: a writer's
+// withdrawal of its mark (rwmutex_abandon, kind "m", or the give-back of
+// its refused attempt) wakes the waiting readers when it lets them in
+// sooner: it ends the last running mark, or brings the latest end
+// forward. It wakes nobody when the readers' wait does not change: a
+// mark shorter than another that still runs, a mark already withdrawn,
+// or a mark that ran out on its own (readers refused until its end have
+// tried again by then). Every needless wake-up makes every waiting
+// reader of the lock call Redis once more, for nothing. A mutant of
+// rwmutex_abandon that woke the readers whenever the withdrawal was told
+// to wake ("or" for "and") escaped: the tests counted the wake-ups of
+// withdrawals that changed q, never of one that did not.
+func TestScriptRWWithdrawalWakesReadersOnlyWhenMarkEndsSooner(t *testing.T) {
+	r := newRWScriptRig(t, "rw-withdraw-wake:")
+	addr := redistest.Single(t).Addr()
+	client := redistest.Client(t, addr)
+	state, readers, marks := r.abandonKeys[0], r.abandonKeys[3], r.abandonKeys[5]
+	heard := listen(t, []string{addr}, readers)
+	woken := 0
+	expect := func(what string, want int) {
+		t.Helper()
+		got := heard()[readers] - woken
+		woken += got
+		if got != want {
+			t.Errorf("%s published %d readers' wake-ups, want %d", what, got, want)
+		}
+	}
+	q := func() int64 { // the readers' wait (0: none)
+		t.Helper()
+		v, err := client.Do(r.ctx, client.B().Hget().Key(state).Field("q").Build()).AsInt64()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			t.Fatal(err)
+		}
+		return v
+	}
+	markEnd := func(mark string) int64 {
+		t.Helper()
+		end, err := client.Do(r.ctx, client.B().Zscore().Key(marks).Member(mark).Build()).AsInt64()
+		if err != nil {
+			t.Fatalf("mark %s: %v", mark, err)
+		}
+		return end
+	}
+	withdraw := func(mark string) int64 { return r.giveBack("W", mark, "m", mark) }
+	refuse := func(owner, attempt, markMs, mark string) {
+		t.Helper()
+		if vs := r.take(owner, attempt, markMs, mark); vs[0] != 0 {
+			t.Fatalf("%s's lock while H holds = %v, want refused", owner, vs)
+		}
+	}
+
+	if h := r.take("H", "h.1", "0", ""); h[0] != 1 {
+		t.Fatalf("H's lock = %v, want granted", h)
+	}
+	refuse("X", "x.1", "1000", "mx.1")
+	refuse("Y", "y.1", "30000", "my.1")
+	qy := q()
+	if qy != markEnd("my.1") {
+		t.Fatalf("q = %d with marks of 1 s and 30 s, want the later end %d", qy, markEnd("my.1"))
+	}
+	refuse("V", "v.1", "20000", "mv.1")
+	if n := withdraw("mv.1"); n != 1 {
+		t.Fatalf("withdrawal of V's mark = %d, want 1", n)
+	}
+	expect("the withdrawal of a mark shorter than another still running", 0)
+	if v := q(); v != qy {
+		t.Errorf("q = %d after a shorter mark was withdrawn, want Y's end %d", v, qy)
+	}
+	// Y gives up through the give-back of its refused attempt: X's mark,
+	// which ends sooner, is the readers' wait now.
+	if n := r.giveBack("Y", "y.1", "w", "my.1"); n != 0 {
+		t.Fatalf("give-back of Y's refused attempt = %d, want 0 (it held nothing)", n)
+	}
+	expect("the withdrawal of the latest mark, another ending sooner", 1)
+	qx := markEnd("mx.1")
+	if v := q(); v != qx {
+		t.Fatalf("q = %d after Y's mark was withdrawn, want X's end %d", v, qx)
+	}
+	// X's mark runs out on its own (the set lives on, for Y's 30 s); its
+	// withdrawal afterwards lets no reader in sooner.
+	waitRedis(t, "X's mark to run out", func() bool {
+		now, err := client.Do(r.ctx, client.B().Time().Build()).AsIntSlice()
+		if err != nil || len(now) != 2 {
+			t.Fatalf("TIME: %v, %v", now, err)
+		}
+		return qx < now[0]*1000+now[1]/1000
+	})
+	if n := withdraw("mx.1"); n != 1 {
+		t.Fatalf("withdrawal of X's mark that ran out = %d, want 1 (it was there)", n)
+	}
+	expect("the withdrawal of a mark that had run out", 0)
+	if v := q(); v != 0 {
+		t.Errorf("q = %d after the only mark was withdrawn, want none", v)
+	}
+	if n := withdraw("mx.1"); n != 0 {
+		t.Fatalf("second withdrawal of X's mark = %d, want 0", n)
+	}
+	expect("a second withdrawal of a mark", 0)
+	// The last running mark withdrawn: readers go in now.
+	refuse("Z", "z.1", "10000", "mz.1")
+	if n := withdraw("mz.1"); n != 1 {
+		t.Fatalf("withdrawal of Z's mark = %d, want 1", n)
+	}
+	expect("the withdrawal of the last running mark", 1)
+	if v := q(); v != 0 {
+		t.Errorf("q = %d after the last mark was withdrawn, want none", v)
+	}
+}
+
+// TestReleaseSkipsEntryEndingThisMillisecond: a release hands the lock
+// only to a waiter whose queue entry still lives; an entry whose expiry
+// is the release's own millisecond is dead (a grant would get no lease
+// at all), and the release goes on as for any dead entry: it succeeds and
+// leaves the lock free. A mutant of mutex_release that took an entry
+// ending now as live ("expiry >= now") wrote the grant with PX 0, which
+// Redis refuses: the Unlock failed and the lock stayed held by the owner
+// who had let it go. The dead-entry tests used entries long dead. Only
+// iterations whose release ran in the millisecond the entry ends (TIME
+// read before and after agree) test the boundary; the others must pass
+// as well.
+func TestReleaseSkipsEntryEndingThisMillisecond(t *testing.T) {
+	r := newReviewRig(t, "release-entry-ends-now:"+strconv.Itoa(rand.IntN(1e9)))
+	serverMs := func() int64 {
+		t.Helper()
+		tm, err := r.client.Do(r.ctx, r.client.B().Time().Build()).AsIntSlice()
+		if err != nil || len(tm) != 2 {
+			t.Fatalf("TIME: %v, %v", tm, err)
+		}
+		return tm[0]*1000 + tm[1]/1000
+	}
+	hits := 0
+	for i := 0; i < 300 && hits < 3; i++ {
+		h := r.takeL("H", "h."+strconv.Itoa(i), "", "30000")
+		if h[0] != 1 {
+			t.Fatalf("H's lock = %v, want granted", h)
+		}
+		w := "w." + strconv.Itoa(i)
+		if got := r.takeL("W", w, "f", "30000"); got[0] != 0 {
+			t.Fatalf("W's fair lock while H holds = %v, want queued", got)
+		}
+		t0 := serverMs()
+		r.do("HSET", r.keys.lock[3], w, strconv.FormatInt(t0, 10)+" W") // W's entry ends now
+		if n := r.unlock("H", h[2]); n != 0 {
+			t.Fatalf("H's unlock = %d, want 0", n)
+		}
+		if serverMs() == t0 {
+			hits++
+		}
+		if o := r.field("o"); o != "" {
+			t.Fatalf("after H's release the lock is held by %q, want free (W's entry had ended)", o)
+		}
+		if err := r.do(append([]string{"DEL"}, r.keys.lock...)...).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if hits == 0 {
+		t.Skip("no release ran in the millisecond its waiter's entry ended (a slow machine): the boundary went untested")
+	}
+}
+
+// TestNestedUnlockCountsDownInRedis: each Unlock of a nested hold lowers
+// the hold count the lock record keeps (what Info reports, and what
+// another process of the same owner id sees), keeps the lease, and writes
+// no other key; the last Unlock frees the lock. A mutant of mutex_release
+// that wrote the lowered count under the wake-up channel's name (KEYS[2]
+// for KEYS[1]) left the record at its old count and made a key without a
+// TTL, and no test read the count between a nested Unlock and the last.
+func TestNestedUnlockCountsDownInRedis(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	l := newLocker(t, client, mutex.Options{})
+	name := "nested-unlock:" + strconv.Itoa(rand.IntN(1e9))
+	m := newMutex(t, l, name, mutex.WithLease(time.Minute))
+	for range 3 {
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wake := lockKey(name) + ":w"
+	for want := int64(2); want >= 0; want-- {
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock down to %d holds: %v", want, err)
+		}
+		in, err := m.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.Held != (want > 0) || in.Holds != want {
+			t.Errorf("Info after an Unlock down to %d holds = %+v, want held %v with %d holds", want, in, want > 0, want)
+		}
+		if want > 0 && (in.Remain <= 0 || in.Remain > time.Minute) {
+			t.Errorf("remaining lease after a nested Unlock = %v, want the hold's lease kept (up to a minute)", in.Remain)
+		}
+		if n, err := client.Do(ctx, client.B().Exists().Key(wake).Build()).AsInt64(); err != nil || n != 0 {
+			t.Errorf("EXISTS %s (the wake-up channel's name) after an Unlock = %d, %v; want 0 (no key written)", wake, n, err)
+		}
+	}
+}
+
+// TestScriptUnlockOfSameTokenOtherOwnerIsLost: an Unlock whose token is
+// the current hold's but whose owner is not (the record expired and was
+// made again, its new token from a clock that had gone back, as after a
+// failover to a replica whose clock is behind) did not release anything:
+// it is told the hold was lost (-1), and the other owner keeps the lock.
+// An Unlock of the same token once the hold is gone (the retry of one
+// that released) is told 0. A mutant of mutex_release that judged a
+// token equal to the current one by the run alone ("mine <= last") told
+// the first Unlock 0, a release that never happened; the tests had the
+// equal token only on a free record.
+func TestScriptUnlockOfSameTokenOtherOwnerIsLost(t *testing.T) {
+	r := newReviewRig(t, "unlock-same-token:"+strconv.Itoa(rand.IntN(1e9)))
+	a := r.takeL("A", "a.1", "", "30000")
+	if a[0] != 1 {
+		t.Fatalf("A's lock = %v, want granted", a)
+	}
+	f := strconv.FormatInt(a[2], 10)
+	// A's record expires; B's acquisition makes it again with A's token.
+	r.do("SET", r.keys.lock[0], "L:"+f+":"+f+"|1:b.1:B", "PX", "30000")
+	if n := r.unlock("A", a[2]); n != -1 {
+		t.Errorf("A's Unlock while B holds with A's token = %d, want -1 (A's hold was lost)", n)
+	}
+	if o := r.field("o"); o != "B" {
+		t.Fatalf("the lock is held by %q after A's Unlock, want B", o)
+	}
+	if n := r.unlock("B", a[2]); n != 0 {
+		t.Fatalf("B's Unlock = %d, want 0", n)
+	}
+	if n := r.unlock("B", a[2]); n != 0 {
+		t.Errorf("B's retried Unlock = %d, want 0 (its first try released)", n)
+	}
+}
+
+// TestScriptRWGrantKeepsOtherWritersMark: a writer that waited gets the
+// lock and withdraws its own mark with the grant; the mark of another
+// writer still waiting stays the readers' wait (q), so that once this
+// hold ends, that writer still goes before new readers. A mutant of
+// rwmutex_lock that read the marks set's range wrongly there (ZRANGE
+// -1 -2: nothing) dropped q with the grant: after the Unlock, readers got
+// in ahead of the waiting writer. The grant tests had one waiting writer.
+func TestScriptRWGrantKeepsOtherWritersMark(t *testing.T) {
+	r := newRWScriptRig(t, "rw-grant-mark:")
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	q := func() int64 {
+		t.Helper()
+		v, err := client.Do(r.ctx, client.B().Hget().Key(r.lockKeys[0]).Field("q").Build()).AsInt64()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			t.Fatal(err)
+		}
+		return v
+	}
+	h := r.take("H", "h.1", "0", "")
+	if h[0] != 1 {
+		t.Fatalf("H's lock = %v, want granted", h)
+	}
+	if x := r.take("X", "x.1", "20000", "mx.1"); x[0] != 0 {
+		t.Fatalf("X's lock while H holds = %v, want refused", x)
+	}
+	qx := q()
+	if w := r.take("W", "w.1", "30000", "mw.1"); w[0] != 0 {
+		t.Fatalf("W's lock while H holds = %v, want refused", w)
+	}
+	if v := q(); v <= qx {
+		t.Fatalf("q = %d after W's longer mark, want past X's end %d", v, qx)
+	}
+	if n := r.release("H", h[2]); n != 0 {
+		t.Fatalf("H's unlock = %d", n)
+	}
+	w := r.take("W", "w.2", "30000", "mw.1")
+	if w[0] != 1 {
+		t.Fatalf("W's lock after H's release = %v, want granted", w)
+	}
+	if v := q(); v != qx {
+		t.Errorf("q = %d after W's grant withdrew its mark, want X's end %d (X still waits)", v, qx)
+	}
+	if n := r.release("W", w[2]); n != 0 {
+		t.Fatalf("W's unlock = %d", n)
+	}
+	if rd := r.rtake("R", "r.1"); rd[0] != 0 {
+		t.Errorf("a reader after W's Unlock while X's mark runs = %v, want refused", rd)
+	}
+	if x := r.take("X", "x.2", "20000", "mx.1"); x[0] != 1 {
+		t.Errorf("X's lock after W's Unlock = %v, want granted", x)
+	}
+}
+
+// TestScriptRWRunForgetsOldestEnding: the run (c) of a read-write lock
+// lists at most 16 write holds that ended otherwise than by their Unlock;
+// a 17th pushes the oldest out and the run starts after it, so the holds
+// before it are told lost (-1) by a retried Unlock, never released (0).
+// U's hold is released by its Unlock; then owner A's outermost Locks
+// supersede each other (each lists the one before), 16 or 17 times; A's
+// last hold is released. With 16 listed, U's retried Unlock is still in
+// the run (0); with 17, it is forgotten (-1); every superseded hold of A
+// is -1 either way. A mutant of rwmutex_lock that wrote the new start
+// over the second entry (c[2] for c[1]) kept the old start and dropped a
+// listed token: U's and A's first two Unlocks were told 0, releases that
+// never happened. TestScriptRWRunKeepsUnlockedHoldsAfterExpiry listed one
+// ending, never 17.
+func TestScriptRWRunForgetsOldestEnding(t *testing.T) {
+	for _, listed := range []int{16, 17} {
+		t.Run(strconv.Itoa(listed)+" listed", func(t *testing.T) {
+			r := newRWScriptRig(t, "rw-run-limit:")
+			u := r.take("U", "u.1", "0", "")
+			if u[0] != 1 {
+				t.Fatalf("U's lock = %v, want granted", u)
+			}
+			if n := r.release("U", u[2]); n != 0 {
+				t.Fatalf("U's unlock = %d", n)
+			}
+			var tokens []int64
+			for i := range listed + 1 {
+				w := r.take("A", "n"+strconv.Itoa(i)+".1", "0", "")
+				if w[0] != 1 {
+					t.Fatalf("A's outermost lock %d = %v, want granted (superseding its earlier hold)", i, w)
+				}
+				tokens = append(tokens, w[2])
+			}
+			last := tokens[listed]
+			if n := r.release("A", last); n != 0 {
+				t.Fatalf("Unlock of A's current hold = %d, want 0", n)
+			}
+			want := int64(0)
+			if listed > 16 {
+				want = -1
+			}
+			if n := r.release("U", u[2]); n != want {
+				t.Errorf("U's retried Unlock with %d holds listed after it = %d, want %d", listed, n, want)
+			}
+			for i, tok := range tokens[:listed] {
+				if n := r.release("A", tok); n != -1 {
+					t.Errorf("Unlock of A's superseded hold %d = %d, want -1 (it ended without an Unlock)", i, n)
+				}
+			}
+			if n := r.release("A", last); n != 0 {
+				t.Errorf("retried Unlock of A's released hold = %d, want 0", n)
+			}
+		})
+	}
+}
+
+// TestScriptRWRUnlockAfterLeaseIsLost: an RUnlock of a read hold whose
+// lease ran out is told the hold was lost (-1), whether or not the
+// expired member is still in the readers' set, and the member goes; one
+// whose hold lives releases (0), and so does its retry. A mutant of
+// rwmutex_runlock that answered 0 for the expired member (still listed)
+// told the caller its read hold had lasted to its release, and no test
+// released a read hold after its lease.
+func TestScriptRWRUnlockAfterLeaseIsLost(t *testing.T) {
+	r := newRWScriptRig(t, "rw-runlock-expired:")
+	client := redistest.Client(t, redistest.Single(t).Addr())
+	sc, err := scriptcache.New(r.ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runlock, err := sc.Script("rwmutex_runlock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readers := r.lockKeys[1]
+	keys := []string{readers, r.unlockKeys[2]}
+	runlockOf := func(id string) int64 {
+		t.Helper()
+		n, err := runlock.Exec(r.ctx, keys, []string{id, "p", "1000"}).AsInt64()
+		if err != nil {
+			t.Fatalf("runlock %s: %v", id, err)
+		}
+		return n
+	}
+	rtakeLease := func(attempt, leaseMs string) {
+		t.Helper()
+		vs, err := r.rlock.Exec(r.ctx, r.rlockKeys, []string{"R", leaseMs, "0", attempt, ""}).AsIntSlice()
+		if err != nil || len(vs) != 3 || vs[0] != 1 {
+			t.Fatalf("rlock %s = %v, %v; want granted", attempt, vs, err)
+		}
+	}
+	rtakeLease("r.1", "50")
+	rtakeLease("r.2", "30000")
+	waitRedis(t, "r.1's lease to run out", func() bool {
+		end, err := client.Do(r.ctx, client.B().Zscore().Key(readers).Member("r.1").Build()).AsInt64()
+		if err != nil {
+			t.Fatalf("r.1's member: %v", err)
+		}
+		now, err := client.Do(r.ctx, client.B().Time().Build()).AsIntSlice()
+		if err != nil || len(now) != 2 {
+			t.Fatalf("TIME: %v, %v", now, err)
+		}
+		return end < now[0]*1000+now[1]/1000
+	})
+	if n := runlockOf("r.1"); n != -1 {
+		t.Errorf("RUnlock of a read hold whose lease ran out = %d, want -1", n)
+	}
+	if err := client.Do(r.ctx, client.B().Zscore().Key(readers).Member("r.1").Build()).Error(); !rueidis.IsRedisNil(err) {
+		t.Errorf("the expired member after its RUnlock: %v, want gone", err)
+	}
+	if n := runlockOf("r.1"); n != -1 {
+		t.Errorf("second RUnlock of the expired read hold = %d, want -1", n)
+	}
+	if n := runlockOf("r.2"); n != 0 {
+		t.Errorf("RUnlock of a live read hold = %d, want 0", n)
+	}
+	if n := runlockOf("r.2"); n != 0 {
+		t.Errorf("retried RUnlock of the released read hold = %d, want 0", n)
+	}
+}

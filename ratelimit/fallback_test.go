@@ -156,6 +156,38 @@ func TestLocalLimiterMultiPolicy(t *testing.T) {
 	}
 }
 
+// TestLocalLimiterEachReportsUncountedBucket: allowEach (the local
+// fallback of counters) counts a request in no bucket when an enforced one
+// denies it, and reports each bucket that had room as it is, neither
+// charged nor refilled: its Remaining is what its earlier requests left,
+// its ResetAfter when they have drained. A mutant that added the wait
+// instead of taking it off (issue 32, seed 6) reported the used bucket as
+// fuller than its burst, and only the single-bucket paths were checked.
+func TestLocalLimiterEachReportsUncountedBucket(t *testing.T) {
+	c := newLocalLimiter(16)
+	ps := []localPolicy{localPolicyOf(PerSecond(2), 2), localPolicyOf(PerHour(3), 3)}
+	keys := []string{"second", "hour"}
+	costs, enforced := []int{1, 1}, []bool{true, true}
+	now := c.base.Add(time.Hour)
+	res := make([]Result, 2)
+	for i := range 2 {
+		if !c.allowEach(keys, now, costs, enforced, ps, res) {
+			t.Fatalf("call %d denied: %+v", i+1, res)
+		}
+	}
+	if c.allowEach(keys, now, costs, enforced, ps, res) || res[0].Allowed || !res[1].Allowed {
+		t.Fatalf("call 3: %+v; want denied by the per-second bucket, the hourly one with room", res)
+	}
+	if r := res[1]; r.Remaining != 1 || r.ResetAfter != 40*time.Minute || r.RetryAfter != 0 {
+		t.Errorf("the hourly bucket beside the denial: %+v; want 1 remaining (2 of 3 used), reset after 40m", r)
+	}
+	// A second later the per-second bucket has room again: the hourly
+	// one was not charged by call 3, so call 4 takes its last token.
+	if !c.allowEach(keys, now.Add(time.Second), costs, enforced, ps, res) || res[1].Remaining != 0 {
+		t.Fatalf("call 4 a second later: %+v; want allowed, the hourly bucket with 0 remaining", res)
+	}
+}
+
 // TestLocalLimiterEviction checks the documented eviction: memory stays
 // within the cap, a key that keeps coming is kept, and a key pushed out
 // starts again from a full bucket.

@@ -14,7 +14,10 @@ import (
 // the same figures. Each case checks which shape the server sent (so the
 // huge limits do reach the array) and exact figures for a peek and a first
 // call on a fresh key; a radix on the client other than the script's
-// would move Remaining and ResetAfter.
+// would move Remaining and ResetAfter. Two GCRA cases sit at the limit,
+// (burst + 1) * radix just at 2^53 and just past it: a mutant of
+// ratelimit_gcra whose "<=" there became "<" sent the array for the
+// product of exactly 2^53, and only limits far from it were tried.
 func TestAllowedReplyShapes(t *testing.T) {
 	const year = 366 * 24 * time.Hour
 	us := func(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
@@ -34,6 +37,11 @@ func TestAllowedReplyShapes(t *testing.T) {
 		// interval 31622.4us, radix about 3.2e13: (burst + 1) * radix
 		// passes 2^53.
 		{"gcra huge", GCRA, Limit{Rate: maxRate, Period: year}, false, maxRate - 1, us(31623), us(31623)},
+		// The limit itself: burst 511 and a radix of 2^44 make (burst + 1)
+		// * radix exactly 2^53, whose integers are all still exact: one
+		// integer. A microsecond more of period, and the array.
+		{"gcra at 2^53", GCRA, Limit{Rate: 511, Period: us(17592186044415)}, true, 510, us(34426978561), us(34426978561)},
+		{"gcra past 2^53", GCRA, Limit{Rate: 511, Period: us(17592186044416)}, false, 510, us(34426978561), us(34426978561)},
 		{"sliding", SlidingWindow, Limit{Rate: 10, Period: time.Second}, true, 9, time.Second + time.Microsecond, 2 * time.Second},
 		{"sliding huge", SlidingWindow, Limit{Rate: maxRate, Period: year}, false, maxRate - 1, year + time.Microsecond, 2 * year},
 	}
@@ -48,6 +56,9 @@ func TestAllowedReplyShapes(t *testing.T) {
 			}
 			if m.IsInt64() != tc.packed {
 				t.Fatalf("an allowed call's reply is an integer: %v; want %v (%v)", m.IsInt64(), tc.packed, m)
+			}
+			if packed := l.radix*int64(l.capacity+1) <= 1<<53; tc.algo == GCRA && packed != tc.packed {
+				t.Fatalf("the client's radix %d with burst %d packs: %v; want %v", l.radix, l.capacity, packed, tc.packed)
 			}
 			capacity := l.capacity
 			if res := allow(t, l, "k", 0); res != (Result{Allowed: true, Limit: capacity, Remaining: capacity}) {

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -537,5 +539,259 @@ func TestReclaimOfLastHeavyPermitKeepsNoWeight(t *testing.T) {
 			release(t, q)
 			release(t, p)
 		})
+	}
+}
+
+// TestFairCallThatReclaimsAnnouncesBudget: a fair Acquire that reclaims
+// an expired permit and leaves permits free publishes the budget (how
+// many are free) on the wake-up channel, whatever its own answer: the
+// permit's holder died, so no release will wake the Acquires waiting for
+// it, and this call may be the only one to see the room. A call that
+// reclaims nothing publishes nothing. Each answer's path announces it:
+// a caller with another capacity (refused, -1) and one asking for more
+// than the capacity (-2). A mutant of semaphore_queue that announced only
+// when more than one permit was reclaimed ("freed > 1") left waiters
+// asleep after a mismatched call reclaimed one, and no test counted the
+// messages of those paths.
+func TestFairCallThatReclaimsAnnouncesBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		capacity string // the call's capacity (the semaphore's is 2)
+		n        string
+		status   int64
+	}{
+		{"capacity mismatch", "3", "1", -1},
+		{"more than the capacity", "2", "3", -2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			addr := redistest.Single(t).Addr()
+			short := newEnv(t, []string{addr}, semaphore.Options{Fair: true, Lease: 100 * time.Millisecond})
+			long := newEnv(t, []string{addr}, semaphore.Options{Fair: true, Lease: time.Minute})
+			name := uniqueName(t)
+			queue := script(t, long, "semaphore_queue")
+			keys := []string{long.key(name, ""), long.key(name, ":e"), long.key(name, ":w"), long.key(name, ":q"), long.key(name, ":qe")}
+			heard := listenBudget(t, addr, keys[2])
+			call := func(what string, wantMsgs int) {
+				t.Helper()
+				vs, err := queue.Exec(ctx, keys, []string{"a", tc.capacity, tc.n, "caller.1", "60000", "p"}).AsIntSlice()
+				if err != nil || len(vs) != 4 || vs[0] != tc.status {
+					t.Fatalf("%s: semaphore_queue = %v, %v; want status %d", what, vs, err, tc.status)
+				}
+				if got := heard(); len(got) != wantMsgs || (wantMsgs > 0 && got[0] != "1") {
+					t.Errorf("%s published %q, want %d budget message(s) of 1 free permit", what, got, wantMsgs)
+				}
+			}
+			other := acquire(t, long.sem(t, name, 2), 1) // its lease keeps the keys
+			call("a call that reclaims nothing", 0)
+			dead := acquire(t, short.sem(t, name, 2), 1)
+			waitExpiredOnServer(t, long, name, dead.ID())
+			call("a call that reclaimed one expired permit", 1)
+			release(t, other)
+		})
+	}
+}
+
+// TestFairGrantFromQueueAfterReclaimAnnouncesBudget: the join-the-queue
+// path of TestFairCallThatReclaimsAnnouncesBudget. A fair Acquire finds a
+// queue (its only entry a waiter that died), reclaims an expired permit,
+// joins, and the pass grants it with a permit still free: it publishes
+// that budget, as no release will come for the dead holder. A mutant of
+// semaphore_queue that announced there only when more than one permit
+// was reclaimed left waiters of other processes asleep.
+func TestFairGrantFromQueueAfterReclaimAnnouncesBudget(t *testing.T) {
+	ctx := context.Background()
+	addr := redistest.Single(t).Addr()
+	short := newEnv(t, []string{addr}, semaphore.Options{Fair: true, Lease: 100 * time.Millisecond})
+	long := newEnv(t, []string{addr}, semaphore.Options{Fair: true, Lease: time.Minute})
+	name := uniqueName(t)
+	queue := script(t, long, "semaphore_queue")
+	keys := []string{long.key(name, ""), long.key(name, ":e"), long.key(name, ":w"), long.key(name, ":q"), long.key(name, ":qe")}
+	other := acquire(t, long.sem(t, name, 3), 1) // its lease keeps the keys
+	dead := acquire(t, short.sem(t, name, 3), 1)
+	// A waiter of weight 2 queues (2 of 3 used) with an entry of 50 ms,
+	// and dies.
+	vs, err := queue.Exec(ctx, keys, []string{"a", "3", "2", "gone.1", "50", "p"}).AsIntSlice()
+	if err != nil || len(vs) != 4 || vs[0] != 0 {
+		t.Fatalf("the waiter's call = %v, %v; want queued (0)", vs, err)
+	}
+	// The queue's keys outlive that entry, as the join of a waiter since
+	// granted would have made them (each join extends them to its lease).
+	for _, k := range keys[3:] {
+		if err := long.client.Do(ctx, long.client.B().Pexpire().Key(k).Milliseconds(60000).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitExpiredOnServer(t, long, name, dead.ID())
+	if !redistest.WaitFor(ctx, signalWait, func() bool {
+		e, err := long.client.Do(ctx, long.client.B().Hget().Key(keys[4]).Field("gone.1").Build()).ToString()
+		if err != nil {
+			t.Fatalf("the waiter's entry: %v", err)
+		}
+		expiry, err := strconv.ParseInt(strings.Fields(e)[0], 10, 64)
+		if err != nil {
+			t.Fatalf("entry %q: %v", e, err)
+		}
+		return expiry < serverMs(t, long)
+	}) {
+		t.Fatal("the waiter's entry did not expire on the server")
+	}
+	heard := listenBudget(t, addr, keys[2])
+	vs, err = queue.Exec(ctx, keys, []string{"a", "3", "1", "caller.1", "60000", "p"}).AsIntSlice()
+	if err != nil || len(vs) != 4 || vs[0] != 1 || vs[1] != 2 {
+		t.Fatalf("the caller's call = %v, %v; want granted with 2 of 3 used", vs, err)
+	}
+	if got := heard(); len(got) != 1 || got[0] != "1" {
+		t.Errorf("the grant after reclaiming a permit published %q, want one budget message of 1 free permit", got)
+	}
+	release(t, other)
+}
+
+// listenBudget subscribes to channel and returns a function that reports
+// the messages received since its last call. Each call first publishes a
+// probe and waits for it: the server delivers a subscriber's messages in
+// order, so whatever was published before the call has arrived by then.
+func listenBudget(t *testing.T, addr, channel string) func() []string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c := redistest.Client(t, addr)
+	var mu sync.Mutex
+	var got []string
+	probed := 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Receive(ctx, c.B().Subscribe().Channel(channel).Build(), func(m rueidis.PubSubMessage) {
+			mu.Lock()
+			defer mu.Unlock()
+			if n, ok := strings.CutPrefix(m.Message, "probe-"); ok {
+				probed, _ = strconv.Atoi(n)
+			} else {
+				got = append(got, m.Message)
+			}
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	n := 0
+	probe := func(wait time.Duration) bool {
+		n++
+		if err := c.Do(ctx, c.B().Publish().Channel(channel).Message("probe-"+strconv.Itoa(n)).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		return redistest.WaitFor(ctx, wait, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return probed >= n
+		})
+	}
+	if !redistest.WaitFor(ctx, signalWait, func() bool { return probe(200 * time.Millisecond) }) {
+		t.Fatal("subscription not confirmed")
+	}
+	mu.Lock()
+	got = nil
+	mu.Unlock()
+	return func() []string {
+		t.Helper()
+		if !probe(signalWait) {
+			t.Fatal("a probe message did not come back")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		out := got
+		got = nil
+		return out
+	}
+}
+
+// countingClient counts the calls of one script (by its SHA-1).
+type countingClient struct {
+	scriptcache.Client
+	sha string
+	n   atomic.Int64
+}
+
+func (c *countingClient) Eval(ctx context.Context, sha, body string, keys, args []string) scriptcache.Reply {
+	if sha == c.sha {
+		c.n.Add(1)
+	}
+	return c.Client.Eval(ctx, sha, body, keys, args)
+}
+
+// TestWokenAcquireThatGetsInKeepsItsWakeUp: a release's wake-up of one
+// permit wakes one waiting Acquire of the process; if that Acquire gets
+// the permit, the wake-up was used, and the other waiter sleeps on until
+// the next release wakes it: its calls are the two of its start and the
+// one after that release. A mutant of acquireWaiting that passed the used
+// wake-up on after a success (Leave for Close) made the other waiter call
+// once more for nothing at every such hand-over (issue 32, seed 6); no
+// test counted the calls of a waiter that was not woken.
+func TestWokenAcquireThatGetsInKeepsItsWakeUp(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), signalWait)
+	defer cancel()
+	sc0, err := scriptcache.New(ctx, redistest.Client(t, redistest.Single(t).Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	acq, err := sc0.Script("semaphore_acquire")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &countingClient{Client: sc0.Client(), sha: acq.SHA1()}
+	sc, err := scriptcache.NewFrom(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := semaphore.NewManager(sc, semaphore.Options{Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mgr.Close)
+	s, err := mgr.NewSemaphore(uniqueName(t), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := s.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *semaphore.Permit, 2)
+	for range 2 {
+		go func() {
+			p, err := s.Acquire(ctx, 1)
+			if err != nil {
+				t.Errorf("waiting Acquire: %v", err)
+			}
+			got <- p
+		}()
+	}
+	// Each waiter calls twice: its first attempt, and one once subscribed.
+	if !redistest.WaitFor(ctx, signalWait, func() bool { return c.n.Load() == 5 }) {
+		t.Fatalf("%d calls of semaphore_acquire, want 5 (the holder's, two per waiter)", c.n.Load())
+	}
+	if err := h.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := <-got
+	if first == nil {
+		t.FailNow()
+	}
+	// Nothing signals a call that does not come: a spurious wake-up's call
+	// would follow at once, so a short look finds it (on the tree, the
+	// count stays at 6 however long one looks).
+	if redistest.WaitFor(ctx, 300*time.Millisecond, func() bool { return c.n.Load() > 6 }) {
+		t.Errorf("%d calls of semaphore_acquire while the first waiter holds, want 6: the other waiter was woken for nothing", c.n.Load())
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := <-got
+	if second == nil {
+		t.FailNow()
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.n.Load(); n != 7 {
+		t.Errorf("%d calls of semaphore_acquire, want 7: each waiter's two, then one per release's wake-up", n)
 	}
 }

@@ -458,9 +458,20 @@ func TestReleaseFindsPermitGone(t *testing.T) {
 	})
 }
 
+// TestCapacityMismatch: while permits are held, a Semaphore made with
+// another capacity is refused with ErrCapacityMismatch, fair or not (a
+// fair Acquire goes through semaphore_queue, whose refusal a mutant of
+// issue 32 turned into the too-many-permits answer, ErrInvalidWeight,
+// when only the unfair path was tried).
 func TestCapacityMismatch(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unfair", true: "fair"}[fair], func(t *testing.T) { testCapacityMismatch(t, fair) })
+	}
+}
+
+func testCapacityMismatch(t *testing.T, fair bool) {
 	forTargets(t, func(t *testing.T, addrs []string) {
-		e := newEnv(t, addrs, semaphore.Options{})
+		e := newEnv(t, addrs, semaphore.Options{Fair: fair})
 		name := uniqueName(t)
 		five := e.sem(t, name, 5)
 		three := e.sem(t, name, 3)
@@ -486,11 +497,22 @@ func TestCapacityMismatch(t *testing.T) {
 	})
 }
 
+// TestReclaimManyExpired: a call reclaims expired permits 16 at a time,
+// and Acquire calls again at once until they are gone; the reclaimed ones
+// leave the permits set. Fair too: semaphore_queue reclaims for a fair
+// Acquire (a mutant of issue 32 that took them out of the wrong key there
+// left them listed, and only the unfair path was tried).
 func TestReclaimManyExpired(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unfair", true: "fair"}[fair], func(t *testing.T) { testReclaimManyExpired(t, fair) })
+	}
+}
+
+func testReclaimManyExpired(t *testing.T, fair bool) {
 	forTargets(t, func(t *testing.T, addrs []string) {
 		const n = 40 // more than one reclaim batch (16)
-		short := newEnv(t, addrs, semaphore.Options{Lease: 100 * time.Millisecond})
-		long := newEnv(t, addrs, semaphore.Options{})
+		short := newEnv(t, addrs, semaphore.Options{Lease: 100 * time.Millisecond, Fair: fair})
+		long := newEnv(t, addrs, semaphore.Options{Fair: fair})
 		name := uniqueName(t)
 		keep := acquire(t, long.sem(t, name, n+1), 1) // keeps the keys alive
 		ss := short.sem(t, name, n+1)
