@@ -42,7 +42,7 @@ func TestErrorText(t *testing.T) {
 			}
 			l.Close()
 			return m.Unlock(ctx)
-		}, `mutex: not held: lock lost: "%s": lease keeper closed`, []error{mutex.ErrNotHeld, mutex.ErrLost}},
+		}, `mutex: not held: lock lost: "%s": locker closed: lease keeper closed`, []error{mutex.ErrNotHeld, mutex.ErrLost, mutex.ErrClosed}},
 		{"write unlock after a force unlock", func(t *testing.T) error {
 			rw, err := l.NewRWMutex(name(t))
 			if err != nil {

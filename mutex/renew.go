@@ -80,13 +80,22 @@ func (m *Mutex) lose(gen uint64, cause error) {
 func (m *Mutex) loseLocked(cause error) {
 	m.holds, m.lse, m.unacked = 0, nil, true
 	m.orphaned = true // tokenArg's hold
-	m.err = fmt.Errorf("%w: %q: %w", ErrLost, m.Name(), inner(cause))
+	m.err = fmt.Errorf("%w: %q: %w", ErrLost, m.Name(), inner(lossCause(cause)))
 	if o := m.l.obs; o != nil { // before the holder is told
 		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: m.set.prim, Name: m.Name(), Hold: time.Since(epoch) - m.since, Weight: 1,
 			Reason: obs.LossReason(cause), Err: m.err})
 	}
 	m.closeLost()
 	m.endScopedLocked(m.err)
+}
+
+// lossCause is the cause a holder is told: the lease keeper's closing is
+// the Locker's Close, so it wraps ErrClosed (as a Permit's loss does).
+func lossCause(cause error) error {
+	if errors.Is(cause, lease.ErrClosed) {
+		return fmt.Errorf("%w: %w", ErrClosed, inner(cause))
+	}
+	return cause
 }
 
 // dropHold declares the current hold lost without a word to Redis, after

@@ -749,7 +749,7 @@ func (rw *RWMutex) lose(write bool, gen uint64, cause error) {
 func (rw *RWMutex) loseLocked(write bool, cause error) {
 	sd := rw.side(write)
 	sd.holds, sd.lse, sd.orphan, sd.unacked = 0, nil, sd.id, true
-	rw.err = fmt.Errorf("%w: %q (%s): %w", ErrLost, rw.name, kind(write), inner(cause))
+	rw.err = fmt.Errorf("%w: %q (%s): %w", ErrLost, rw.name, kind(write), inner(lossCause(cause)))
 	if o := rw.l.obs; o != nil { // before the holder is told
 		o.Observe(scriptcache.Event{Kind: scriptcache.EventLost, Primitive: scriptcache.PrimitiveRWMutex, Name: rw.name, Hold: time.Since(sd.since), Weight: 1,
 			Reason: obs.LossReason(cause), Err: rw.err})
