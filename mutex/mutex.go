@@ -74,8 +74,10 @@
 // when the holder's lease runs out, whichever comes first; an Extend that
 // shortens the holder's lease wakes the waiters, so that they wait for the
 // new end. A release wakes one waiter per process, which passes its turn
-// on: once it took the lock its release publishes, and if it gives up
-// instead, the next waiter of its process tries in its place. An Unlock
+// on: once it took the lock its release publishes (or, if the hold is
+// lost, its lease having run out, the next waiter of its process tries
+// then), and if it gives up instead, the next waiter of its process tries
+// in its place. An Unlock
 // publishes only if a Lock was refused since the lock's record was made (it
 // lives until the lock has stayed free for a second, or a lease ran out), a
 // Lock that waited took the lock, or fair waiters queued: an uncontended

@@ -87,6 +87,15 @@ func (m *Mutex) loseLocked(cause error) {
 	}
 	m.closeLost()
 	m.endScopedLocked(m.err)
+	if !m.set.fair {
+		// A hold that ends without a release publishes nothing. A release
+		// woke one waiter of this process, which may be this hold; the
+		// others sleep on the lease they saw, maybe an earlier holder's
+		// (issue 32's soak: a waiter 1.6 s late after a hold left to
+		// expire). One of them tries now in this hold's place. (Fair
+		// waiters are woken by their queue's refresh.)
+		m.l.hub.WakeOne(m.key(keyWake))
+	}
 }
 
 // lossCause is the cause a holder is told: the lease keeper's closing is

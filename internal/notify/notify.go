@@ -272,6 +272,19 @@ func (w *Waiter) Wake() {
 	}
 }
 
+// WakeOne wakes the waiters of channelName as a release's message of
+// budget 1 would, if the process has any: for a hold of this process that
+// ended without a release, which publishes nothing (its lease ran out). A
+// waiter's timer covers the lease it saw at its last attempt, which may be
+// an earlier holder's.
+func (h *Hub) WakeOne(channelName string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if ch := h.chans[channelName]; ch != nil && !h.closed {
+		h.wakeLocked(ch, 1)
+	}
+}
+
 // Ready waits until the channel's subscription is confirmed by Redis, so no
 // message published after Ready returns nil can be missed, or until timeout
 // passes (nil too). It returns ctx.Err() if ctx ends first, ErrClosed at
