@@ -484,6 +484,23 @@ func TestQueueScriptPaths(t *testing.T) {
 				entries -
 				published []`,
 		},
+		{
+			name: "a refused call that reclaims leaves a set capacity's retention as it is: it is no grant, renewal or release",
+			state: qstate{
+				hash:    []string{":cap", "2", ":set", "900000", ":h", "0"},
+				permits: []string{"gone", dead, "a", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			call:  qcall{mode: "t", capacity: "2", n: "2", id: "p", ms: "60000"},
+			count: []string{"pexpireat"},
+			want: `reply [0 1 2 ~600000]
+				calls pexpireat=0
+				hash :cap=2 :h=0 :set=900000 | expires t+600000 last+0
+				permits a=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
 		// Acquire: refusals.
 		{
 			name: "another capacity while permits are held is refused, and the caller leaves the queue",
@@ -500,6 +517,21 @@ func TestQueueScriptPaths(t *testing.T) {
 				permits other=t+30000 | expires t+600000 last+570000
 				queue w=2 | expires t+600000 last+0
 				entries :b=w 0 w=t+600000 3 | expires t+600000 last+0
+				published []`,
+		},
+		{
+			name: "another capacity refused, with a permit free and nothing reclaimed, announces nothing",
+			state: qstate{
+				hash:    []string{":cap", "3", ":h", "0"},
+				permits: []string{"other", "t+30000"},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			call: qcall{mode: "t", capacity: "2", n: "1", id: "p", ms: "60000"},
+			want: `reply [-1 1 3 ~30000]
+				hash :cap=3 :h=0 | expires t+600000 last+570000
+				permits other=t+30000 | expires t+600000 last+570000
+				queue -
+				entries -
 				published []`,
 		},
 		{
@@ -565,21 +597,21 @@ func TestQueueScriptPaths(t *testing.T) {
 				published ["g w 1"]`,
 		},
 		{
-			name: "more than the capacity is refused; the call's reclaim lets the queue be served",
+			name: "more than the capacity is refused; the call's reclaim serves the queue and announces what stays free",
 			state: qstate{
-				hash:    []string{":cap", "2", ":h", "0"},
+				hash:    []string{":cap", "3", ":h", "0"},
 				permits: []string{"gone", dead, "other", "t+30000"},
 				queue:   []string{"w", "1"},
 				entries: []string{"w", live + " 1"},
 				expire:  map[int]string{0: live, 1: live, 3: live, 4: live},
 			},
-			call: qcall{mode: "a", capacity: "2", n: "3", id: "p", ms: "60000"},
-			want: `reply [-2 2 2 ~30000]
-				hash :cap=2 :h=0 | expires t~+637501 last~+37501
+			call: qcall{mode: "a", capacity: "3", n: "4", id: "p", ms: "60000"},
+			want: `reply [-2 2 3 ~30000]
+				hash :cap=3 :h=0 | expires t~+637501 last~+37501
 				permits other=t+30000 w=t+600000 | expires t~+637501 last~+37501
 				queue -
 				entries -
-				published ["g w 1"]`,
+				published ["g w 1" "1"]`,
 		},
 		{
 			name: "as much as the capacity is allowed",
@@ -632,19 +664,19 @@ func TestQueueScriptPaths(t *testing.T) {
 				published []`,
 		},
 		{
-			name: "an id whose permit expired is granted anew, its old weight reclaimed once",
+			name: "an id whose permit expired is granted anew, its old weight reclaimed once and announced as freed",
 			state: qstate{
-				hash:    []string{":cap", "2", ":h", "0"},
+				hash:    []string{":cap", "3", ":h", "0"},
 				permits: []string{"p", dead, "other", live},
 				expire:  map[int]string{0: live, 1: live},
 			},
-			call: qcall{mode: "t", capacity: "2", n: "1", id: "p", ms: "60000"},
-			want: `reply [1 2 2 0]
-				hash :cap=2 :h=0 | expires t+600000 last+0
+			call: qcall{mode: "t", capacity: "3", n: "1", id: "p", ms: "60000"},
+			want: `reply [1 2 3 0]
+				hash :cap=3 :h=0 | expires t+600000 last+0
 				permits p=t~+60000 other=t+600000 | expires t+600000 last+0
 				queue -
 				entries -
-				published []`,
+				published ["1"]`,
 		},
 		{
 			name: "an id whose permit expired behind 16 older ones is reclaimed too",
@@ -690,7 +722,7 @@ func TestQueueScriptPaths(t *testing.T) {
 				permits: []string{"a", live, "b", "t+30000"},
 				queue:   []string{"w", "7"},
 				entries: []string{"w", live + " 1"},
-				expire:  map[int]string{0: live, 1: live, 3: "t+1000", 4: "t+1000"},
+				expire:  map[int]string{0: live, 1: live, 3: "t+20000", 4: "t+20000"},
 			},
 			call: qcall{mode: "a", capacity: "2", n: "2", id: "p", ms: "60000"},
 			want: `reply [0 2 2 ~30000]
@@ -819,12 +851,12 @@ func TestQueueScriptPaths(t *testing.T) {
 				published ["g w1 2" "g w2 1"]`,
 		},
 		{
-			name: "a release grants what fits and announces the rest free",
+			name: "a release grants what fits and announces the rest free; the queue emptied goes, ':b' with it",
 			state: qstate{
 				hash:    []string{":cap", "4", ":h", "2", "p", "3"},
 				permits: []string{"p", live},
 				queue:   []string{"w1", "1"},
-				entries: []string{"w1", live + " 2"},
+				entries: []string{"w1", live + " 2", ":b", "w1 3"},
 				expire:  map[int]string{0: live, 1: live, 3: live, 4: live},
 			},
 			call: qcall{mode: "r", capacity: "4", id: "p"},
@@ -891,14 +923,16 @@ func TestQueueScriptPaths(t *testing.T) {
 				published ["g w1 1"]`,
 		},
 		{
-			name: "a release of an expired permit frees it without saying it was held",
+			name: "a release of an expired permit frees it without saying it was held; an empty queue costs one read",
 			state: qstate{
 				hash:    []string{":cap", "3", ":h", "1", "p", "2"},
 				permits: []string{"p", dead, "a", live},
 				expire:  map[int]string{0: live, 1: live},
 			},
-			call: qcall{mode: "r", capacity: "3", id: "p"},
+			call:  qcall{mode: "r", capacity: "3", id: "p"},
+			count: []string{"zrange", "exists"},
 			want: `reply [0 1]
+				calls zrange=1 exists=0
 				hash :cap=3 :h=0 | expires t+600000 last+0
 				permits a=t+600000 | expires t+600000 last+0
 				queue -
@@ -1206,7 +1240,7 @@ func TestQueueRefreshScriptPaths(t *testing.T) {
 				permits: []string{"a", live},
 				queue:   []string{"w", "1"},
 				entries: []string{"w", "t+1000 1"},
-				expire:  map[int]string{0: live, 1: live, 3: "t+1000", 4: "t+1000"},
+				expire:  map[int]string{0: live, 1: live, 3: "t+20000", 4: "t+20000"},
 			}},
 			args: []string{"1", "w", "1"},
 			want: `reply [1]
@@ -1242,14 +1276,14 @@ func TestQueueRefreshScriptPaths(t *testing.T) {
 				permits: []string{"a", live, "x", live},
 				queue:   []string{"w", "1"},
 				entries: []string{"w", live + " 1"},
-				expire:  map[int]string{0: live, 1: live, 3: "t+1000", 4: "t+1000"},
+				expire:  map[int]string{0: live, 1: live, 3: "t+20000", 4: "t+20000"},
 			}},
 			args: []string{"1", "x", "1"},
 			want: `reply [0]
 				hash :cap=1 :h=0 | expires t+600000 last+0
 				permits a=t+600000 x=t+600000 | expires t+600000 last+0
-				queue w=1 | expires t+1000 last-599000
-				entries w=t+600000 1 | expires t+1000 last-599000
+				queue w=1 | expires t+20000 last-580000
+				entries w=t+600000 1 | expires t+20000 last-580000
 				published []`,
 		},
 		{
@@ -1463,7 +1497,7 @@ func TestQueueRefreshScriptPaths(t *testing.T) {
 					permits: []string{"a", live},
 					queue:   []string{"v", "1"},
 					entries: []string{"v", live + " 1"},
-					expire:  map[int]string{0: live, 1: live, 3: "t+1000", 4: "t+1000"},
+					expire:  map[int]string{0: live, 1: live, 3: "t+20000", 4: "t+20000"},
 				},
 			},
 			args:  []string{"1", "w1", "1", "2", "v", "1", "1", "w2", "1"},
