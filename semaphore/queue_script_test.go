@@ -161,9 +161,11 @@ func (q *queueScript) exec(t *testing.T, s *scriptcache.Script, keys, args, coun
 // dump reads the five keys and the messages published since the last
 // look, one line each; times are written t+N from base. Each key's expiry
 // is also written as "last+N": N ms after the latest permit (for the
-// state hash and the permits) or queue entry (for the queue keys). The
-// script sets them from one clock reading, so that N is exact where a
-// time from base is only good to the slack.
+// state hash and the permits) or queue entry (for the queue keys). A
+// PEXPIREAT at a time the script computed from the same TIME reading as
+// the permit makes N exact, where a time from base is only good to the
+// slack; a PEXPIRE counts from the server's own clock, up to 1 ms off the
+// script's TIME, so those are written ~N.
 func (c *qcase) dump(t *testing.T) string {
 	t.Helper()
 	ctx := context.Background()
@@ -1246,8 +1248,8 @@ func TestQueueRefreshScriptPaths(t *testing.T) {
 			want: `reply [1]
 				hash :cap=1 :h=0 | expires t+600000 last+0
 				permits a=t+600000 | expires t+600000 last+0
-				queue w=1 | expires t~+63750 last+3750
-				entries w=t~+60000 1 | expires t~+63750 last+3750
+				queue w=1 | expires t~+63750 last~+3750
+				entries w=t~+60000 1 | expires t~+63750 last~+3750
 				published []`,
 		},
 		{
@@ -1511,8 +1513,8 @@ func TestQueueRefreshScriptPaths(t *testing.T) {
 				published []
 				hash :cap=2 :h=0 | expires t+600000 last+0
 				permits a=t+600000 | expires t+600000 last+0
-				queue v=1 | expires t~+63750 last+3750
-				entries v=t~+60000 1 | expires t~+63750 last+3750
+				queue v=1 | expires t~+63750 last~+3750
+				entries v=t~+60000 1 | expires t~+63750 last~+3750
 				published []`,
 		},
 	} {
