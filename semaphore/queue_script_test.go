@@ -616,6 +616,16 @@ func TestQueueScriptPaths(t *testing.T) {
 				published ["g w 1" "1"]`,
 		},
 		{
+			name: "more than the capacity on an idle semaphore is refused, with no permit to wait for",
+			call: qcall{mode: "a", capacity: "2", n: "3", id: "p", ms: "60000"},
+			want: `reply [-2 0 2 -1]
+				hash -
+				permits -
+				queue -
+				entries -
+				published []`,
+		},
+		{
 			name: "as much as the capacity is allowed",
 			state: qstate{
 				hash:    []string{":cap", "2", ":h", "0"},
@@ -978,7 +988,7 @@ func TestQueueScriptPaths(t *testing.T) {
 				published []`,
 		},
 		{
-			name: "a release of what is neither held nor queued changes nothing, not even a kept capacity's life",
+			name: "a release of what is neither held nor queued writes nothing, not even a kept capacity's life; its pass announces the permits free",
 			state: qstate{
 				hash:    []string{":cap", "3", ":set", "900000"},
 				queue:   []string{"w", "1"},
@@ -1147,16 +1157,6 @@ func TestQueueScriptPaths(t *testing.T) {
 				queue -
 				entries -
 				published ["2"]`,
-		},
-		{
-			name: "more than the capacity on an idle semaphore is refused, with no permit to wait for",
-			call: qcall{mode: "a", capacity: "2", n: "3", id: "p", ms: "60000"},
-			want: `reply [-2 0 2 -1]
-				hash -
-				permits -
-				queue -
-				entries -
-				published []`,
 		},
 		// SetCapacity.
 		{
