@@ -468,6 +468,22 @@ func TestQueueScriptPaths(t *testing.T) {
 				published []`,
 		},
 		{
+			name: "with nothing listed, the caller's capacity replaces the stored one, and it is granted without the reclaim",
+			state: qstate{
+				hash:   []string{":cap", "3", ":h", "0"},
+				expire: map[int]string{0: live},
+			},
+			call:  qcall{mode: "a", capacity: "5", n: "4", id: "p", ms: "60000"},
+			count: []string{"zrangebyscore"},
+			want: `reply [1 4 5 0]
+				calls zrangebyscore=0
+				hash :cap=5 :h=3 p=4 | expires t~+63751 last+3751
+				permits p=t~+60000 | expires t~+63751 last+3751
+				queue -
+				entries -
+				published []`,
+		},
+		{
 			name: "a refused call that leaves expired permits listed says there is no wait",
 			state: qstate{
 				hash: []string{":cap", "17", ":h", "0"},
