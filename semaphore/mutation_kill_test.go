@@ -526,6 +526,15 @@ func TestReclaimOfLastHeavyPermitKeepsNoWeight(t *testing.T) {
 			long := newEnv(t, []string{addr}, semaphore.Options{Fair: fair, Lease: time.Minute})
 			name := uniqueName(t)
 			dead := acquire(t, short.sem(t, name, 2), 2)
+			// Alone, the dead permit's keys expire a few milliseconds after
+			// it, a window a poll for its expiry can miss on a loaded
+			// machine. Keep them, as the lease of another permit, since
+			// released, would have.
+			for _, k := range []string{long.key(name, ""), long.key(name, ":e")} {
+				if err := long.client.Do(ctx, long.client.B().Pexpire().Key(k).Milliseconds(time.Minute.Milliseconds()).Build()).Error(); err != nil {
+					t.Fatalf("PEXPIRE %s: %v", k, err)
+				}
+			}
 			waitExpiredOnServer(t, long, name, dead.ID())
 			s := long.sem(t, name, 2)
 			p, err := s.TryAcquire(ctx, 1) // reclaims the dead permit, then grants
