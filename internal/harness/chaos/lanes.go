@@ -297,6 +297,11 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	}
 	capSeed := rng.Uint64()
 	wg.Go(func() { w.capacitySetter(ctx, rand.New(rand.NewPCG(capSeed, 0xca9))) })
+	// The read-write give-backs with a waiter (rwgiveback.go), last.
+	for _, n := range w.nodes {
+		gwSeed := rng.Uint64()
+		wg.Go(func() { w.rwGiveBacks(ctx, n, rand.New(rand.NewPCG(gwSeed, 0x9c))) })
+	}
 	return nil
 }
 
