@@ -302,6 +302,11 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		gwSeed := rng.Uint64()
 		wg.Go(func() { w.rwGiveBacks(ctx, n, rand.New(rand.NewPCG(gwSeed, 0x9c))) })
 	}
+	// The private semaphores' exact model (privsem.go), after them.
+	for _, n := range w.nodes {
+		psSeed := rng.Uint64()
+		wg.Go(func() { w.privateSems(ctx, n, rand.New(rand.NewPCG(psSeed, 0x5e))) })
+	}
 	return nil
 }
 
