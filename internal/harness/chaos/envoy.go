@@ -82,7 +82,14 @@ func (e *envoyNode) close() {
 // envoyCounts is what the worker knows of one organisation's counters: lo
 // is what the allowed requests certainly added, hi adds those whose fate
 // is unknown (an error: the script may have run).
-type envoyCounts struct{ lo, hi map[string]int }
+//
+// asked names the (node, user) pairs whose requests may have met a
+// refusal or an error: a node's deny cache may answer their next
+// refusal. A pair's first refusal is Redis's own.
+type envoyCounts struct {
+	lo, hi map[string]int
+	asked  map[string]bool
+}
 
 // envoyWorker sends ShouldRateLimit requests, each with an organisation's
 // descriptor and its user's, to the services of random nodes (all on one
@@ -98,7 +105,7 @@ func (w *world) envoyWorker(ctx context.Context, id int, rng *rand.Rand) {
 	period := w.cfg.Lease / 2
 	for seq := 0; ctx.Err() == nil; seq++ {
 		org := fmt.Sprintf("o%d.%d.%d", run, id, seq)
-		counts := envoyCounts{lo: map[string]int{}, hi: map[string]int{}}
+		counts := envoyCounts{lo: map[string]int{}, hi: map[string]int{}, asked: map[string]bool{}}
 		born := time.Now()
 		for range 10 + rng.IntN(20) {
 			if ctx.Err() != nil {
@@ -168,6 +175,11 @@ func (w *world) envoyRequest(ctx context.Context, n *node, org, user string, hit
 		return false // the keys may be gone, or a new day's window began
 	}
 	where := fmt.Sprintf("Envoy service on node %d for %s/%s (hits %d), called %s", n.i, org, user, hits, w.hist.since(call))
+	pair := fmt.Sprint(n.i, "/", user)
+	fresh := !counts.asked[pair] // a refusal now is Redis's, not the deny cache's
+	if err != nil || resp.GetOverallCode() != rlspb.RateLimitResponse_OK {
+		counts.asked[pair] = true
+	}
 	if err != nil {
 		switch status.Code(err) {
 		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
@@ -206,7 +218,7 @@ func (w *world) envoyRequest(ctx context.Context, n *node, org, user string, hit
 		mustDeny = mustDeny || counts.lo[c]+hits > limits[i]
 		mustAllow = mustAllow && counts.hi[c]+hits <= limits[i]
 	}
-	if wrong := envoyFiguresWrong(resp, allowed, counters, limits, hits, counts, call, ret); wrong != "" {
+	if wrong := envoyFiguresWrong(resp, allowed, fresh, counters, limits, hits, counts, call, ret); wrong != "" {
 		w.hist.violation("%s: %s", where, wrong)
 		return false
 	}
@@ -244,8 +256,11 @@ func (w *world) envoyRequest(ctx context.Context, n *node, org, user string, hit
 // from the deny cache, which reports the other counter as the denial it
 // keeps found it (another user's requests may have counted in the
 // organisation since): counts only grow in a day, so its remaining is no
-// lower than now, but it may be higher and its reset missing.
-func envoyFiguresWrong(resp *rlspb.RateLimitResponse, allowed bool, counters []string, limits []int, hits int, counts *envoyCounts, call, ret time.Time) string {
+// lower than now, but it may be higher and its reset missing. A refusal
+// that Redis made (fresh: the first of its node and user) reports each
+// counter exactly as it is: the limit less its count, and the time to
+// midnight once anything is counted (both ways).
+func envoyFiguresWrong(resp *rlspb.RateLimitResponse, allowed, fresh bool, counters []string, limits []int, hits int, counts *envoyCounts, call, ret time.Time) string {
 	midnight := ret.UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
 	const tol = 2 * time.Millisecond // rounded to ms, and TIME's ms
 	for i, st := range resp.GetStatuses() {
@@ -276,6 +291,11 @@ func envoyFiguresWrong(resp *rlspb.RateLimitResponse, allowed bool, counters []s
 			return fmt.Sprintf("refused, its %s descriptor, with nothing counted, has DurationUntilReset %v, want none", c, reset)
 		case st.GetCode() == rlspb.RateLimitResponse_OVER_LIMIT && counts.lo[c] > 0 && reset == 0:
 			return fmt.Sprintf("refused, its %s descriptor, over its limit with %d counted, has no DurationUntilReset", c, counts.lo[c])
+		case !fresh:
+		case rem > max(limit-counts.lo[c], 0):
+			return fmt.Sprintf("refused by Redis, its %s descriptor's LimitRemaining %d, want at most %d (counted %d to %d of %d)", c, rem, max(limit-counts.lo[c], 0), counts.lo[c], counts.hi[c], limit)
+		case counts.lo[c] > 0 && (reset < midnight.Sub(ret)-tol || reset > midnight.Sub(call)+tol):
+			return fmt.Sprintf("refused by Redis, its %s descriptor, with %d counted, has DurationUntilReset %v, want %v to %v (the day's end)", c, counts.lo[c], reset, midnight.Sub(ret)-tol, midnight.Sub(call)+tol)
 		}
 	}
 	return ""

@@ -240,8 +240,10 @@ func (v *verdict) widen(o outcome) {
 // v's corners agree on: allowed or denied) with the model's, and says
 // what is wrong, or "". A denial may come from the deny cache, whose
 // figures run up to cacheSlack early and, for a cost above 1, are those
-// of cost 1.
-func (m *algoModel) fieldsWrong(v verdict, got outcome, n int) string {
+// of cost 1, and whose Remaining is 0; one that Redis made (redis: no
+// deny cache, or none can hold a denial of the key) has the model's
+// figures both ways.
+func (m *algoModel) fieldsWrong(v verdict, got outcome, n int, redis bool) string {
 	if got.allowed {
 		if got.rem < v.lo.rem || got.rem > v.hi.rem {
 			return fmt.Sprintf("Remaining %d, the model's between %d and %d", got.rem, v.lo.rem, v.hi.rem)
@@ -258,13 +260,27 @@ func (m *algoModel) fieldsWrong(v verdict, got outcome, n int) string {
 	if got.rem < 0 || got.rem > v.hi.rem {
 		return fmt.Sprintf("Remaining %d on a denial, the model's at most %d", got.rem, v.hi.rem)
 	}
+	slack := m.cacheSlack
+	if redis {
+		slack = 0
+		if got.rem < v.lo.rem {
+			return fmt.Sprintf("Remaining %d on a denial Redis made, the model's at least %d", got.rem, v.lo.rem)
+		}
+	}
 	thi := v.hi.retry + durTolUS
 	if got.retry <= 0 || got.retry > thi {
 		return fmt.Sprintf("RetryAfter %v on a denial, the model's at most %v", us(got.retry), us(thi))
 	}
-	tlo := v.lo.retry - durTolUS - m.cacheSlack
+	tlo := v.lo.retry - durTolUS - slack
 	if got.retry < tlo {
 		return fmt.Sprintf("RetryAfter %v on a denial, the model's at least %v", us(got.retry), us(tlo))
+	}
+	// A denial's ResetAfter is the state as it is (nothing counted):
+	// until the key is back to its full limit. The deny cache's runs
+	// early as its RetryAfter does, and is never below its RetryAfter.
+	rlo, rhi := v.lo.reset-durTolUS-slack, max(v.hi.reset, v.hi.retry)+durTolUS
+	if got.reset < rlo || got.reset > rhi {
+		return fmt.Sprintf("ResetAfter %v on a denial, the model's between %v and %v", us(got.reset), us(rlo), us(rhi))
 	}
 	return ""
 }
@@ -279,12 +295,19 @@ func (m *algoModel) fieldsWrong(v verdict, got outcome, n int) string {
 // allows for a denial's figures): seen on go-redis, a cached answer that
 // gave a GCRA policy room 12 µs before the model's latest corner, after a
 // denial that took 17 ms.
-func (m *algoModel) roomWrong(v verdict, b int64, n int, got outcome) string {
+func (m *algoModel) roomWrong(v verdict, a, b int64, n int, got outcome) string {
 	switch {
 	case v.mustDeny && !m.eval(m.lo, b+slackUS+m.cacheSlack, n).allowed:
 		return "reported with room where the model has none"
 	case got.rem < 0 || got.rem > v.zero.rem:
 		return fmt.Sprintf("Remaining %d with room, the model's at most %d", got.rem, v.zero.rem)
+	}
+	// Its ResetAfter is a peek's: the time until the policy is back to
+	// its full limit, as the state is without the request (early by the
+	// cached denial's round trip when the cache answers).
+	z := m.judge(a, b, 0)
+	if rlo, rhi := z.lo.reset-durTolUS-m.cacheSlack, z.hi.reset+durTolUS; got.reset < rlo || got.reset > rhi {
+		return fmt.Sprintf("ResetAfter %v with room, the model's between %v and %v", us(got.reset), us(rlo), us(rhi))
 	}
 	return ""
 }
@@ -392,6 +415,9 @@ type exactKey struct {
 	// noCache: every answer is Redis's (counters, and half of the
 	// policies' keys: a Limiter without a deny cache).
 	noCache bool
+	// denyUntil: no deny cache entry of the key lasts past it (the
+	// latest return of a denial plus its RetryAfter).
+	denyUntil time.Time
 }
 
 // note keeps a line of k's story for reports.
@@ -436,6 +462,17 @@ func (w *world) judge(k *exactKey, call, ret time.Time, n int, allowed bool, res
 		mustDeny = mustDeny || vs[i].mustDeny
 	}
 	where := fmt.Sprintf("%s of cost %d for %s (%s), called %s, returned after %v", op, n, k.key, k.what, w.hist.since(call), ret.Sub(call).Round(time.Microsecond))
+	// Redis made this answer if no deny cache can hold a denial of the
+	// key: none on its Limiter, or every denial so far has run out (the
+	// cache keeps one from before its request was sent, for RetryAfter).
+	// (The exact worker's keys only: others meet denials judged
+	// elsewhere.)
+	fresh := k.noCache || (op == "AllowN" || op == "AllowPolicies") && call.After(k.denyUntil)
+	if !allowed {
+		for _, r := range results {
+			k.denyUntil = maxTime(k.denyUntil, ret.Add(r.RetryAfter))
+		}
+	}
 	switch {
 	case allowed && mustDeny:
 		w.hist.violation("exact limit: %s was allowed where the algorithm refuses it (model: %s)", where, k.describe(vs))
@@ -458,21 +495,21 @@ func (w *world) judge(k *exactKey, call, ret time.Time, n int, allowed bool, res
 			wrong := ""
 			switch {
 			case allowed || len(k.models) == 1:
-				wrong = m.fieldsWrong(vs[i], got, n)
+				wrong = m.fieldsWrong(vs[i], got, n, fresh)
 			case got.allowed:
-				wrong = m.roomWrong(vs[i], b, n, got)
+				wrong = m.roomWrong(vs[i], a, b, n, got)
 				if wrong == "" && k.noCache {
 					// No deny cache: a counter (or policy) with room in a
 					// denial reports its state without the request,
 					// exactly (a peek's answer), not what it would have
 					// had ("a denied request is counted nowhere").
-					wrong = m.fieldsWrong(m.judge(a, b, 0), got, 0)
+					wrong = m.fieldsWrong(m.judge(a, b, 0), got, 0, true)
 				}
 			default:
 				if vs[i].mustAllow {
 					wrong = "reported without room where the model has some"
 				} else {
-					wrong = m.fieldsWrong(vs[i], got, n)
+					wrong = m.fieldsWrong(vs[i], got, n, fresh)
 				}
 			}
 			if wrong != "" {
@@ -734,6 +771,11 @@ func (w *world) exactWait(ctx context.Context, k *exactKey, l *ratelimit.Limiter
 	}
 	ret := time.Now()
 	op := map[bool]string{true: "WaitPolicies", false: "Wait"}[policies]
+	// Any try may have left a denial in the deny cache, for at most two
+	// periods (a sliding window's longest RetryAfter).
+	for _, m := range k.models {
+		k.denyUntil = maxTime(k.denyUntil, ret.Add(2*time.Duration(m.periodUS())*time.Microsecond))
+	}
 	if err != nil {
 		if !errors.Is(err, ratelimit.ErrNotAllowed) || ctx.Err() != nil {
 			w.expected("exact "+op, call, err, ratelimit.ErrNotAllowed)
@@ -830,5 +872,6 @@ func (w *world) exactReset(k *exactKey, l *ratelimit.Limiter, ps *ratelimit.Poli
 	for _, m := range k.models {
 		m.lo, m.hi, m.cacheSlack = freshState(), freshState(), 0
 	}
+	k.denyUntil = time.Time{}
 	k.note(w, "Reset called %s", w.hist.since(call))
 }

@@ -37,9 +37,44 @@ func TestRoomInDenial(t *testing.T) {
 			if !v.mustDeny {
 				t.Fatalf("the model allows the request at its latest corner: %+v", v)
 			}
-			got := m.roomWrong(v, b, 1, outcome{allowed: true, rem: 0, reset: 500_000})
+			got := m.roomWrong(v, b-100, b, 1, outcome{allowed: true, rem: 0, reset: tat - b})
 			if (got != "") != tt.wrong {
 				t.Errorf("roomWrong = %q, want wrong: %v", got, tt.wrong)
+			}
+		})
+	}
+}
+
+// TestDenialResetAfter checks the exact model's judgement of a denial's
+// ResetAfter: a full fixed window reports the time left of it (the deny
+// cache's early by the kept denial's round trip), not none and not more.
+func TestDenialResetAfter(t *testing.T) {
+	const end = int64(1_795_906_473_624_708) // µs: the window's end
+	const b = end - 400_000                  // the call returned then
+	tests := []struct {
+		name       string
+		reset      int64 // µs
+		cacheSlack int64
+		wrong      bool
+	}{
+		{name: "the time left of the window", reset: 400_000},
+		{name: "none, with the window full", reset: 0, wrong: true},
+		{name: "past the window's end", reset: 450_000, wrong: true},
+		{name: "early by the kept denial's round trip", reset: 390_000, cacheSlack: 12_000},
+		{name: "early with no denial kept", reset: 390_000, wrong: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newModel(limiterSpec{algo: ratelimit.FixedWindow, limit: ratelimit.Limit{Rate: 6, Period: time.Second}})
+			m.lo, m.hi = lstate{count: 6, end: end}, lstate{count: 6, end: end}
+			m.cacheSlack = tt.cacheSlack
+			v := m.judge(b-100, b, 1)
+			if !v.mustDeny {
+				t.Fatalf("the model allows the request: %+v", v)
+			}
+			got := m.fieldsWrong(v, outcome{rem: 0, retry: 400_000, reset: tt.reset}, 1, false)
+			if (got != "") != tt.wrong {
+				t.Errorf("fieldsWrong = %q, want wrong: %v", got, tt.wrong)
 			}
 		})
 	}

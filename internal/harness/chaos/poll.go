@@ -48,6 +48,11 @@ type snap struct {
 	mark      int64   // rw: the writer-waiting mark's end (server ms), 0 if none
 	used      int64   // semaphore: weight of the live permits
 	queue     []entry // fair queue, in arrival order (first 32)
+	// rw: the end of the latest mark a waiting writer's Lock keeps in the
+	// marks' set (server ms), 0 if none runs; -1 if not read. The hash's
+	// mark is the latest of them (rwmutex_lock): one past them all has
+	// no writer behind it.
+	ownMark int64
 }
 
 // An entry is one fair waiter in a queue.
@@ -108,6 +113,11 @@ if not h.err then
 end
 local n = redis.pcall('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 if type(n) == 'number' then out[3] = tostring(n) end
+local m = redis.pcall('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+if not m.err then
+  out[5] = '0'
+  if m[2] and tonumber(m[2]) > now then out[5] = m[2] end
+end
 return out`)
 	pollSemScript = rueidis.NewLuaScriptReadOnly(`
 local t = redis.call('TIME')
@@ -151,7 +161,7 @@ func newPolled(name string, kind pollKind) *polled {
 			p.keys = append(p.keys, keyspace.Key("sluice:mutex:", name, s))
 		}
 	case pollRW:
-		for _, s := range []string{":rw.h", ":rw.z"} {
+		for _, s := range []string{":rw.h", ":rw.z", ":rw.m"} {
 			p.keys = append(p.keys, keyspace.Key("sluice:mutex:", name, s))
 		}
 	case pollSem:
@@ -191,7 +201,10 @@ func (p *polled) parse(vals []string, call, ret time.Time) (snap, bool) {
 		if len(vals) < 4 {
 			return s, false
 		}
-		s.owner, s.readers, s.mark = vals[1], num(vals[2]), num(vals[3])
+		s.owner, s.readers, s.mark, s.ownMark = vals[1], num(vals[2]), num(vals[3]), -1
+		if len(vals) > 4 {
+			s.ownMark = num(vals[4])
+		}
 		return s, true
 	case pollSem:
 		s.used = num(vals[1])
