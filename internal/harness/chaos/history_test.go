@@ -37,3 +37,81 @@ func TestLostAtStart(t *testing.T) {
 		})
 	}
 }
+
+// TestCapacityAfterWipe checks the capacity the oracle allows after a
+// SetCapacity and an operator's wipe of the semaphore's keys (FLUSHALL)
+// whose calls overlapped: either may have landed last, so the callers'
+// capacity (3) may be in force after both, and a weight of 3 is no
+// violation. Seen on soak seeds whose CLIENT PAUSE ended as FLUSHALL was
+// sent: a SetCapacity(1) held up by the pause landed before the FLUSHALL
+// and returned after it, and the oracle, taking the calls in the order
+// they returned, judged the grants after them against 1. A SetCapacity
+// sent once the wipe was done surely came last: its capacity is the one in
+// force.
+func TestCapacityAfterWipe(t *testing.T) {
+	tests := []struct {
+		name      string
+		overlap   bool
+		violation bool
+	}{
+		{name: "set in flight over the wipe", overlap: true},
+		{name: "set after the wipe", violation: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHistory(2 * time.Second)
+			h.capacity["lcs"] = 3
+			sent := time.Now()
+			done := h.operator("", "FLUSHALL")
+			if tt.overlap {
+				h.setCapacity("lcs", 0, sent, time.Now(), 1, false)
+				done()
+			} else {
+				done()
+				at := time.Now()
+				h.setCapacity("lcs", 0, at, at.Add(time.Millisecond), 1, false)
+			}
+			base := time.Now().Add(100 * time.Millisecond)
+			o := &hold{kind: "permit", res: "lcs", owner: "o", node: 0, weight: 1, call: base, start: base.Add(time.Millisecond)}
+			x := &hold{kind: "permit", res: "lcs", owner: "x", node: 1, weight: 2, call: base.Add(2 * time.Millisecond), start: base.Add(3 * time.Millisecond)}
+			for _, y := range []*hold{o, x} {
+				h.begin(y)
+			}
+			for _, y := range []*hold{o, x} {
+				h.releasing(y, base.Add(10*time.Millisecond))
+				h.end(y, false, "Unlock: <nil>")
+			}
+			h.settle()
+			if (len(h.viol) > 0) != tt.violation || len(h.viol) > 0 && !strings.Contains(h.viol[0], "over capacity 1") {
+				t.Errorf("violations %q, want one: %v", h.viol, tt.violation)
+			}
+		})
+	}
+}
+
+// TestLaterOperatorExcusesNothing checks that an operator's action sent
+// after a permit was granted over the capacity does not excuse it: the
+// holds it removed (and whose holders it told) were counted when the
+// excess was granted. The end of the run weighs the conflict again with
+// every action known, and used to count any action not done before the
+// older hold's call, even one sent after the conflict.
+func TestLaterOperatorExcusesNothing(t *testing.T) {
+	h := newHistory(2 * time.Second)
+	h.capacity["lps"] = 3
+	now := time.Now()
+	o := &hold{kind: "permit", res: "lps", owner: "o", node: 0, weight: 3, call: now.Add(-2 * time.Second), start: now.Add(-1900 * time.Millisecond)}
+	x := &hold{kind: "permit", res: "lps", owner: "x", node: 1, weight: 1, call: now.Add(-time.Second), start: now.Add(-900 * time.Millisecond)}
+	h.begin(o)
+	h.begin(x)
+	h.releasing(x, now.Add(-800*time.Millisecond))
+	h.end(x, false, "Unlock: <nil>")
+	done := h.operator("", "FLUSHALL") // o is still held: it removes o
+	done()
+	h.tell(o, "loss signal closed")
+	h.releasing(o, time.Now())
+	h.end(o, true, "Unlock: lost")
+	h.settle()
+	if len(h.viol) != 1 || !strings.Contains(h.viol[0], "over capacity 3") {
+		t.Errorf("violations %q, want one: over capacity 3", h.viol)
+	}
+}
