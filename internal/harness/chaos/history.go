@@ -533,6 +533,15 @@ func (h *history) stallsLocked(from, to time.Time) (longest, total time.Duration
 	return longest, total
 }
 
+// longestStall returns the longest stall of the process that overlapped
+// [from, to].
+func (h *history) longestStall(from, to time.Time) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st, _ := h.stallsLocked(from, to)
+	return st
+}
+
 // An incident is a conflict that an operator's action may explain: at
 // least excess weight of maybe must have been told of a loss by the end.
 type incident struct {
@@ -623,9 +632,16 @@ func (h *history) end(x *hold, told bool, how string) {
 		if h.renewalsHitLocked(x.owedAt, x.owedAt.Add(h.prompt), x.node) {
 			bound = h.prompt
 		}
-		if x.toldAt.Sub(x.owedAt) > bound {
-			h.violationLocked("lost hold reported late: %s hold #%d of %q (node %d) was removed (%s) and its holder was told only %v later (%s), after more than %v",
-				x.kind, x.id, x.res, x.node, x.owedWhy, x.toldAt.Sub(x.owedAt).Round(time.Millisecond), x.toldHow, bound)
+		// A process that does not run hears of a loss only when its
+		// watchdog runs again (the package docs: "a process paused past
+		// its lease"): the longest stall of this process in between is
+		// allowed on top (seed ...779 of the soak: a 283 ms CLIENT PAUSE,
+		// a DEL, a mortal's Close and this holder's watchdog all came
+		// back 4.6 s late together).
+		st, _ := h.stallsLocked(x.owedAt, x.toldAt)
+		if x.toldAt.Sub(x.owedAt) > bound+st {
+			h.violationLocked("lost hold reported late: %s hold #%d of %q (node %d) was removed (%s) and its holder was told only %v later (%s), after more than %v and the process's longest stall then (%v)",
+				x.kind, x.id, x.res, x.node, x.owedWhy, x.toldAt.Sub(x.owedAt).Round(time.Millisecond), x.toldHow, bound, st.Round(time.Millisecond))
 			h.noteInvolvedLocked(x)
 		}
 	}

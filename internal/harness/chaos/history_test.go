@@ -115,3 +115,39 @@ func TestLaterOperatorExcusesNothing(t *testing.T) {
 		t.Errorf("violations %q, want one: over capacity 3", h.viol)
 	}
 }
+
+// TestToldLateInStall checks the bound on how late a holder may hear of a
+// loss an operator (here a takeover) caused: a quarter lease past the
+// watchdog's reach is a violation, unless the process stalled that long
+// meanwhile (its watchdog could not run).
+func TestToldLateInStall(t *testing.T) {
+	tests := []struct {
+		name      string
+		stall     time.Duration
+		violation bool
+	}{
+		{name: "no stall", violation: true},
+		{name: "a stall of 4.5s", stall: 4500 * time.Millisecond},
+		{name: "a stall of 1s", stall: time.Second, violation: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHistory(2 * time.Second)
+			t0 := time.Now().Add(-10 * time.Second)
+			x := &hold{kind: "mutex", res: "lt", owner: "T1", node: 1, weight: 1, call: t0, start: t0.Add(7 * time.Millisecond)}
+			h.begin(x)
+			h.mu.Lock()
+			x.owed, x.owedWhy, x.owedAt = true, "taken over", t0.Add(500*time.Millisecond)
+			if tt.stall > 0 {
+				h.stalls = append(h.stalls, stall{at: x.owedAt.Add(100*time.Millisecond + tt.stall), d: tt.stall})
+			}
+			x.tellLocked("Unlock after the takeover", x.owedAt.Add(4634*time.Millisecond))
+			h.mu.Unlock()
+			h.releasing(x, x.toldAt)
+			h.end(x, true, "Unlock after the takeover")
+			if (len(h.viol) > 0) != tt.violation || len(h.viol) > 0 && !strings.Contains(h.viol[0], "lost hold reported late") {
+				t.Errorf("violations %q, want one: %v", h.viol, tt.violation)
+			}
+		})
+	}
+}
