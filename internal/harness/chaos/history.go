@@ -347,6 +347,19 @@ func (h *history) begin(x *hold) {
 // final), and otherwise records an incident for settle if there is an
 // excess at all. Called with h.mu held.
 func (h *history) conflictLocked(x *hold, group []*hold, final bool) bool {
+	// The group's last grant came after x's call (x's own grant did) and
+	// by the latest start among them: x is the hold begun last, which is
+	// not always the one whose acquisition returned last (a holder can
+	// stall between the return and begin; soak seed ...782: a weight 3
+	// granted at once when SetCapacity raised the capacity to let it in
+	// was begun before a weight 2 that had returned 177 ms earlier, and
+	// was judged against the capacity before the raise).
+	last := x.start
+	for _, o := range group {
+		if o.start.After(last) {
+			last = o.start
+		}
+	}
 	// How much of the group must be gone: permits over the capacity, or
 	// all but one exclusive holder.
 	var excess int64
@@ -355,7 +368,7 @@ func (h *history) conflictLocked(x *hold, group []*hold, final bool) bool {
 		for _, o := range group {
 			w += o.weight
 		}
-		excess = w - h.capacityLocked(x.res, x.call, x.start)
+		excess = w - h.capacityLocked(x.res, x.call, last)
 	} else {
 		excess = int64(len(group) - 1)
 	}
@@ -363,15 +376,15 @@ func (h *history) conflictLocked(x *hold, group []*hold, final bool) bool {
 		return false
 	}
 	// A hold of the group an operator may have removed: one owed a loss
-	// by x's start (a takeover), or one called before an action that may
-	// have landed between the call and x's start. An action sent after x
-	// started (settle weighs the group again at the end of the run, when
-	// every action is known) removed nothing that x's grant could have
-	// been counted against.
+	// by the last grant (a takeover), or one called before an action that
+	// may have landed between the call and the last grant. An action sent
+	// after that (settle weighs the group again at the end of the run,
+	// when every action is known) removed nothing that the last grant
+	// could have been counted against.
 	var maybe []*hold
 	var room int64
 	for _, o := range group {
-		if o.owed && !o.owedAt.After(x.start) || h.operatorBetweenLocked(x.res, o.call, x.start) {
+		if o.owed && !o.owedAt.After(last) || h.operatorBetweenLocked(x.res, o.call, last) {
 			maybe = append(maybe, o)
 			room += o.weight
 		}
@@ -381,10 +394,10 @@ func (h *history) conflictLocked(x *hold, group []*hold, final bool) bool {
 			return true
 		}
 		if x.kind == "permit" {
-			c := h.capacityLocked(x.res, x.call, x.start)
+			c := h.capacityLocked(x.res, x.call, last)
 			h.violationLocked("semaphore %s over capacity %d: hold #%d (weight %d) started at %s while holders not told of a loss held %d",
 				x.res, c, x.id, x.weight, h.since(x.start), excess+c-x.weight)
-			h.noteCapChangesLocked(x)
+			h.noteCapChangesLocked(x, last)
 		} else {
 			h.violationLocked("exclusion: %s hold #%d of %q started at %s while %d conflicting holds not told of a loss held it",
 				x.kind, x.id, x.res, h.since(x.start), len(group)-1)
@@ -568,7 +581,7 @@ func (h *history) settle() {
 			h.violationLocked("lost hold never reported: %s hold #%d of %q started in conflict with holds an operator may have removed, but only %d of the %d weight that must have been removed reported a loss",
 				in.x.kind, in.x.id, in.x.res, told, in.excess)
 			if in.x.kind == "permit" {
-				h.noteCapChangesLocked(in.x)
+				h.noteCapChangesLocked(in.x, in.x.start)
 			}
 			h.noteInvolvedLocked(append([]*hold{in.x}, in.maybe...)...)
 		}
@@ -871,13 +884,13 @@ func (h *history) capacityKnownLocked(res string, from, to time.Time) (c int64, 
 
 // noteCapChangesLocked adds to the last violation the capacity changes of
 // x's resource (SetCapacity calls and the operators' wipes) that ended
-// within a lease before x's call or began by its start: a report of a
+// within a lease before x's call or began by to: a report of a
 // permit over the capacity shows which capacities may have been in force.
 // Called with h.mu held.
-func (h *history) noteCapChangesLocked(x *hold) {
+func (h *history) noteCapChangesLocked(x *hold, to time.Time) {
 	var b strings.Builder
 	for _, ch := range h.capChanges[x.res] {
-		if h.doneLocked(ch).Before(x.call.Add(-h.lease)) || ch.at.After(x.start) {
+		if h.doneLocked(ch).Before(x.call.Add(-h.lease)) || ch.at.After(to) {
 			continue
 		}
 		fmt.Fprintf(&b, "\n      capacity of %q: %d from %s to %s (done by %s) node %d failed %v wipe %v",

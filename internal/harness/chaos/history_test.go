@@ -151,3 +151,44 @@ func TestToldLateInStall(t *testing.T) {
 		})
 	}
 }
+
+// TestConflictBegunOutOfOrder checks the window of capacities a group of
+// permits is judged against when its holds were begun out of the order
+// their acquisitions returned (a holder stalled between the return and
+// begin): the group's last grant may be that of a hold that returned
+// after the one begun last, so a capacity raised by then counts.
+func TestConflictBegunOutOfOrder(t *testing.T) {
+	tests := []struct {
+		name      string
+		raise     bool
+		violation bool
+	}{
+		{name: "raised before the later return", raise: true},
+		{name: "not raised", violation: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHistory(2 * time.Second)
+			h.capacity["lcs"] = 3
+			t0 := time.Now().Add(-10 * time.Second)
+			h.setCapacity("lcs", 1, t0, t0.Add(20*time.Millisecond), 3, false)
+			if tt.raise {
+				h.setCapacity("lcs", 0, t0.Add(1170*time.Millisecond), t0.Add(1175*time.Millisecond), 5, false)
+			}
+			// a returned first (1.006 s), b later (1.186 s, after the
+			// raise), but b was begun first.
+			a := &hold{kind: "permit", res: "lcs", owner: "a", node: 0, weight: 2, call: t0.Add(time.Second), start: t0.Add(1006 * time.Millisecond)}
+			b := &hold{kind: "permit", res: "lcs", owner: "b", node: 1, weight: 3, call: t0.Add(700 * time.Millisecond), start: t0.Add(1186 * time.Millisecond)}
+			h.begin(b)
+			h.begin(a)
+			for _, y := range []*hold{b, a} {
+				h.releasing(y, t0.Add(1300*time.Millisecond))
+				h.end(y, false, "Unlock: <nil>")
+			}
+			h.settle()
+			if (len(h.viol) > 0) != tt.violation || len(h.viol) > 0 && !strings.Contains(h.viol[0], "over capacity 3") {
+				t.Errorf("violations %q, want one: %v", h.viol, tt.violation)
+			}
+		})
+	}
+}
