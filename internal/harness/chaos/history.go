@@ -350,10 +350,11 @@ func (h *history) conflictLocked(x *hold, group []*hold, final bool) bool {
 	// The group's last grant came after x's call (x's own grant did) and
 	// by the latest start among them: x is the hold begun last, which is
 	// not always the one whose acquisition returned last (a holder can
-	// stall between the return and begin; soak seed ...782: a weight 3
-	// granted at once when SetCapacity raised the capacity to let it in
-	// was begun before a weight 2 that had returned 177 ms earlier, and
-	// was judged against the capacity before the raise).
+	// stall between the return and begin; a rerun of soak seed ...782:
+	// a waiting weight 3 was begun before a weight 2 that had returned
+	// 177 ms earlier and held on; the weight 3 could be granted beside it
+	// only under a capacity SetCapacity raised in between, which the
+	// window of the weight 2's own call and return left out).
 	last := x.start
 	for _, o := range group {
 		if o.start.After(last) {
