@@ -37,3 +37,158 @@ func TestLostAtStart(t *testing.T) {
 		})
 	}
 }
+
+// TestCapacityAfterWipe checks the capacity the oracle allows after a
+// SetCapacity and an operator's wipe of the semaphore's keys (FLUSHALL)
+// whose calls overlapped: either may have landed last, so the callers'
+// capacity (3) may be in force after both, and a weight of 3 is no
+// violation. Seen on soak seeds whose CLIENT PAUSE ended as FLUSHALL was
+// sent: a SetCapacity(1) held up by the pause landed before the FLUSHALL
+// and returned after it, and the oracle, taking the calls in the order
+// they returned, judged the grants after them against 1. A SetCapacity
+// sent once the wipe was done surely came last: its capacity is the one in
+// force.
+func TestCapacityAfterWipe(t *testing.T) {
+	tests := []struct {
+		name      string
+		overlap   bool
+		violation bool
+	}{
+		{name: "set in flight over the wipe", overlap: true},
+		{name: "set after the wipe", violation: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHistory(2 * time.Second)
+			h.capacity["lcs"] = 3
+			sent := time.Now()
+			done := h.operator("", "FLUSHALL")
+			if tt.overlap {
+				h.setCapacity("lcs", 0, sent, time.Now(), 1, false)
+				done()
+			} else {
+				done()
+				at := time.Now()
+				h.setCapacity("lcs", 0, at, at.Add(time.Millisecond), 1, false)
+			}
+			base := time.Now().Add(100 * time.Millisecond)
+			o := &hold{kind: "permit", res: "lcs", owner: "o", node: 0, weight: 1, call: base, start: base.Add(time.Millisecond)}
+			x := &hold{kind: "permit", res: "lcs", owner: "x", node: 1, weight: 2, call: base.Add(2 * time.Millisecond), start: base.Add(3 * time.Millisecond)}
+			for _, y := range []*hold{o, x} {
+				h.begin(y)
+			}
+			for _, y := range []*hold{o, x} {
+				h.releasing(y, base.Add(10*time.Millisecond))
+				h.end(y, false, "Unlock: <nil>")
+			}
+			h.settle()
+			if (len(h.viol) > 0) != tt.violation || len(h.viol) > 0 && !strings.Contains(h.viol[0], "over capacity 1") {
+				t.Errorf("violations %q, want one: %v", h.viol, tt.violation)
+			}
+		})
+	}
+}
+
+// TestLaterOperatorExcusesNothing checks that an operator's action sent
+// after a permit was granted over the capacity does not excuse it: the
+// holds it removed (and whose holders it told) were counted when the
+// excess was granted. The end of the run weighs the conflict again with
+// every action known, and used to count any action not done before the
+// older hold's call, even one sent after the conflict.
+func TestLaterOperatorExcusesNothing(t *testing.T) {
+	h := newHistory(2 * time.Second)
+	h.capacity["lps"] = 3
+	now := time.Now()
+	o := &hold{kind: "permit", res: "lps", owner: "o", node: 0, weight: 3, call: now.Add(-2 * time.Second), start: now.Add(-1900 * time.Millisecond)}
+	x := &hold{kind: "permit", res: "lps", owner: "x", node: 1, weight: 1, call: now.Add(-time.Second), start: now.Add(-900 * time.Millisecond)}
+	h.begin(o)
+	h.begin(x)
+	h.releasing(x, now.Add(-800*time.Millisecond))
+	h.end(x, false, "Unlock: <nil>")
+	done := h.operator("", "FLUSHALL") // o is still held: it removes o
+	done()
+	h.tell(o, "loss signal closed")
+	h.releasing(o, time.Now())
+	h.end(o, true, "Unlock: lost")
+	h.settle()
+	if len(h.viol) != 1 || !strings.Contains(h.viol[0], "over capacity 3") {
+		t.Errorf("violations %q, want one: over capacity 3", h.viol)
+	}
+}
+
+// TestToldLateInStall checks the bound on how late a holder may hear of a
+// loss an operator (here a takeover) caused: a quarter lease past the
+// watchdog's reach is a violation, unless the process stalled that long
+// meanwhile (its watchdog could not run).
+func TestToldLateInStall(t *testing.T) {
+	tests := []struct {
+		name      string
+		stall     time.Duration
+		violation bool
+	}{
+		{name: "no stall", violation: true},
+		{name: "a stall of 4.5s", stall: 4500 * time.Millisecond},
+		{name: "a stall of 1s", stall: time.Second, violation: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHistory(2 * time.Second)
+			t0 := time.Now().Add(-10 * time.Second)
+			x := &hold{kind: "mutex", res: "lt", owner: "T1", node: 1, weight: 1, call: t0, start: t0.Add(7 * time.Millisecond)}
+			h.begin(x)
+			h.mu.Lock()
+			x.owed, x.owedWhy, x.owedAt = true, "taken over", t0.Add(500*time.Millisecond)
+			if tt.stall > 0 {
+				h.stalls = append(h.stalls, stall{at: x.owedAt.Add(100*time.Millisecond + tt.stall), d: tt.stall})
+			}
+			x.tellLocked("Unlock after the takeover", x.owedAt.Add(4634*time.Millisecond))
+			h.mu.Unlock()
+			h.releasing(x, x.toldAt)
+			h.end(x, true, "Unlock after the takeover")
+			if (len(h.viol) > 0) != tt.violation || len(h.viol) > 0 && !strings.Contains(h.viol[0], "lost hold reported late") {
+				t.Errorf("violations %q, want one: %v", h.viol, tt.violation)
+			}
+		})
+	}
+}
+
+// TestConflictBegunOutOfOrder checks the window of capacities a group of
+// permits is judged against when its holds were begun out of the order
+// their acquisitions returned (a holder stalled between the return and
+// begin): the group's last grant may be that of a hold that returned
+// after the one begun last, so a capacity raised by then counts.
+func TestConflictBegunOutOfOrder(t *testing.T) {
+	tests := []struct {
+		name      string
+		raise     bool
+		violation bool
+	}{
+		{name: "raised before the later return", raise: true},
+		{name: "not raised", violation: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHistory(2 * time.Second)
+			h.capacity["lcs"] = 3
+			t0 := time.Now().Add(-10 * time.Second)
+			h.setCapacity("lcs", 1, t0, t0.Add(20*time.Millisecond), 3, false)
+			if tt.raise {
+				h.setCapacity("lcs", 0, t0.Add(1170*time.Millisecond), t0.Add(1175*time.Millisecond), 5, false)
+			}
+			// a returned first (1.006 s), b later (1.186 s, after the
+			// raise), but b was begun first.
+			a := &hold{kind: "permit", res: "lcs", owner: "a", node: 0, weight: 2, call: t0.Add(time.Second), start: t0.Add(1006 * time.Millisecond)}
+			b := &hold{kind: "permit", res: "lcs", owner: "b", node: 1, weight: 3, call: t0.Add(700 * time.Millisecond), start: t0.Add(1186 * time.Millisecond)}
+			h.begin(b)
+			h.begin(a)
+			for _, y := range []*hold{b, a} {
+				h.releasing(y, t0.Add(1300*time.Millisecond))
+				h.end(y, false, "Unlock: <nil>")
+			}
+			h.settle()
+			if (len(h.viol) > 0) != tt.violation || len(h.viol) > 0 && !strings.Contains(h.viol[0], "over capacity 3") {
+				t.Errorf("violations %q, want one: %v", h.viol, tt.violation)
+			}
+		})
+	}
+}
