@@ -159,7 +159,8 @@ func wantHolder(t *testing.T, m *mutex.Mutex, holds int64, what string) {
 // TestReleaseClassRetryAcrossForcedHolds: the run of a record (c) answers
 // a retried final Unlock. With the clock behind the last token, every
 // token is the one before plus one, so the test knows where the run starts
-// and which tokens it lists. a1 and a2 release (replies lost), then 17
+// and which tokens it lists. a0's release (reply lost) retried at once is
+// told it released. a1 and a2 release (replies lost), then 17
 // holds are forced, with h's hold (released, reply lost) after the first.
 // After 16 forced holds a1's retry is still told it released; the 17th
 // pushes the first forced one out of the list and the run then starts
