@@ -307,11 +307,6 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		psSeed := rng.Uint64()
 		wg.Go(func() { w.privateSems(ctx, n, rand.New(rand.NewPCG(psSeed, 0x5e))) })
 	}
-	// Give-backs with a waiter of the other primitives, after them.
-	for _, n := range w.nodes {
-		gbSeed := rng.Uint64()
-		wg.Go(func() { w.giveBacksWaited(ctx, n, rand.New(rand.NewPCG(gbSeed, 0x9d))) })
-	}
 	return nil
 }
 
