@@ -297,12 +297,7 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	}
 	capSeed := rng.Uint64()
 	wg.Go(func() { w.capacitySetter(ctx, rand.New(rand.NewPCG(capSeed, 0xca9))) })
-	// The read-write give-backs with a waiter (rwgiveback.go), last.
-	for _, n := range w.nodes {
-		gwSeed := rng.Uint64()
-		wg.Go(func() { w.rwGiveBacks(ctx, n, rand.New(rand.NewPCG(gwSeed, 0x9c))) })
-	}
-	// The private semaphores' exact model (privsem.go), after them.
+	// The private semaphores' exact model (privsem.go), last.
 	for _, n := range w.nodes {
 		psSeed := rng.Uint64()
 		wg.Go(func() { w.privateSems(ctx, n, rand.New(rand.NewPCG(psSeed, 0x5e))) })

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/sluicekit/sluice/mutex"
 	"github.com/sluicekit/sluice/semaphore"
 )
 
@@ -164,4 +165,19 @@ func (w *world) privateSemRound(ctx context.Context, n *node, rng *rand.Rand, mg
 // from Redis's answer), not a context that ended first.
 func refused(err error) bool {
 	return errors.Is(err, semaphore.ErrNotObtained) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
+}
+
+// releaseSure calls unlock again while it fails with the outcome unknown
+// (as unlockSure does for a Mutex): a hold whose release failed is still
+// counted, and a lane that dropped it would find its lock held.
+func (w *world) releaseSure(ctx context.Context, unlock func(context.Context) error) {
+	for range 20 {
+		rctx, rcancel := w.releaseCtx()
+		err := unlock(rctx)
+		rcancel()
+		if err == nil || errors.Is(err, mutex.ErrNotHeld) || ctx.Err() != nil {
+			return
+		}
+		sleep(ctx, w.cfg.Lease/20)
+	}
 }
