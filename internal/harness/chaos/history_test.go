@@ -192,3 +192,41 @@ func TestConflictBegunOutOfOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestLossWithNoFaultInStall checks that a loss no fault explains is a
+// violation unless the process stalled for a quarter lease or more in the
+// lease before it was told (a process paused past its lease is promised
+// nothing), and only stalls in that lease count.
+func TestLossWithNoFaultInStall(t *testing.T) {
+	tests := []struct {
+		name      string
+		stall     time.Duration
+		before    time.Duration // how long before the tell the stall ended
+		violation bool
+	}{
+		{name: "no stall", violation: true},
+		{name: "a stall of 400ms", stall: 400 * time.Millisecond, before: 100 * time.Millisecond, violation: true},
+		{name: "a stall of 600ms", stall: 600 * time.Millisecond, before: 100 * time.Millisecond},
+		{name: "a stall of 600ms a lease earlier", stall: 600 * time.Millisecond, before: 3 * time.Second, violation: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHistory(2 * time.Second)
+			t0 := time.Now().Add(-10 * time.Second)
+			x := &hold{kind: "permit", res: "lps", owner: "P1", node: 1, weight: 1, call: t0, start: t0.Add(7 * time.Millisecond)}
+			h.begin(x)
+			h.mu.Lock()
+			told := t0.Add(5 * time.Second)
+			if tt.stall > 0 {
+				h.stalls = append(h.stalls, stall{at: told.Add(-tt.before), d: tt.stall})
+			}
+			x.tellLocked("loss signal closed", told)
+			h.mu.Unlock()
+			h.releasing(x, told)
+			h.end(x, true, "Err set before Unlock")
+			if (len(h.viol) > 0) != tt.violation || len(h.viol) > 0 && !strings.Contains(h.viol[0], "loss with no fault") {
+				t.Errorf("violations %q, want one: %v", h.viol, tt.violation)
+			}
+		})
+	}
+}
