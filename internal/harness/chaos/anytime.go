@@ -520,13 +520,5 @@ func seenBy(run []snap, o *hold) bool {
 // keeps it (see Mutex.Unlock), so a lane that dropped it would find its
 // own lock held for the rest of the run.
 func (w *world) unlockSure(ctx context.Context, m *mutex.Mutex) {
-	for i := 0; i < 20; i++ {
-		rctx, rcancel := w.releaseCtx()
-		err := m.Unlock(rctx)
-		rcancel()
-		if err == nil || errors.Is(err, mutex.ErrNotHeld) || ctx.Err() != nil {
-			return
-		}
-		sleep(ctx, w.cfg.Lease/20)
-	}
+	w.releaseSure(ctx, m.Unlock)
 }
