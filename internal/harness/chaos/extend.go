@@ -113,8 +113,11 @@ func (w *world) observeValid(xs []*hold, l laneLock, lse leaseOf) {
 // checkValidity: a lock whose Valid said true at t was held, by the
 // server's lease, from its grant to t: no conflicting hold may have been
 // granted in between (called after it began, returned before t), unless
-// an operator's action, a restart or FLUSHALL removed it, or a takeover by
-// its own owner id (owed) did.
+// an operator's action, a restart or FLUSHALL removed it first, or a
+// takeover by its own owner id (owed) did. An action counts only if it
+// may have landed between the lock's call and the conflicting grant: one
+// sent after that grant removed nothing the grant was counted against
+// (the rule conflictLocked applies to the holds themselves).
 func (w *world) checkValidity() {
 	w.ln.mu.Lock()
 	vs := w.ln.valids
@@ -129,11 +132,14 @@ func (w *world) checkValidity() {
 	seen := map[[2]int]bool{}
 	for _, v := range vs {
 		for _, x := range v.xs {
-			if x.owed || h.operatorSinceLocked(x.res, x.call) || h.serverWideLocked(x.call, v.call) {
+			if x.owed {
 				continue
 			}
 			for _, o := range byRes[x.res] {
 				if o.owner == x.owner || (o.kind == "read" && x.kind == "read") || seen[[2]int{x.id, o.id}] {
+					continue
+				}
+				if h.operatorBetweenLocked(x.res, x.call, o.start) || h.serverWideLocked(x.call, o.start) {
 					continue
 				}
 				if o.call.After(x.start) && o.start.Before(v.call) {

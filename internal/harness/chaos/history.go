@@ -256,13 +256,6 @@ func (h *history) faultNear(from, to time.Time, slack time.Duration) bool {
 	return false
 }
 
-// operatorSinceLocked reports whether an operator action on res (or on
-// every resource) may have landed at or after t: it was not done before t.
-// Called with h.mu held.
-func (h *history) operatorSinceLocked(res string, t time.Time) bool {
-	return h.operatorBetweenLocked(res, t, time.Time{})
-}
-
 // operatorBetweenLocked reports whether an operator action on res (or on
 // every resource) may have landed in [t, by]: it was not done before t,
 // and it was sent by by (a zero by: at any time). Called with h.mu held.

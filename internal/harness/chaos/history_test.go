@@ -230,3 +230,60 @@ func TestLossWithNoFaultInStall(t *testing.T) {
 		})
 	}
 }
+
+// TestValidityExcusedOnlyByEarlierOperator checks checkValidity's excuse:
+// a lock whose Valid said true after a conflicting grant is excused by an
+// operator action only if the action may have landed before that grant:
+// one sent before the lock's own grant returned may have removed it just
+// after. An action sent after the grant (here a ForceUnlock once both
+// holds ended) removed nothing the grant was counted against, so the
+// conflict is a violation (before, any later action excused it).
+func TestValidityExcusedOnlyByEarlierOperator(t *testing.T) {
+	tests := []struct {
+		name string
+		// early: the action is sent while the lock's acquisition is in
+		// flight (true), or once both holds ended (false).
+		early     bool
+		violation bool
+	}{
+		{name: "action in flight with the grant", early: true},
+		{name: "action after both holds", violation: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHistory(2 * time.Second)
+			w := &world{cfg: Config{Lease: 2 * time.Second}, hist: h, ln: &laneState{}}
+			// The holds' times are set around the actions' (taken from
+			// the clock): the grant just after the early one, the late
+			// one after both holds.
+			base := time.Now().Add(-500 * time.Millisecond)
+			x := &hold{kind: "mutex", res: "lv", owner: "x", node: 0, weight: 1, call: base.Add(-time.Second)}
+			if tt.early {
+				h.operator("lv", "ForceUnlock")()
+				base = time.Now()
+			}
+			x.start = base.Add(time.Millisecond)
+			h.begin(x)
+			o := &hold{kind: "mutex", res: "lv", owner: "o", node: 1, weight: 1, call: x.start.Add(time.Millisecond), start: x.start.Add(2 * time.Millisecond)}
+			h.begin(o)
+			w.ln.valids = append(w.ln.valids, validity{[]*hold{x}, o.start.Add(time.Millisecond)})
+			for _, y := range []*hold{x, o} {
+				h.releasing(y, o.start.Add(2*time.Millisecond))
+				h.end(y, false, "Unlock: <nil>")
+			}
+			if !tt.early {
+				h.operator("lv", "ForceUnlock")()
+			}
+			w.checkValidity()
+			var got []string
+			for _, v := range h.viol {
+				if strings.Contains(v, ": Valid: ") {
+					got = append(got, v)
+				}
+			}
+			if (len(got) > 0) != tt.violation {
+				t.Errorf("Valid violations %q, want one: %v", got, tt.violation)
+			}
+		})
+	}
+}
