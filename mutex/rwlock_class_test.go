@@ -286,6 +286,21 @@ func TestScriptRWLockClass(t *testing.T) {
 			},
 		},
 		{
+			// A mark's length with no mark id: the script sets no mark
+			// it could not take out again (RWMutex sends a length only
+			// with an id; the guard is the script's own).
+			name:  "refused by a writer, mark length without an id",
+			setup: setup{hash: held("B", "b.1", 30_000)},
+			args:  func(s *rwLockState) []string { return []string{"A", "30000", "0", "a.1", "", "2000", ""} },
+			check: func(t *testing.T, s *rwLockState) {
+				refused(t, s, 30_000)
+				noMarks(t, s)
+				if s.fields["q"] != "" {
+					t.Errorf("q = %q after a refusal with no mark id, want none", s.fields["q"])
+				}
+			},
+		},
+		{
 			name:  "refused by a writer, TryLock",
 			setup: setup{hash: held("B", "b.1", 30_000)},
 			args:  func(s *rwLockState) []string { return []string{"A", "30000", "0", "a.1", "", "0", ""} },
@@ -396,6 +411,19 @@ func TestScriptRWLockClass(t *testing.T) {
 					t.Errorf("c = %q, want %q (the superseded hold listed)", s.fields["c"], want)
 				}
 				noMarks(t, s)
+			},
+		},
+		{
+			// Not older: the same attempt again (a repeated call)
+			// supersedes its own hold.
+			name:  "same attempt again supersedes",
+			setup: setup{hash: held("A", "n.5", 30_000)},
+			args:  func(s *rwLockState) []string { return []string{"A", "30000", "0", "n.5", "", "0", ""} },
+			check: func(t *testing.T, s *rwLockState) {
+				granted(t, s, "A", "n.5", s.ahead+1)
+				if want := itoa(s.ahead-5) + " " + itoa(s.ahead); s.fields["c"] != want {
+					t.Errorf("c = %q, want %q (the superseded hold listed)", s.fields["c"], want)
+				}
 			},
 		},
 		{
@@ -534,6 +562,8 @@ func TestScriptRWLockClass(t *testing.T) {
 			},
 		},
 		{
+			// Even a mark listed under the empty id stays: a grant with
+			// no mark id takes nothing out.
 			name: "TryLock grant leaves q",
 			setup: setup{
 				hash: func(s *rwLockState) map[string]string {
