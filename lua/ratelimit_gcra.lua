@@ -53,11 +53,21 @@ if after > tolerance then
 end
 
 if cost > 0 then
-  -- Numbers, not strings: Redis writes a number argument with full
-  -- precision (%.17g; Valkey the shortest text that reads back the same),
-  -- cheaper than string.format in Lua, and a whole number without an
-  -- exponent up to 1e17. after > 0 here, so PX >= 1.
-  redis.call('SET', KEYS[1], now + after, 'PX', math.ceil(after / 1000))
+  -- A whole TAT (any whole interval) and the PX go as '%d' text: Redis
+  -- before 7.2 writes every number argument with snprintf('%.17g'), about
+  -- 0.3 us for a 14-digit TAT, where string.format('%d') takes about 0.1
+  -- and writes the same text (a whole number below 1e17 has no exponent
+  -- in either). A fractional TAT goes as a number, written with full
+  -- precision (%.17g; Valkey and Redis 7.2+ the shortest text that reads
+  -- back the same), cheaper than '%.17g' in Lua. after > 0 here, so the
+  -- TTL is >= 1 ms. PSETEX key ms value is SET key value PX ms (the same
+  -- code in Redis and Valkey, replicated alike as SET ... PXAT) without
+  -- SET's option parsing: about 0.2 us less a call.
+  local tat = now + after
+  if tat % 1 == 0 then
+    tat = string.format('%d', tat)
+  end
+  redis.call('PSETEX', KEYS[1], string.format('%d', math.ceil(after / 1000)), tat)
 end
 -- after <= tolerance here: 0 <= remaining <= burst, 0 <= full < radix.
 local remaining = math.floor((tolerance - after) / interval + 1e-9)
