@@ -49,6 +49,20 @@ type hold struct {
 	// expire, a client crashed): no fault need explain it.
 	expect string
 	lease  time.Duration // a fixed lease (WithLease); 0: the watchdog's
+	// leaseFrom is the earliest time the server may end the hold's fixed
+	// lease (the send of the call that set it, plus the lease), once the
+	// lane has held it; zero for a watchdog's lease or one not known.
+	leaseFrom time.Time
+}
+
+// pastFixedLease reports whether a release of x that returned at ret may
+// have reached the server after x's fixed lease ended there: then a "not
+// held" is the lease's own, whether or not the client's timer had closed
+// the loss signal yet (a process stalled between its sleep and the
+// release runs both late; CI with two CPU hogs, go-redis seed 1: a hold
+// of "lx2" released 360 ms after its call was found gone, with no fault).
+func (x *hold) pastFixedLease(ret time.Time) bool {
+	return !x.leaseFrom.IsZero() && !ret.Before(x.leaseFrom)
 }
 
 // lost reports whether x's loss signal has closed.
@@ -307,8 +321,8 @@ func (h *history) begin(x *hold) {
 			}
 		}()
 	}
-	h.events = append(h.events, event{at: x.start, hold: x.id, what: fmt.Sprintf("%s %s start: %s, node %d owner %s token %d weight %d (called %s)",
-		x.kind, x.res, x.note, x.node, x.owner, x.token, x.weight, h.since(x.call))})
+	h.events = append(h.events, event{at: x.start, hold: x.id, what: fmt.Sprintf("%s %s start: %s, node %d owner %s token %d weight %d lease %v (called %s)",
+		x.kind, x.res, x.note, x.node, x.owner, x.token, x.weight, x.lease, h.since(x.call))})
 	live := h.active[x.res]
 	h.active[x.res] = append(live, x)
 	if x.told {

@@ -287,3 +287,32 @@ func TestValidityExcusedOnlyByEarlierOperator(t *testing.T) {
 		})
 	}
 }
+
+// TestPastFixedLease checks when a release that found a fixed-lease hold
+// gone is the lease's own doing: only if it returned at or after the
+// earliest time the server could end the lease (its call's send plus the
+// lease). Before that, "not held" is a loss to explain; a watchdog's hold
+// (no fixed lease known) is never excused this way.
+func TestPastFixedLease(t *testing.T) {
+	call := time.Now()
+	fixed := &hold{lease: 250 * time.Millisecond, leaseFrom: call.Add(250 * time.Millisecond)}
+	watchdog := &hold{}
+	tests := []struct {
+		name string
+		x    *hold
+		ret  time.Time
+		want bool
+	}{
+		{"fixed, returned before the lease could end", fixed, call.Add(249 * time.Millisecond), false},
+		{"fixed, returned as it could end", fixed, call.Add(250 * time.Millisecond), true},
+		{"fixed, returned after", fixed, call.Add(360 * time.Millisecond), true},
+		{"watchdog", watchdog, call.Add(time.Hour), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.x.pastFixedLease(tt.ret); got != tt.want {
+				t.Errorf("pastFixedLease = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

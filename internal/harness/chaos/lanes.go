@@ -509,6 +509,16 @@ func (w *world) releaseLane(n *node, xs []*hold, l laneLock, lockRetry bool) {
 	rctx, cancel := w.releaseCtx()
 	err := l.unlock(rctx)
 	cancel()
+	if err != nil && !knew {
+		ret := time.Now()
+		w.hist.mu.Lock()
+		for _, x := range xs {
+			if x.expect == "" && x.pastFixedLease(ret) {
+				x.expect = "released after its fixed lease may have ended"
+			}
+		}
+		w.hist.mu.Unlock()
+	}
 	if !n.closed.Load() {
 		w.expected(xs[0].kind+" lane release", at, err, mutexErrs...)
 	}
@@ -622,6 +632,13 @@ func (w *world) holdLane(ctx context.Context, rng *rand.Rand, xs []*hold, l lane
 	}
 	sleep(ctx, d)
 	w.observeValid(xs, l, *lse)
+	if lse.fixed > 0 && !lse.unknown {
+		w.hist.mu.Lock()
+		for _, x := range xs {
+			x.leaseFrom = lse.from.Add(lse.fixed)
+		}
+		w.hist.mu.Unlock()
+	}
 	if lse.fixed > 0 && closed(l.lost()) && !lse.from.Add(lse.fixed-margin(lse.fixed)-stallSlack).After(time.Now()) {
 		// Held past the fixed lease: the process stalled in the sleep.
 		// The loss is the lease's own.
