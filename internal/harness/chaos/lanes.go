@@ -302,6 +302,11 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		psSeed := rng.Uint64()
 		wg.Go(func() { w.privateSems(ctx, n, rand.New(rand.NewPCG(psSeed, 0x5e))) })
 	}
+	// The read-write give-backs with a waiter (rwgiveback.go), last.
+	for _, n := range w.nodes {
+		gwSeed := rng.Uint64()
+		wg.Go(func() { w.rwGiveBacks(ctx, n, rand.New(rand.NewPCG(gwSeed, 0x9c))) })
+	}
 	return nil
 }
 
