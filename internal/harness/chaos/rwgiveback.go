@@ -22,9 +22,9 @@ import (
 // end exactly that hold and wake it: a write hold given back wakes
 // writers and readers, a read hold the writers once no live reader is
 // left. So the waiter must get the lock within a quarter lease of the
-// attempt's end (of its release, when the attempt won and held), less
-// this process's stalls, unless a fault of n's network or the server was
-// in force (suspect).
+// attempt's end (of its release, when the attempt won and held; see
+// giveBackFrom), less this process's stalls, unless a fault of n's
+// network or the server was in force (suspect).
 func (w *world) rwGiveBacks(ctx context.Context, n *node, rng *rand.Rand) {
 	name := fmt.Sprintf("lgw%d", n.i)
 	// rtt: how long the last attempt that won took. A context of a part
@@ -44,27 +44,29 @@ func (w *world) rwGiveBacks(ctx context.Context, n *node, rng *rand.Rand) {
 			return
 		}
 		aWrite, bWrite := rng.IntN(2) == 0, rng.IntN(3) != 0
-		ca := contender{kind(aWrite) + " attempt", a.Owner(), rwLock(a, aWrite).lock, rwLock(a, aWrite).unlock}
-		cb := contender{kind(bWrite), "", rwLock(b, bWrite).lock, rwLock(b, bWrite).unlock}
+		probe := func(ctx context.Context) error { _, err := a.Info(ctx); return err }
+		ca := contender{kind(aWrite) + " attempt", a.Owner(), rwLock(a, aWrite).lock, rwLock(a, aWrite).unlock, probe}
+		cb := contender{kind(bWrite), "", rwLock(b, bWrite).lock, rwLock(b, bWrite).unlock, probe}
 		if !w.giveBackWaited(ctx, n, rng, name, "rwgiveback", ca, cb, &rtt) {
 			return
 		}
 	}
 }
 
-// A contender is one side of giveBackWaited: what it is, and how it takes
-// and gives back the resource.
+// A contender is one side of giveBackWaited: what it is, how it takes and
+// gives back the resource, and a read of the resource (Info) that
+// giveBackFrom times.
 type contender struct {
-	what, owner  string
-	lock, unlock func(context.Context) error
+	what, owner         string
+	lock, unlock, probe func(context.Context) error
 }
 
 // giveBackWaited runs one round of rwGiveBacks (or giveBacksWaited): a
 // abandons an attempt on name within its round trip (rtt, the last
 // winning attempt's, which it updates), while b asks a moment after it
-// was sent; b must get it within a quarter lease of a's end, less stalls,
-// unless a fault of n or the server excuses (suspect). It reports false
-// when the run is over.
+// was sent; b must get it within a quarter lease of a's end (giveBackFrom),
+// less stalls (giveBackLate), unless a fault of n or the server excuses
+// (suspect). It reports false when the run is over.
 func (w *world) giveBackWaited(ctx context.Context, n *node, rng *rand.Rand, name, tag string, a, b contender, rtt *time.Duration) bool {
 	abandonAfter := min(max(time.Duration((0.3+0.8*rng.Float64())*float64(*rtt)), 100*time.Microsecond), 3*time.Millisecond)
 	bAfter := time.Duration(rng.Float64() * float64(abandonAfter))
@@ -90,6 +92,7 @@ func (w *world) giveBackWaited(ctx context.Context, n *node, rng *rand.Rand, nam
 	err := a.lock(actx)
 	cancel()
 	aEnd := time.Now()
+	var probed time.Time
 	if err == nil {
 		*rtt = aEnd.Sub(acall)
 		// It won: its release frees the resource (and wakes the waiter).
@@ -97,6 +100,10 @@ func (w *world) giveBackWaited(ctx context.Context, n *node, rng *rand.Rand, nam
 		aEnd = time.Now()
 	} else {
 		w.expected("an abandoned attempt ("+tag+")", acall, err, append(mutexErrs, semErrs...)...)
+		pctx, pcancel := context.WithTimeout(ctx, w.cfg.Lease)
+		_ = a.probe(pctx) // only its time counts: a failure is a fault's, which suspect weighs
+		pcancel()
+		probed = time.Now()
 	}
 	br := <-bDone
 	if br.err == nil {
@@ -112,18 +119,46 @@ func (w *world) giveBackWaited(ctx context.Context, n *node, rng *rand.Rand, nam
 	if err != nil && br.ret.Sub(aEnd) > 0 && br.ret.Sub(br.call) > 2*time.Millisecond {
 		w.count("lane." + tag + ".waited")
 	}
-	from := aEnd
-	if br.call.After(from) {
-		from = br.call
-	}
+	from := giveBackFrom(aEnd, br.call, probed)
 	w.hist.mu.Lock()
 	_, stalled := w.hist.stallsLocked(from, br.ret)
 	w.hist.mu.Unlock()
-	if waited := br.ret.Sub(from); br.err != nil || waited > w.cfg.Lease/4+stalled {
-		w.suspect(from, br.ret, []int{n.i}, "", "give-back: an abandoned %s on %q (%s), given up after %v (%v); a waiter (%s) of another value, called %v after it, got it %v after the attempt ended (bound %v less stalls of %v), nobody else using it and no fault in force: %v",
-			a.what, name, a.owner, abandonAfter, err, b.what, br.call.Sub(acall).Round(time.Microsecond), br.ret.Sub(from).Round(time.Millisecond), w.cfg.Lease/4, stalled, br.err)
+	if giveBackLate(br.ret.Sub(from), stalled, w.cfg.Lease/4) {
+		w.suspect(from, br.ret, []int{n.i}, "", "give-back: an abandoned %s on %q (%s), given up after %v (%v); a waiter (%s) of another value, called %v after it, got it %v after it was due (the attempt's end, its call, or a read sent after the attempt's end, back %v after it) (bound %v less stalls of %v), nobody else using it and no fault in force: %v",
+			a.what, name, a.owner, abandonAfter, err, b.what, br.call.Sub(acall).Round(time.Microsecond), br.ret.Sub(from).Round(time.Millisecond), probed.Sub(aEnd).Round(time.Microsecond), w.cfg.Lease/4, stalled, br.err)
 	}
 	return true
+}
+
+// giveBackFrom is when the waiter of giveBackWaited is due from: the end
+// of the abandoned attempt (of its release, when it won), or the
+// waiter's call if that came later; and when the attempt failed, no
+// earlier than the return of a read of the resource sent after it
+// (probed; zero when none was). The give-back cannot come before the
+// attempt's own reply (releaseLate and its kin act on it), and a server
+// or a network that holds that reply up holds up the read behind it too:
+// that time is Redis's latency, which this process's stalls do not
+// count, not the library's. A library that keeps the waiter waiting
+// (no give-back, no wake-up) still keeps it a lease, or a wake-up's
+// period, past a read that returned.
+func giveBackFrom(aEnd, bCall, probed time.Time) time.Time {
+	from := aEnd
+	for _, t := range []time.Time{bCall, probed} {
+		if t.After(from) {
+			from = t
+		}
+	}
+	return from
+}
+
+// giveBackLate reports whether a waiter that waited from when it was due
+// (giveBackFrom) until it got the resource, or gave up, broke the bound,
+// given stalled of this process's stalls within that time. A waiter that
+// gave up (its own deadline of a lease) before the bound and the stalls
+// were over proves nothing, whatever its error: in a run stalled most of
+// that lease, it had not yet waited the bound.
+func giveBackLate(waited, stalled, bound time.Duration) bool {
+	return waited > bound+stalled
 }
 
 // giveBacksWaited is rwGiveBacks for the other primitives: node n
@@ -151,7 +186,7 @@ func (w *world) giveBacksWaited(ctx context.Context, n *node, rng *rand.Rand) {
 					w.hist.violation("NewMutex: %v", err)
 					return
 				}
-				*c = contender{"Lock", m.Owner(), m.Lock, m.Unlock}
+				*c = contender{"Lock", m.Owner(), m.Lock, m.Unlock, func(ctx context.Context) error { _, err := m.Info(ctx); return err }}
 			}
 		} else {
 			mgr := []*semaphore.Manager{n.sems, n.fairSems}[k-2]
@@ -166,7 +201,7 @@ func (w *world) giveBacksWaited(ctx context.Context, n *node, rng *rand.Rand) {
 					var err error
 					p, err = s.Acquire(ctx, 1)
 					return err
-				}, func(ctx context.Context) error { return p.Release(ctx) }}
+				}, func(ctx context.Context) error { return p.Release(ctx) }, func(ctx context.Context) error { _, err := s.Info(ctx); return err }}
 			}
 		}
 		ca.what += " attempt"

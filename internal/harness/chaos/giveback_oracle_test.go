@@ -1,0 +1,51 @@
+package chaos
+
+import (
+	"testing"
+	"time"
+)
+
+// TestGiveBackVerdict checks the give-back oracle of giveBackWaited
+// (giveBackFrom, giveBackLate) on the rounds of the CI failures it got
+// wrong, and on those it must still call late. Times are ms from the
+// abandoned attempt's call; the bound is a quarter of the default lease.
+func TestGiveBackVerdict(t *testing.T) {
+	const bound = 500 * time.Millisecond
+	t0 := time.Unix(1000, 0)
+	at := func(ms float64) time.Time {
+		if ms < 0 {
+			return time.Time{} // no probe: the attempt won
+		}
+		return t0.Add(time.Duration(ms * float64(time.Millisecond)))
+	}
+	for _, tc := range []struct {
+		name                      string
+		aEnd, bCall, probed, bRet float64
+		stalled                   time.Duration
+		late                      bool
+	}{
+		// The server answered the attempt (and the read behind it) 750 ms
+		// late; the give-back and the waiter's grant took 114 ms more. The
+		// old oracle counted from aEnd: 862 ms, late.
+		{"reply held up by the server", 1.2, 3.3, 750, 864, 0, false},
+		// The waiter's own deadline (a lease) ended inside 1.53 s of this
+		// process's stalls: the old oracle called any error late.
+		{"waiter cut by its deadline within stalls", 0.8, 0.8, 10, 2000, 1530 * time.Millisecond, false},
+		// What the lanes must still catch: no give-back (the waiter waits
+		// out the lease) and no wake-up (a fair waiter's refresh, a third
+		// of a lease), with the read back at once.
+		{"no give-back: waiter cut by its deadline", 0.8, 0.8, 2, 2000, 0, true},
+		{"no give-back, some stalls", 0.8, 0.8, 2, 2000, 300 * time.Millisecond, true},
+		{"no wake-up: a refresh's period", 0.8, 1.1, 3, 670, 0, true},
+		{"attempt won: from its release, no probe", 5, 1, -1, 600, 0, true},
+		{"attempt won, waiter served", 5, 1, -1, 40, 0, false},
+		{"waiter called after the read", 0.8, 30, 3, 520, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			from := giveBackFrom(at(tc.aEnd), at(tc.bCall), at(tc.probed))
+			if got := giveBackLate(at(tc.bRet).Sub(from), tc.stalled, bound); got != tc.late {
+				t.Errorf("late = %v after %v (from %v), want %v", got, at(tc.bRet).Sub(from), from.Sub(t0), tc.late)
+			}
+		})
+	}
+}
