@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -45,6 +46,41 @@ func TestGiveBackVerdict(t *testing.T) {
 			from := giveBackFrom(at(tc.aEnd), at(tc.bCall), at(tc.probed))
 			if got := giveBackLate(at(tc.bRet).Sub(from), tc.stalled, bound); got != tc.late {
 				t.Errorf("late = %v after %v (from %v), want %v", got, at(tc.bRet).Sub(from), from.Sub(t0), tc.late)
+			}
+		})
+	}
+}
+
+// deadlineOnly is a context whose deadline has passed while its Err is
+// still nil: the moment before its timer fires.
+type deadlineOnly struct {
+	context.Context
+	d time.Time
+}
+
+func (c deadlineOnly) Deadline() (time.Time, bool) { return c.d, true }
+
+// TestRunOver checks that a call cut by the run's own deadline is the
+// run's end even before ctx.Err() says so (go-redis, ContextTimeoutEnabled,
+// seed 1: an ACL lane's Unlock failed 53 ms after its call, at the run's
+// 16 s, and was called a violation).
+func TestRunOver(t *testing.T) {
+	past, future := time.Now().Add(-time.Millisecond), time.Now().Add(time.Hour)
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		over bool
+	}{
+		{"no deadline", context.Background(), false},
+		{"deadline ahead", deadlineOnly{context.Background(), future}, false},
+		{"deadline passed, timer not fired", deadlineOnly{context.Background(), past}, true},
+		{"cancelled", cancelled, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := runOver(tc.ctx); got != tc.over {
+				t.Errorf("runOver = %v, want %v", got, tc.over)
 			}
 		})
 	}

@@ -109,7 +109,7 @@ func (w *world) giveBackWaited(ctx context.Context, n *node, rng *rand.Rand, nam
 	if br.err == nil {
 		w.releaseSure(ctx, b.unlock)
 	}
-	if ctx.Err() != nil || n.closed.Load() {
+	if runOver(ctx) || n.closed.Load() {
 		return false
 	}
 	if br.err != nil && !errors.Is(br.err, mutex.ErrNotObtained) && !errors.Is(br.err, semaphore.ErrNotObtained) && !errors.Is(br.err, context.DeadlineExceeded) {
