@@ -41,10 +41,18 @@ func TestGiveBackVerdict(t *testing.T) {
 		{"attempt won: from its release, no probe", 5, 1, -1, 600, 0, true},
 		{"attempt won, waiter served", 5, 1, -1, 40, 0, false},
 		{"waiter called after the read", 0.8, 30, 3, 520, 0, false},
+		// Core, seed 2, under hogs: the read took 205 ms, the waiter's
+		// subscription and attempt again as long; 459 ms of stalls.
+		{"round trips of 205 ms", 0.7, 138.6, 205.4, 1198, 459 * time.Millisecond, false},
+		{"round trips of 205 ms, no give-back", 0.7, 138.6, 205.4, 2139, 100 * time.Millisecond, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			from := giveBackFrom(at(tc.aEnd), at(tc.bCall), at(tc.probed))
-			if got := giveBackLate(at(tc.bRet).Sub(from), tc.stalled, bound); got != tc.late {
+			var rtt time.Duration
+			if tc.probed >= 0 {
+				rtt = at(tc.probed).Sub(at(tc.aEnd))
+			}
+			if got := giveBackLate(at(tc.bRet).Sub(from), tc.stalled, rtt, bound); got != tc.late {
 				t.Errorf("late = %v after %v (from %v), want %v", got, at(tc.bRet).Sub(from), from.Sub(t0), tc.late)
 			}
 		})

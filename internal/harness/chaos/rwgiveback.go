@@ -123,9 +123,13 @@ func (w *world) giveBackWaited(ctx context.Context, n *node, rng *rand.Rand, nam
 	w.hist.mu.Lock()
 	_, stalled := w.hist.stallsLocked(from, br.ret)
 	w.hist.mu.Unlock()
-	if giveBackLate(br.ret.Sub(from), stalled, w.cfg.Lease/4) {
-		w.suspect(from, br.ret, []int{n.i}, "", "give-back: an abandoned %s on %q (%s), given up after %v (%v); a waiter (%s) of another value, called %v after it, got it %v after it was due (the attempt's end, its call, or a read sent after the attempt's end, back %v after it) (bound %v less stalls of %v), nobody else using it and no fault in force: %v",
-			a.what, name, a.owner, abandonAfter, err, b.what, br.call.Sub(acall).Round(time.Microsecond), br.ret.Sub(from).Round(time.Millisecond), probed.Sub(aEnd).Round(time.Microsecond), w.cfg.Lease/4, stalled, br.err)
+	var readRTT time.Duration
+	if !probed.IsZero() {
+		readRTT = probed.Sub(aEnd)
+	}
+	if giveBackLate(br.ret.Sub(from), stalled, readRTT, w.cfg.Lease/4) {
+		w.suspect(from, br.ret, []int{n.i}, "", "give-back: an abandoned %s on %q (%s), given up after %v (%v); a waiter (%s) of another value, called %v after it, got it %v after it was due (the attempt's end, its call, or a read sent after the attempt's end, back %v after it) (bound %v less stalls of %v and three of that read's round trips), nobody else using it and no fault in force: %v",
+			a.what, name, a.owner, abandonAfter, err, b.what, br.call.Sub(acall).Round(time.Microsecond), br.ret.Sub(from).Round(time.Millisecond), readRTT.Round(time.Microsecond), w.cfg.Lease/4, stalled, br.err)
 	}
 	return true
 }
@@ -153,12 +157,17 @@ func giveBackFrom(aEnd, bCall, probed time.Time) time.Time {
 
 // giveBackLate reports whether a waiter that waited from when it was due
 // (giveBackFrom) until it got the resource, or gave up, broke the bound,
-// given stalled of this process's stalls within that time. A waiter that
-// gave up (its own deadline of a lease) before the bound and the stalls
-// were over proves nothing, whatever its error: in a run stalled most of
-// that lease, it had not yet waited the bound.
-func giveBackLate(waited, stalled, bound time.Duration) bool {
-	return waited > bound+stalled
+// given stalled of this process's stalls within that time and rtt, the
+// round trip of the read giveBackFrom timed (zero when none was sent).
+// From then the waiter may need three round trips that are Redis's
+// latency, not the library's delay: the give-back's call, and its own
+// subscription and attempt again (a waiter refused before the give-back
+// that subscribes after it), each as slow as the read was. A waiter that
+// gave up (its own deadline of a lease) before the bound, the stalls and
+// those were over proves nothing, whatever its error: in a run stalled
+// most of that lease, it had not yet waited the bound.
+func giveBackLate(waited, stalled, rtt, bound time.Duration) bool {
+	return waited > bound+stalled+3*rtt
 }
 
 // giveBacksWaited is rwGiveBacks for the other primitives: node n
