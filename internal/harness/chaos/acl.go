@@ -137,7 +137,7 @@ func (w *world) aclPair(ctx context.Context, locks *mutex.Locker, name string) {
 	if err == nil {
 		err = m.Unlock(lctx)
 	}
-	if err != nil && ctx.Err() == nil {
+	if err != nil && !runOver(ctx) {
 		w.suspect(call, time.Now(), nil, "", "ACL user without channel access: an uncontended Lock and Unlock of %q (called %s) failed: %v", name, w.hist.since(call), err)
 	}
 }
@@ -168,7 +168,7 @@ func (w *world) aclContended(ctx context.Context, what string, call func(context
 	err = call(actx)
 	took := time.Since(start)
 	// Its client has no fault proxy: only a fault of the server excuses.
-	if ctx.Err() != nil {
+	if runOver(ctx) {
 		return
 	}
 	end := time.Now()

@@ -297,10 +297,20 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	}
 	capSeed := rng.Uint64()
 	wg.Go(func() { w.capacitySetter(ctx, rand.New(rand.NewPCG(capSeed, 0xca9))) })
-	// The private semaphores' exact model (privsem.go), last.
+	// The private semaphores' exact model (privsem.go).
 	for _, n := range w.nodes {
 		psSeed := rng.Uint64()
 		wg.Go(func() { w.privateSems(ctx, n, rand.New(rand.NewPCG(psSeed, 0x5e))) })
+	}
+	// The read-write give-backs with a waiter (rwgiveback.go), after them.
+	for _, n := range w.nodes {
+		gwSeed := rng.Uint64()
+		wg.Go(func() { w.rwGiveBacks(ctx, n, rand.New(rand.NewPCG(gwSeed, 0x9c))) })
+	}
+	// Give-backs with a waiter of the other primitives, after them.
+	for _, n := range w.nodes {
+		gbSeed := rng.Uint64()
+		wg.Go(func() { w.giveBacksWaited(ctx, n, rand.New(rand.NewPCG(gbSeed, 0x9d))) })
 	}
 	return nil
 }

@@ -542,3 +542,17 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-time.After(d):
 	}
 }
+
+// runOver reports whether ctx, a workload's context, has ended, or its
+// deadline has passed while its timer has not yet fired: a call whose
+// own deadline (a child's, or the socket's under go-redis's
+// ContextTimeoutEnabled) is the run's may fail with DeadlineExceeded a
+// moment before ctx.Err() says so. Its failure is the run's end, not the
+// library's.
+func runOver(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
