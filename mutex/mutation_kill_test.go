@@ -1508,3 +1508,120 @@ func TestScriptRWRUnlockAfterLeaseIsLost(t *testing.T) {
 		t.Errorf("retried RUnlock of the released read hold = %d, want 0", n)
 	}
 }
+
+// slowGrantClient is a scriptcache.Client whose script calls for which
+// delay says so wait that long before they are sent (a slow network), and
+// whose calls for which fail says so fail without being sent (the server
+// out of reach).
+type slowGrantClient struct {
+	scriptcache.Client
+	mu    sync.Mutex
+	delay func(keys, args []string) time.Duration
+	fail  func(keys, args []string) bool
+}
+
+var errUnreachable = errors.New("test: server out of reach")
+
+func (c *slowGrantClient) Eval(ctx context.Context, sha, body string, keys, args []string) scriptcache.Reply {
+	c.mu.Lock()
+	delay, fail := c.delay, c.fail
+	c.mu.Unlock()
+	if fail != nil && fail(keys, args) {
+		return scriptcache.ErrorReply(errUnreachable)
+	}
+	if delay != nil {
+		if d := delay(keys, args); d > 0 {
+			time.Sleep(d)
+		}
+	}
+	return c.Client.Eval(ctx, sha, body, keys, args)
+}
+
+// TestRWReadAfterLostWriteHoldLeftOnServer: after this RWMutex lost its
+// write hold, and its Unlock could not give the hold back, the hold still
+// runs on the server until its lease ends there. An RLock of the same
+// value is then a reader like any other: it is refused until that lease
+// ends, and not let through as the writer's own read (which only a write
+// hold this value holds now may do). A mutant of RWMutex.attempt that sent
+// the token of the last write hold, held or not (rw.w.holds >= 0 for
+// > 0), let it in.
+//
+// The fixed lease of 3 s ends on the client 3 s after the Lock was sent,
+// and on the server 3 s after the call reached it, which a 1.5 s delay
+// puts 1.5 s later: the read attempt comes in between. The test judges
+// only an attempt that ended before the server's lease did.
+func TestRWReadAfterLostWriteHoldLeftOnServer(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewServer(t)
+	c := &slowGrantClient{}
+	l := wrappedLocker(t, []string{srv.Addr()}, mutex.Options{}, func(sc scriptcache.Client) scriptcache.Client {
+		c.Client = sc
+		return c
+	})
+	name := "rw-read-after-lost:" + strconv.Itoa(rand.IntN(1e9))
+	rw := newRW(t, l, name, mutex.WithLease(3*time.Second))
+	owner := rw.Owner()
+	c.mu.Lock()
+	c.delay = func(keys, args []string) time.Duration {
+		if len(args) == 7 && args[0] == owner && args[2] == "0" { // the outermost Lock
+			return 1500 * time.Millisecond
+		}
+		return 0
+	}
+	c.mu.Unlock()
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-rw.Lost():
+	case <-time.After(signal):
+		t.Fatal("the fixed lease did not end on the client")
+	}
+	c.mu.Lock()
+	c.delay = nil
+	c.fail = func(keys, args []string) bool { return isRWUnlockOf(owner, keys, args) }
+	c.mu.Unlock()
+	if err := rw.Unlock(ctx); !errors.Is(err, mutex.ErrNotHeld) {
+		t.Fatalf("Unlock after the loss = %v, want ErrNotHeld", err)
+	}
+	// The give-back failed: the hold is still on the server.
+	client := redistest.Client(t, srv.Addr())
+	h, err := client.Do(ctx, client.B().Hmget().Key(rwKey(name, "h")).Field("o", "e").Build()).AsStrSlice()
+	if err != nil || len(h) != 2 || h[0] != owner {
+		t.Fatalf("the write hold on the server after the failed give-back = %q, %v; want held by %s", h, err, owner)
+	}
+	end, _ := strconv.ParseInt(h[1], 10, 64)
+	serverNow := func() int64 {
+		t.Helper()
+		now, err := client.Do(ctx, client.B().Time().Build()).AsIntSlice()
+		if err != nil || len(now) != 2 {
+			t.Fatalf("TIME: %v, %v", now, err)
+		}
+		return now[0]*1000 + now[1]/1000
+	}
+	err = rw.TryRLock(ctx)
+	if now := serverNow(); now < end {
+		if !errors.Is(err, mutex.ErrNotObtained) {
+			t.Fatalf("TryRLock while this value's lost write hold still runs on the server (%d ms more) = %v, want ErrNotObtained", end-now, err)
+		}
+	} else {
+		t.Logf("the server's lease ended before the read attempt did (slow machine): TryRLock = %v, not judged", err)
+		if err == nil {
+			if err := rw.RUnlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Once the lease ends on the server, the reader gets in.
+	rctx, cancel := context.WithTimeout(ctx, signal)
+	defer cancel()
+	if err := rw.RLock(rctx); err != nil {
+		t.Fatalf("RLock after the lost hold's lease = %v, want granted", err)
+	}
+	if now := serverNow(); now < end {
+		t.Errorf("RLock granted %d ms before the lost write hold's lease ended on the server", end-now)
+	}
+	if err := rw.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -617,5 +619,101 @@ func TestTakeGrantOnceAndSetID(t *testing.T) {
 	woken(t, w)
 	if g, ok := w.TakeGrant(); !ok || g != "9" {
 		t.Fatalf("TakeGrant after SetID = %q, %v; want 9, true", g, ok)
+	}
+}
+
+// droppingSubscriptions is a Client whose subscriptions drop: each call of
+// Subscribe returns an error at once, except those that live says to keep
+// up for a while first (until ctx ends). It records when each call came
+// and when it returned.
+type droppingSubscriptions struct {
+	scriptcache.Client
+	live  func(call int) time.Duration
+	mu    sync.Mutex
+	calls []time.Time // entry of each call
+	rets  []time.Time // return of each call
+	more  chan struct{}
+}
+
+func (c *droppingSubscriptions) Subscribe(ctx context.Context, _ string, _ bool, _ func(), _ func(string)) error {
+	c.mu.Lock()
+	i := len(c.calls)
+	c.calls = append(c.calls, time.Now())
+	c.mu.Unlock()
+	if d := c.live(i); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+	}
+	c.mu.Lock()
+	c.rets = append(c.rets, time.Now())
+	c.mu.Unlock()
+	select {
+	case c.more <- struct{}{}:
+	default:
+	}
+	return errors.New("test: connection dropped")
+}
+
+// returned waits until n calls have returned, and gives the entry and
+// return times of the first n.
+func (c *droppingSubscriptions) returned(t *testing.T, n int) (calls, rets []time.Time) {
+	t.Helper()
+	deadline := time.After(4 * signalWait)
+	for {
+		c.mu.Lock()
+		if len(c.rets) >= n {
+			calls, rets = slices.Clone(c.calls[:n]), slices.Clone(c.rets[:n])
+			c.mu.Unlock()
+			return calls, rets
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.more:
+		case <-deadline:
+			t.Fatalf("%d subscription calls returned, want %d", len(rets), n)
+		}
+	}
+}
+
+// TestResubscribeBackoff: a subscription that drops at once is tried again
+// after a backoff that doubles from 10 ms to a second (a Redis that drops
+// every subscription is not hammered); one that lived over a second
+// starts the backoff over, at 10 ms.
+//
+// The bounds hold on a loaded machine: timers never fire early, so the
+// first five waits take at least 10+20+40+80+160 ms; a stall of a second
+// inside those calls would reset the backoff (the subscription "lived" a
+// second), but it lies within the same window. The wait after the long
+// subscription is 10 ms; 900 ms of slack is left before the second it
+// would be without the reset.
+func TestResubscribeBackoff(t *testing.T) {
+	const quick = 7 // drops at once: the 7th waits 640 ms, and the backoff is at its cap, a second
+	c := &droppingSubscriptions{more: make(chan struct{}, 1), live: func(call int) time.Duration {
+		if call == quick {
+			return 1100 * time.Millisecond
+		}
+		return 0
+	}}
+	h := New(c, false)
+	t.Cleanup(h.Close)
+	w, err := h.Subscribe("{n}:"+t.Name(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+
+	calls, rets := c.returned(t, quick+2)
+	if d := calls[5].Sub(rets[0]); d < 310*time.Millisecond {
+		t.Errorf("5 backoffs after subscriptions that dropped at once took %v, want at least 10+20+40+80+160 ms", d)
+	}
+	if d := rets[quick].Sub(calls[quick]); d < time.Second {
+		t.Fatalf("the long subscription lived %v, want over a second", d)
+	}
+	if d := calls[quick+1].Sub(rets[quick]); d >= 900*time.Millisecond {
+		t.Errorf("backoff after a subscription that lived over a second = %v, want 10 ms, not the second it had grown to", d)
 	}
 }
