@@ -946,10 +946,17 @@ func (w *world) forcer(ctx context.Context, rng *rand.Rand) {
 		}
 		res := forcedLanes[rng.IntN(len(forcedLanes))]
 		from := time.Now()
+		// In force, for the holds it may hit, from before it is sent (as
+		// the schedule's operator faults are, and the lines' lane's): a
+		// holder may find its hold gone at a renewal and end it before
+		// the call returns here, and the history judges a loss when the
+		// hold ends. The call's bound is a lease, and the admin node has
+		// no proxy to hold the request up past it.
+		w.hist.fault(from, from.Add(w.cfg.Lease), "forceunlock", res, -1)
 		done := w.hist.operator(res, "ForceUnlock")
 		err := w.forceUnlock(ctx, res)
-		// In force, for the holds it may have hit, until a lease after
-		// it ended (as the schedule's operator faults are).
+		// Until a lease after it ended, as the schedule's operator
+		// faults are.
 		w.hist.fault(from, time.Now().Add(w.cfg.Lease), "forceunlock", res, -1)
 		if err != nil {
 			w.expected("ForceUnlock of "+res, from, err, mutexErrs...)
