@@ -49,10 +49,10 @@ type hold struct {
 	// expire, a client crashed): no fault need explain it.
 	expect string
 	lease  time.Duration // a fixed lease (WithLease); 0: the watchdog's
-	// leaseFrom is the earliest time the server may end the hold's fixed
-	// lease (the send of the call that set it, plus the lease), once the
-	// lane has held it; zero for a watchdog's lease or one not known.
-	leaseFrom time.Time
+	// leaseEarliestEnd is the earliest time the server may end the hold's
+	// fixed lease (the send of the call that set it, plus the lease), once
+	// the lane has held it; zero for a watchdog's lease or one not known.
+	leaseEarliestEnd time.Time
 }
 
 // pastFixedLease reports whether a release of x that returned at ret may
@@ -62,7 +62,7 @@ type hold struct {
 // release runs both late; CI with two CPU hogs, go-redis seed 1: a hold
 // of "lx2" released 360 ms after its call was found gone, with no fault).
 func (x *hold) pastFixedLease(ret time.Time) bool {
-	return !x.leaseFrom.IsZero() && !ret.Before(x.leaseFrom)
+	return !x.leaseEarliestEnd.IsZero() && !ret.Before(x.leaseEarliestEnd)
 }
 
 // lost reports whether x's loss signal has closed.

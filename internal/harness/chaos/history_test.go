@@ -295,7 +295,7 @@ func TestValidityExcusedOnlyByEarlierOperator(t *testing.T) {
 // (no fixed lease known) is never excused this way.
 func TestPastFixedLease(t *testing.T) {
 	call := time.Now()
-	fixed := &hold{lease: 250 * time.Millisecond, leaseFrom: call.Add(250 * time.Millisecond)}
+	fixed := &hold{lease: 250 * time.Millisecond, leaseEarliestEnd: call.Add(250 * time.Millisecond)}
 	watchdog := &hold{}
 	tests := []struct {
 		name string

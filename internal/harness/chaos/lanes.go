@@ -645,7 +645,7 @@ func (w *world) holdLane(ctx context.Context, rng *rand.Rand, xs []*hold, l lane
 	if lse.fixed > 0 && !lse.unknown {
 		w.hist.mu.Lock()
 		for _, x := range xs {
-			x.leaseFrom = lse.from.Add(lse.fixed)
+			x.leaseEarliestEnd = lse.from.Add(lse.fixed)
 		}
 		w.hist.mu.Unlock()
 	}
