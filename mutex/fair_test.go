@@ -18,7 +18,6 @@ import (
 
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/mutex"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // queueOwners returns the owners queued on a fair lock, in queue order.
@@ -60,10 +59,7 @@ func fairWaiter(t *testing.T, client rueidis.Client, args []string) {
 	ctx := context.Background()
 	name := args[0]
 	goroutines, _ := strconv.Atoi(args[1])
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	l, err := mutex.NewLocker(sc, mutex.Options{Fair: true})
 	if err != nil {
 		t.Fatal(err)
@@ -280,10 +276,7 @@ func TestFairDeadWaiterAtHead(t *testing.T) {
 func TestFairLostGrantMessage(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Client(t, redistest.Single(t).Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	l := newLocker(t, client, mutex.Options{Fair: true}) // 30 s lease, re-check every second
 	name := "lostgrant"
 	holder, waiter := newMutex(t, l, name), newMutex(t, l, name)

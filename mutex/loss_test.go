@@ -334,10 +334,7 @@ func TestNoLossAfterCleanUnlock(t *testing.T) {
 func TestStaleAttemptCannotRetag(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Client(t, redistest.Single(t).Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	lock, _ := sc.Script("mutex_lock")
 	release, _ := sc.Script("mutex_release")
 	keys := scriptKeys("retag")

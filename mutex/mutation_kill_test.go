@@ -623,10 +623,7 @@ func TestRWRefusedWriterMarkExpires(t *testing.T) {
 func TestScriptRWWithdrawalDropsDeadMarks(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Client(t, redistest.Single(t).Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	lock, _ := sc.Script("rwmutex_lock")
 	abandon, _ := sc.Script("rwmutex_abandon")
 	name := "rw-dead-marks:" + strconv.Itoa(rand.IntN(1e9))
@@ -683,10 +680,7 @@ func TestScriptRWWithdrawalDropsDeadMarks(t *testing.T) {
 func TestScriptRWRunKeepsUnlockedHoldsAfterExpiry(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Client(t, redistest.Single(t).Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	lock, _ := sc.Script("rwmutex_lock")
 	unlock, _ := sc.Script("rwmutex_unlock")
 	name := "rw-run-expiry:" + strconv.Itoa(rand.IntN(1e9))
@@ -769,10 +763,7 @@ func TestScriptLockRepeatedAttemptRenewsLease(t *testing.T) {
 func TestScriptRWShorterMarkKeepsLongerOnes(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Client(t, redistest.Single(t).Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	lock, _ := sc.Script("rwmutex_lock")
 	name := "rw-mark-ttl:" + strconv.Itoa(rand.IntN(1e9))
 	lockKeys, _, _ := rwScriptKeys(name)
@@ -805,10 +796,7 @@ func TestScriptRWShorterMarkKeepsLongerOnes(t *testing.T) {
 func TestScriptRWGiveBackOfGrantThatReplacedExpiredHold(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Client(t, redistest.Single(t).Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	lock, _ := sc.Script("rwmutex_lock")
 	unlock, _ := sc.Script("rwmutex_unlock")
 	abandon, _ := sc.Script("rwmutex_abandon")
@@ -848,10 +836,7 @@ func TestScriptRWGiveBackOfGrantThatReplacedExpiredHold(t *testing.T) {
 func TestScriptRWRLockAfterOwnWriteHoldExpired(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Client(t, redistest.Single(t).Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	lock, _ := sc.Script("rwmutex_lock")
 	rlock, _ := sc.Script("rwmutex_rlock")
 	name := "rw-rlock-expired-writer:" + strconv.Itoa(rand.IntN(1e9))

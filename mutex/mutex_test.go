@@ -41,12 +41,20 @@ var realTargets = []target{
 	{"cluster", func(t *testing.T) []string { return redistest.SharedCluster(t).Addrs() }},
 }
 
-func newLocker(t testing.TB, client rueidis.Client, opts mutex.Options) *mutex.Locker {
+// newScripts loads the scripts through client, failing the test if it
+// cannot.
+func newScripts(t testing.TB, client rueidis.Client) *scriptcache.Cache {
 	t.Helper()
 	sc, err := scriptcache.New(context.Background(), client)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return sc
+}
+
+func newLocker(t testing.TB, client rueidis.Client, opts mutex.Options) *mutex.Locker {
+	t.Helper()
+	sc := newScripts(t, client)
 	l, err := mutex.NewLocker(sc, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -459,10 +467,7 @@ func TestCancelStorm(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Single(t)
 	client := redistest.Client(t, srv.Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	l, err := mutex.NewLocker(sc, mutex.Options{WatchdogLease: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -592,10 +597,7 @@ func exclusionWorker(t *testing.T, client rueidis.Client, args []string) {
 	name := args[0]
 	goroutines, _ := strconv.Atoi(args[1])
 	sections, _ := strconv.Atoi(args[2])
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	l, err := mutex.NewLocker(sc, mutex.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -670,10 +672,7 @@ func TestMutualExclusionAcrossProcesses(t *testing.T) {
 // and continued reports whether it learned that it lost the lock.
 func pausedHolder(t *testing.T, client rueidis.Client) {
 	ctx := context.Background()
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	l, err := mutex.NewLocker(sc, mutex.Options{WatchdogLease: 400 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -900,10 +899,7 @@ func TestCloseDuringLock(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.NewServer(t)
 	client := redistest.Client(t, srv.Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	l, err := mutex.NewLocker(sc, mutex.Options{})
 	if err != nil {
 		t.Fatal(err)

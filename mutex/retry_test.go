@@ -15,7 +15,6 @@ import (
 
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/mutex"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // isQueueRefresh reports whether a script call is mutex_queue_refresh.
@@ -225,10 +224,7 @@ func TestRWUnlockRetryAfterOtherWriter(t *testing.T) {
 func TestScriptRWUnlockRetryAfterExpiry(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Client(t, redistest.Single(t).Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	lock, _ := sc.Script("rwmutex_lock")
 	unlock, _ := sc.Script("rwmutex_unlock")
 	name := "rw-retry-expiry:" + strconv.Itoa(rand.IntN(1e9))

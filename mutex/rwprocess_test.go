@@ -25,7 +25,6 @@ import (
 
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/mutex"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 const envRWRole = "SLUICE_RW_HELPER"
@@ -67,10 +66,7 @@ func TestRWHelperProcess(t *testing.T) {
 	defer client.Close()
 	args := strings.Split(os.Getenv("SLUICE_RW_ARGS"), ",")
 	ctx := context.Background()
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	opts := mutex.Options{}
 	if role == "reader" || role == "writer" {
 		opts.WatchdogLease = 400 * time.Millisecond

@@ -27,10 +27,7 @@ func newScriptRig(t *testing.T, name string) *scriptRig {
 	t.Helper()
 	ctx := context.Background()
 	client := redistest.Client(t, redistest.Single(t).Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	r := &scriptRig{t: t, ctx: ctx, client: client, keys: scriptKeys(name)}
 	r.lock, _ = sc.Script("mutex_lock")
 	r.release, _ = sc.Script("mutex_release")

@@ -14,7 +14,6 @@ import (
 	"github.com/sluicekit/sluice/internal/lease"
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/mutex"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // A key overwritten with another type of value (an operator's SET, another
@@ -186,10 +185,7 @@ func TestQueueRefreshWrongTypeOnlyThatWaiter(t *testing.T) {
 		t.Run(tg.name, func(t *testing.T) {
 			ctx := context.Background()
 			client := clientFor(t, tg)
-			sc, err := scriptcache.New(ctx, client)
-			if err != nil {
-				t.Fatal(err)
-			}
+			sc := newScripts(t, client)
 			lock, _ := sc.Script("mutex_lock")
 			refresh, _ := sc.Script("mutex_queue_refresh")
 			do := func(cmd rueidis.Completed) {
@@ -321,10 +317,7 @@ func TestNotALockRecord(t *testing.T) {
 func TestRenewBatchNotALockRecord(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Client(t, redistest.Single(t).Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	renew, _ := sc.Script("mutex_renew_batch")
 	l := newLocker(t, client, mutex.Options{})
 	held := newMutex(t, l, "renewnotrecord:held")
