@@ -65,6 +65,9 @@ type impl[T any] struct {
 	// script is the Lua script (lua/NAME.lua) a limiter's Allow runs, so its
 	// rate can be set against the server's ceiling for that script.
 	script string
+	// only, if set, says in which workloads (by name) it takes part; nil:
+	// in every one of its group.
+	only func(workload string) bool
 	// open makes a new instance with its own clients, as one more program
 	// would, and returns the function that closes them. r is only used by
 	// limiters.

@@ -83,8 +83,9 @@ func runGroup[T any](ctx context.Context, b *bench, impls []impl[T], wls []workl
 	order := map[kind]int{ours: 0, reference: 1, peer: 2}
 	slices.SortStableFunc(use, func(a, b impl[T]) int { return order[a.kind] - order[b.kind] })
 	for _, w := range wls {
-		if b.selected(w.name) && len(use) > 0 {
-			b.results = append(b.results, runWorkload(ctx, b, use, w)...)
+		in := slices.DeleteFunc(slices.Clone(use), func(im impl[T]) bool { return im.only != nil && !im.only(w.name) })
+		if b.selected(w.name) && len(in) > 0 {
+			b.results = append(b.results, runWorkload(ctx, b, in, w)...)
 		}
 	}
 }
