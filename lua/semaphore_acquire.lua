@@ -32,7 +32,10 @@
 -- listed, from a new one); an HSET follows when the hash changes (a
 -- heavier permit, a grant after a wait, a new capacity, or ':x', with
 -- PTTL and PEXPIREAT twice, at most once every lease/16 ms). It passes numbers to
--- Redis as they are (no string.format) and answers an integer. Any other
+-- Redis as they are (no string.format), reads the numbers it is sent with
+-- + 0 (tonumber reads a text twice), makes no function on its way (a
+-- closure and its upvalues cost the server more than the lines they save)
+-- and answers an integer. Any other
 -- call first reclaims up to 16 expired permits, the oldest first (bounded
 -- work), plus the caller's own id if its earlier grant expired, so that it
 -- is not counted twice; if more remain and the request is not granted,
@@ -71,7 +74,9 @@
 --
 -- KEYS[1]  state hash
 -- KEYS[2]  permits sorted set
--- KEYS[3]  wake-up channel
+-- KEYS[3]  wake-up channel; optional: without it, KEYS[1] .. ':w' (the
+--          library's name for it, sent no more: a key costs the server a
+--          string and a table slot on every call)
 -- ARGV[1]  capacity (integer, 1 .. 2^53)
 -- ARGV[2]  n: permits to take (1 .. capacity; 0 only reclaims and reports)
 -- ARGV[3]  permit id (no field name of the hash: those start with ':')
@@ -92,32 +97,58 @@
 -- Complexity: O(log N) for N permits held, plus the publish.
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local cap = tonumber(ARGV[1])
-local n = tonumber(ARGV[2])
+-- Arithmetic reads a number from its text once, tonumber twice (it checks
+-- the text is a number, then converts it): the numbers known to be there
+-- are read with + 0.
+local cap = ARGV[1] + 0
+local n = ARGV[2] + 0
 local id = ARGV[3]
-local lease = tonumber(ARGV[4])
+local lease = ARGV[4] + 0
 local mode = ARGV[5] -- "pa", "sw", ...: letter 2 is the mode
+local waited = string.sub(mode, 2) == 'w'
 
 local h = redis.call('HMGET', KEYS[1], ':cap', ':set', ':x', ':h')
 local keep = tonumber(h[2]) -- ms a set capacity is kept, or nil
-local x = tonumber(h[3]) -- no later than both keys' expiry, or nil
+local x = h[3] and h[3] + 0 -- no later than both keys' expiry, or nil
 local count = 0 -- permits listed
 if not h[1] then
   redis.call('DEL', KEYS[2]) -- counted nowhere (see the layout)
 else
   count = redis.call('ZCARD', KEYS[2])
 end
+local saved = 0 -- ':h' as stored
+if h[4] then
+  saved = h[4] + 0
+end
 local extra = 0 -- the weight of the permits listed beyond one each
 if count > 0 then
-  extra = tonumber(h[4]) or 0
+  extra = saved
 end
 local used = count + extra
-local stored = tonumber(h[1]) or cap
-if used == 0 and not keep then
-  stored = cap -- nothing held: the caller's capacity applies
+local stored = cap
+if h[1] ~= ARGV[1] and (used > 0 or keep) then
+  stored = tonumber(h[1]) or cap -- (the same text is the same number)
 end
-local capSaved = stored == tonumber(h[1]) -- ':cap' holds it already
+local capSaved = h[1] == ARGV[1] or stored == tonumber(h[1]) -- ':cap' holds it already
 local mismatch = stored ~= cap and not keep
+local need = lease -- how long from now the keys must live
+if keep and keep > need then
+  need = keep
+end
+
+-- The common grant: it fits, and the hash needs no change (as save below
+-- would find: a permit of one, no wait before it, the capacity stored and
+-- the keys' expiry far enough), so no function is made for it.
+local granted = false
+if n > 0 and not mismatch and used + n <= stored then
+  if redis.call('ZADD', KEYS[2], 'NX', now + lease, id) == 1 then
+    if n == 1 and extra == saved and not waited and capSaved and x and x >= now + need + 1 then
+      return 1
+    end
+    granted = true
+  end
+  -- Listed already (a retry): decided below, as any call that does not fit.
+end
 
 -- Whether n more permits fit: the grant check, for every grant below.
 local function fits()
@@ -139,18 +170,14 @@ local function save(g)
     add(id, n)
     extra = extra + n - 1
   end
-  if extra ~= (tonumber(h[4]) or 0) then
+  if extra ~= saved then
     add(':h', extra) -- (also clears one left over with no permit listed)
   end
-  if string.sub(mode, 2) == 'w' then
+  if waited then
     add(':w', 1)
   end
   if not capSaved then
     add(':cap', stored)
-  end
-  local need = lease
-  if keep and keep > need then
-    need = keep
   end
   local at = nil
   if not x or x < now + need + 1 then
@@ -175,12 +202,9 @@ local function save(g)
   end
 end
 
-if n > 0 and not mismatch and fits() then
-  if redis.call('ZADD', KEYS[2], 'NX', now + lease, id) == 1 then
-    save(true)
-    return 1
-  end
-  -- Listed already (a retry): decided below, as any call that does not fit.
+if granted then
+  save(true)
+  return 1
 end
 
 -- Reclaim expired permits, the oldest first, and this id's own earlier
@@ -232,8 +256,7 @@ if #expired > 0 then
   if count <= 0 then
     -- The last permit went: so do the keys, but a set capacity.
     redis.call('DEL', KEYS[1], KEYS[2])
-    used, extra, capSaved, x, after = 0, 0, false, nil, nil
-    h[4] = false
+    used, extra, saved, capSaved, x, after = 0, 0, 0, false, nil, nil
     if keep then
       x = now + keep
       redis.call('HSET', KEYS[1], ':cap', stored, ':set', keep, ':x', x)
@@ -244,9 +267,9 @@ if #expired > 0 then
     if #heavy > 0 then
       redis.call('HDEL', KEYS[1], unpack(heavy))
     end
-    if extra ~= (tonumber(h[4]) or 0) then
+    if extra ~= saved then
       redis.call('HSET', KEYS[1], ':h', extra)
-      h[4] = extra
+      saved = extra
     end
   end
 end
@@ -258,10 +281,11 @@ end
 -- Capacity freed here and not taken by this call: tell waiters elsewhere.
 local function wake()
   if freed > 0 and stored > used then
+    local channel = KEYS[3] or KEYS[1] .. ':w'
     if string.sub(mode, 1, 1) == 's' then
-      redis.call('SPUBLISH', KEYS[3], stored - used)
+      redis.call('SPUBLISH', channel, stored - used)
     else
-      redis.call('PUBLISH', KEYS[3], stored - used)
+      redis.call('PUBLISH', channel, stored - used)
     end
   end
 end

@@ -22,7 +22,8 @@
 --
 -- KEYS[1]  state hash
 -- KEYS[2]  permits sorted set
--- KEYS[3]  wake-up channel
+-- KEYS[3]  wake-up channel; optional: without it, KEYS[1] .. ':w' (as in
+--          semaphore_acquire)
 -- ARGV[1]  permit id
 -- ARGV[2]  "s" to publish with SPUBLISH (cluster), else PUBLISH
 -- ARGV[3]  "n" not to judge whether the permit expired (see above);
@@ -84,10 +85,11 @@ else
 end
 if h[3] then
   local free = math.max(h[1] - count - extra, 1)
+  local channel = KEYS[3] or KEYS[1] .. ':w'
   if ARGV[2] == 's' then
-    redis.call('SPUBLISH', KEYS[3], free)
+    redis.call('SPUBLISH', channel, free)
   else
-    redis.call('PUBLISH', KEYS[3], free)
+    redis.call('PUBLISH', channel, free)
   end
 end
 return held

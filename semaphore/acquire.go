@@ -138,8 +138,12 @@ func (s *Semaphore) fairCall(n int64) bool { return s.m.opts.Fair && n > 0 }
 // while waiting for replicas; the script may still run, and a permit it
 // may have granted (or a queue entry it made) is released as soon as that
 // late reply (or the news that none will come) arrives.
+//
+// semaphore_acquire gets the two keys alone: it names the wake-up channel
+// after the hash when it publishes (s.keys[2] is s.keys[0] + ":w"), and
+// each key sent costs the server a string and a table slot on every call.
 func (s *Semaphore) call(ctx context.Context, id string, n int64, mode attemptMode) (reply, error) {
-	script, keys := s.m.acquire, s.keys[:3]
+	script, keys := s.m.acquire, s.keys[:2]
 	var args []string
 	if s.fairCall(n) {
 		q := "a"

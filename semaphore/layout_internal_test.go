@@ -121,3 +121,21 @@ func TestGrantNeverShortensKeysExpiry(t *testing.T) {
 		})
 	}
 }
+
+// TestChannelNamedAfterHash: semaphore_acquire and semaphore_release are
+// sent the hash and the sorted set alone and publish on KEYS[1] .. ':w',
+// which must be the channel the waiters subscribe to (keys[2]), for every
+// name, the escaped ones too.
+func TestChannelNamedAfterHash(t *testing.T) {
+	srv := redistest.NewServer(t)
+	m := internalManager(t, srv.Addr(), Options{Prefix: "p:"})
+	for _, name := range []string{"a", "}b", "~c", "d{e}f", "{}"} {
+		s, err := m.NewSemaphore(name, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := s.keys[0] + ":w"; s.keys[2] != want {
+			t.Errorf("%q: channel %q, want %q (the hash's name + \":w\")", name, s.keys[2], want)
+		}
+	}
+}

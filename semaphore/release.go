@@ -85,16 +85,17 @@ func (p *Permit) Release(ctx context.Context) error {
 // queue script, which also takes id out of the queue, grants what it frees
 // to the waiters and always judges whether the permit expired. An unfair
 // release is told not to judge it unless judge (semaphore_release's "n"):
-// a caller whose clock says the lease is not over passes false. See
-// releaseHeld for the reply.
+// a caller whose clock says the lease is not over passes false. It sends
+// the two keys alone, as call does to semaphore_acquire (the script names
+// the channel after the hash). See releaseHeld for the reply.
 func (s *Semaphore) releaseCall(ctx context.Context, id string, judge bool) scriptcache.Reply {
 	if s.m.opts.Fair {
 		return s.m.queue.Exec(ctx, s.keys, []string{"r", s.capArg, "0", id, "0", s.m.pubMode})
 	}
 	if judge {
-		return s.m.release.Exec(ctx, s.keys[:3], []string{id, s.m.pubMode})
+		return s.m.release.Exec(ctx, s.keys[:2], []string{id, s.m.pubMode})
 	}
-	return s.m.release.Exec(ctx, s.keys[:3], []string{id, s.m.pubMode, "n"})
+	return s.m.release.Exec(ctx, s.keys[:2], []string{id, s.m.pubMode, "n"})
 }
 
 // releaseHeld reads the reply of releaseCall: held is 1 if the permit was
