@@ -185,6 +185,13 @@ func TestMergeMembers(t *testing.T) {
 		{[]string{`"x,y";q=1`, ` "p;\"q,";q=2 ,,`}, []string{`"a"`}, `"a";q=3`, []string{`"x,y";q=1, "p;\"q,";q=2, "a";q=3`}},
 		{[]string{`"x,y";q=1, "p;\"q,";q=2`}, []string{`"p;\"q,"`, `"z"`}, `"p;\"q,";q=4, "z";q=5`, []string{`"x,y";q=1, "p;\"q,";q=4, "z";q=5`}},
 		{[]string{`"c";q=1;qu="concurrent-requests"`}, []string{`"d"`}, `"d";q=2`, []string{`"c";q=1;qu="concurrent-requests", "d";q=2`}},
+		// A member without parameters (another server's, or a bare
+		// token) is its whole name: kept unless named, replaced if named.
+		// (A mutant that read one byte past the member's end panicked on
+		// it: every member above has a ';'.)
+		{[]string{`"b", "a", tok`}, []string{`"a"`}, `"a";q=2`, []string{`"b", tok, "a";q=2`}},
+		{[]string{`"a"`}, []string{`"a"`}, "", nil},
+		{[]string{`"a\"`}, []string{`"b"`}, `"b";q=1`, []string{`"a\", "b";q=1`}},
 	} {
 		if got := mergeMembers(tc.old, tc.names, tc.add); !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("mergeMembers(%q, %q, %q) = %q; want %q", tc.old, tc.names, tc.add, got, tc.want)

@@ -81,7 +81,7 @@ type runner struct {
 	root, work, tree, cacheDir string
 	par                        int
 	timeoutScale, batchSecs    float64
-	budget                     float64 // seconds of measured test time per mutant
+	budget                     float64 // seconds of measured test time per Go mutant (a Lua mutant has none: selectTests)
 	harnessPar                 int
 	aloneBaseline              string // the unmutated tree's harness run, probes off
 	mapFile                    string // -map: the test map to use (and write)
@@ -166,7 +166,7 @@ func main() {
 	batch := flag.Float64("batch", 3, "seconds of tests run in one binary start at most (a slower test runs alone)")
 	resume := flag.Bool("resume", false, "reuse the unit-test verdicts an earlier run of this tree recorded (the harness phases run again)")
 	harnessPar := flag.Int("harness-par", 1, "harness runs at once (its oracle allows for a loaded machine, not for two runs sharing two cores: keep 1)")
-	budget := flag.Float64("budget", 90, "seconds of measured test time a mutant's selected tests may take, fastest first (0: no limit)")
+	budget := flag.Float64("budget", 90, "seconds of measured test time a Go mutant's selected tests may take, fastest first (0: no limit); a Lua mutant runs every test that runs its script")
 	minScore := flag.Float64("min-score", 0, "exit with status 3 if a set's score (killed / (viable - equivalent)) is below this fraction")
 	units := flag.Bool("units", true, "run the unit tests on the mutants (false: only the harness phases asked for, e.g. -alone)")
 	mapFlag := flag.String("map", "", "use (or write) this test map file instead of the per-tree cache (a map of another tree is only as good as its tests are the same)")

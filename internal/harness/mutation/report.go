@@ -78,7 +78,7 @@ func (d *reportData) markdown() string {
 	if d.Sampled[0] > 0 || d.Sampled[1] > 0 {
 		w("- run: a seeded sample (seed %d) of %d Lua and %d Go mutants (0 = all)\n", d.Seed, d.Sampled[0], d.Sampled[1])
 	}
-	w("- each mutant runs the tests that reach it (Lua: that run its script; Go: that cover its position), fastest first, up to %.0f s of their measured time\n", d.Budget)
+	w("- each mutant runs the tests that reach it, fastest first (Lua: every test that runs its script; Go: those that cover its position, up to %.0f s of their measured time)\n", d.Budget)
 	w("\nScore = killed / (generated - not viable - equivalent). A mutant the selected unit tests do not kill goes to the chaos harness (short run, single server, seed 1; also the cluster for cluster-only code).\n\n")
 	w("| set | mutants | not viable | equivalent | killed by unit tests | killed by the harness after them | survived | score |\n|---|---|---|---|---|---|---|---|\n")
 	for _, set := range []struct {

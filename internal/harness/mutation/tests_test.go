@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -55,5 +56,42 @@ func TestFlakyFailureRunsRestOfBatch(t *testing.T) {
 	}
 	if len(m.Flaky) != 1 || m.Flaky[0] != "pkg.A" {
 		t.Errorf("flaky %v; want [pkg.A]", m.Flaky)
+	}
+}
+
+// TestSelectTestsBudget: a Lua mutant runs every passing test that runs
+// its script, fastest first, however long they take together (seed 10's
+// budget of 90 s cut TestQueueScriptPaths, the one test that killed two
+// of its survivors); a Go mutant's covering tests stop at the budget.
+func TestSelectTestsBudget(t *testing.T) {
+	goBlock := map[string][][4]int32{"pkg/x.go": {{10, 1, 20, 1}}}
+	r := &runner{budget: 90, tests: &testMap{Tests: []*testInfo{
+		{Pkg: "pkg", Name: "SlowClass", Secs: 28, Passed: true, Scripts: []string{"x"}, Blocks: goBlock},
+		{Pkg: "pkg", Name: "Fast", Secs: 1, Passed: true, Scripts: []string{"w", "x"}, Blocks: goBlock},
+		{Pkg: "pkg", Name: "Mid1", Secs: 40, Passed: true, Scripts: []string{"x"}, Blocks: goBlock},
+		{Pkg: "pkg", Name: "Mid2", Secs: 40, Passed: true, Scripts: []string{"x"}, Blocks: goBlock},
+		{Pkg: "pkg", Name: "Other", Secs: 1, Passed: true, Scripts: []string{"w"}},
+		{Pkg: "pkg", Name: "Failing", Secs: 1, Passed: false, Scripts: []string{"x"}, Blocks: goBlock},
+		{Pkg: "goredis", Name: "GoRedis", Secs: 1, Passed: true, Scripts: []string{"x"}},
+	}}}
+	names := func(sel []*testInfo) []string {
+		var out []string
+		for _, t := range sel {
+			out = append(out, t.Name)
+		}
+		return out
+	}
+	lua := names(r.selectTests(&Mutant{Lang: "lua", File: "lua/x.lua"}))
+	if want := []string{"Fast", "SlowClass", "Mid1", "Mid2"}; !slices.Equal(lua, want) {
+		t.Errorf("Lua mutant selects %v; want %v (every passing test of its script, fastest first, past the budget)", lua, want)
+	}
+	gom := names(r.selectTests(&Mutant{Lang: "go", File: "pkg/x.go", Line: 15, Col: 3}))
+	if want := []string{"Fast", "SlowClass", "Mid1"}; !slices.Equal(gom, want) {
+		t.Errorf("Go mutant selects %v; want %v (the covering tests up to the first past 90 s)", gom, want)
+	}
+	r.budget = 0
+	gom = names(r.selectTests(&Mutant{Lang: "go", File: "pkg/x.go", Line: 15, Col: 3}))
+	if want := []string{"Fast", "SlowClass", "Mid1", "Mid2"}; !slices.Equal(gom, want) {
+		t.Errorf("Go mutant, no budget, selects %v; want %v", gom, want)
 	}
 }

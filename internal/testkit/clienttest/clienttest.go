@@ -207,6 +207,17 @@ func testEvalValues(t *testing.T, e *env) {
 			t.Errorf("true = %d, %v; want 1", n, err)
 		}
 	}
+	// A double (a table with a double field: a RESP3 double, which Redis
+	// sends a RESP2 client as its text) reads as the text RESP2 gives, the
+	// shortest that reads back as the same number: not rounded, no ".0"
+	// added. The values are exact in binary, so every protocol agrees.
+	for _, d := range []string{"3.125", "-0.5", "2"} {
+		for _, r := range evalBoth(t, e, "return {double = tonumber(ARGV[1])}", nil, []string{d}) {
+			if s, err := r.ToString(); err != nil || s != d {
+				t.Errorf("double %s = %q, %v; want %q", d, s, err, d)
+			}
+		}
+	}
 	// Nested arrays with every element type, as the primitives' scripts
 	// return them.
 	body := "return {1, 'two', {3, false, 'four', {}}, false, -7, redis.call('HGETALL', KEYS[1] .. ':nohash')}"
