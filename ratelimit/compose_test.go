@@ -32,8 +32,8 @@ func newStack(t *testing.T, rateOuter bool) stack {
 	s := stack{mgr: newManager(t), entered: make(chan struct{}), release: make(chan struct{})}
 	l := newLimiter(t, newCache(t, redistest.Single(t).Addr()), Options{Algorithm: FixedWindow, Limit: PerMinute(2)})
 	fail := func(_ *http.Request, err error) { t.Errorf("OnError: %v", err) }
-	rate := MustNewMiddleware(l, MiddlewareOptions{OnError: fail})
-	conc, err := NewConcurrencyMiddleware(s.mgr, ConcurrencyOptions{Limit: 1, OnError: fail})
+	rate := MustNewMiddleware(l, MiddlewareOptions{OnError: fail, Timeout: answerTimeout})
+	conc, err := NewConcurrencyMiddleware(s.mgr, ConcurrencyOptions{Limit: 1, OnError: fail, Timeout: answerTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,8 +156,8 @@ func TestStackedSameName(t *testing.T) {
 	mgr := newManager(t)
 	l := newLimiter(t, newCache(t, redistest.Single(t).Addr()), Options{Algorithm: FixedWindow, Limit: PerMinute(5)})
 	fail := func(_ *http.Request, err error) { t.Errorf("OnError: %v", err) }
-	rate := MustNewMiddleware(l, MiddlewareOptions{OnError: fail, PolicyName: "api"})
-	conc, err := NewConcurrencyMiddleware(mgr, ConcurrencyOptions{Limit: 3, OnError: fail, PolicyName: "api"})
+	rate := MustNewMiddleware(l, MiddlewareOptions{OnError: fail, PolicyName: "api", Timeout: answerTimeout})
+	conc, err := NewConcurrencyMiddleware(mgr, ConcurrencyOptions{Limit: 3, OnError: fail, PolicyName: "api", Timeout: answerTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}

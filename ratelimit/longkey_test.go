@@ -30,7 +30,7 @@ func TestLongKeyIsLimited(t *testing.T) {
 	t.Run("rate middleware", func(t *testing.T) {
 		l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(1)})
 		var errs errRecorder
-		h := MustNewMiddleware(l, MiddlewareOptions{KeyFunc: apiKeyFunc, OnError: errs.record})(okHandler)
+		h := MustNewMiddleware(l, MiddlewareOptions{KeyFunc: apiKeyFunc, OnError: errs.record, Timeout: answerTimeout})(okHandler)
 		// A well-behaved short key is limited: the set-up works.
 		if w := serve(h, request("198.51.100.1:1", "X-Api-Key", "short")); w.Code != 200 {
 			t.Fatalf("short key, request 1: status %d; want 200", w.Code)

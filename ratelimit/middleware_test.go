@@ -198,6 +198,13 @@ func (e *errRecorder) list() []error {
 
 var okHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 
+// answerTimeout is the Timeout of the middlewares whose tests check what a
+// live server decided. The 200 ms default is a timing bound: under -race
+// on a loaded 2-core machine a call has taken longer (helper kill44 saw
+// TestMiddlewareHeaders' third request served, FallbackOpen's answer to a
+// timeout, at load 10), and these tests are not about timeouts.
+const answerTimeout = time.Minute
+
 func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
@@ -208,6 +215,7 @@ func TestMiddlewareKeys(t *testing.T) {
 	sc := newCache(t, redistest.Single(t).Addr())
 	newHandler := func(t *testing.T, opts MiddlewareOptions) http.Handler {
 		l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(1)})
+		opts.Timeout = answerTimeout
 		return MustNewMiddleware(l, opts)(okHandler)
 	}
 	t.Run("spoofed XFF from untrusted peer", func(t *testing.T) {
@@ -299,7 +307,7 @@ func TestMiddlewareHeaders(t *testing.T) {
 	sc := newCache(t, redistest.Single(t).Addr())
 	t.Run("fixed window", func(t *testing.T) {
 		l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(2)})
-		h := MustNewMiddleware(l, MiddlewareOptions{XRateLimitHeaders: true})(okHandler)
+		h := MustNewMiddleware(l, MiddlewareOptions{XRateLimitHeaders: true, Timeout: answerTimeout})(okHandler)
 		for i, want := range []struct {
 			code      int
 			remaining string
@@ -342,6 +350,7 @@ func TestMiddlewareHeaders(t *testing.T) {
 		l := newLimiter(t, sc, Options{Limit: Limit{Rate: 1, Period: 10 * time.Second, Burst: 3}})
 		var denied Result
 		h := MustNewMiddleware(l, MiddlewareOptions{
+			Timeout:    answerTimeout,
 			PolicyName: `per "ip"`,
 			OnDenied: func(w http.ResponseWriter, r *http.Request, res Result) {
 				denied = res
@@ -371,7 +380,7 @@ func TestMiddlewareHeaders(t *testing.T) {
 	})
 	t.Run("disabled", func(t *testing.T) {
 		l := newLimiter(t, sc, Options{Limit: PerMinute(1)})
-		h := MustNewMiddleware(l, MiddlewareOptions{DisableHeaders: true})(okHandler)
+		h := MustNewMiddleware(l, MiddlewareOptions{DisableHeaders: true, Timeout: answerTimeout})(okHandler)
 		w := serve(h, request("192.0.2.1:1"))
 		if w.Header().Get("RateLimit") != "" || w.Header().Get("RateLimit-Policy") != "" {
 			t.Errorf("headers sent with DisableHeaders: %v", w.Header())
@@ -519,7 +528,7 @@ func TestMiddlewareFloodCostsNoRedisCalls(t *testing.T) {
 	srv := redistest.NewServer(t)
 	sc := newCache(t, srv.Addr())
 	l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(1)})
-	h := MustNewMiddleware(l, MiddlewareOptions{})(okHandler)
+	h := MustNewMiddleware(l, MiddlewareOptions{Timeout: answerTimeout})(okHandler)
 	resetStats(t, srv)
 	for i := range 200 {
 		w := serve(h, request("203.0.113.9:1"))
