@@ -18,13 +18,8 @@ func init() {
 	limiterImpls = append(limiterImpls, impl[limiter]{
 		name: "raw EVALSHA", kind: reference, script: "ratelimit_fixed",
 		open: func(ctx context.Context, s *server, r rate) (limiter, func(), error) {
-			client, err := s.rueidis()
+			client, cache, err := rawClient(ctx, s)
 			if err != nil {
-				return nil, nil, err
-			}
-			cache, err := sluice.New(ctx, client)
-			if err != nil {
-				client.Close()
 				return nil, nil, err
 			}
 			script, err := cache.Script("ratelimit_fixed")
@@ -39,6 +34,21 @@ func init() {
 			return l, client.Close, nil
 		},
 	})
+}
+
+// rawClient makes a rueidis client of its own and a scripts client on it,
+// for a raw reference to take the scripts' SHA1s from.
+func rawClient(ctx context.Context, s *server) (rueidis.Client, *sluice.Client, error) {
+	client, err := s.rueidis()
+	if err != nil {
+		return nil, nil, err
+	}
+	cache, err := sluice.New(ctx, client)
+	if err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	return client, cache, nil
 }
 
 type rawLimiter struct {

@@ -27,13 +27,8 @@ func init() {
 	lockImpls = append(lockImpls, impl[locker]{
 		name: "raw EVALSHA", kind: reference, only: rawLockWorkload,
 		open: func(ctx context.Context, s *server, _ rate) (locker, func(), error) {
-			client, err := s.rueidis()
+			client, cache, err := rawClient(ctx, s)
 			if err != nil {
-				return nil, nil, err
-			}
-			cache, err := sluice.New(ctx, client)
-			if err != nil {
-				client.Close()
 				return nil, nil, err
 			}
 			eval := func(ctx context.Context, sha string, keys, args []string) (int64, error) {
