@@ -316,3 +316,66 @@ func TestPastFixedLease(t *testing.T) {
 		})
 	}
 }
+
+// TestForcedWriterBesideLaterReaders checks how a conflict of a write hold
+// with readers is settled when an operator's ForceUnlock may explain it:
+// by which holds it leaves untold, not how many. Soak seed ...788: a
+// writer's Lock was granted, an operator force-unlocked the lock, readers
+// were let in, and only then did the writer's reply arrive through a slow
+// link; the writer was told at its Unlock and the readers, rightly, never.
+// Readers left together are no conflict; a writer left beside a reader,
+// or two writers, are.
+func TestForcedWriterBesideLaterReaders(t *testing.T) {
+	tests := []struct {
+		name      string
+		otherKind string // the third hold of the group: "read" or "write"
+		toldX     bool   // the writer x was told of a loss
+		toldR     bool   // the first reader was told of a loss
+		violation bool
+	}{
+		{name: "writer told, readers left", otherKind: "read", toldX: true},
+		{name: "nobody told", otherKind: "read", violation: true},
+		{name: "one reader told, the writer left beside the other", otherKind: "read", toldR: true, violation: true},
+		{name: "writer told, a reader left beside another writer", otherKind: "write", toldX: true, violation: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHistory(2 * time.Second)
+			t0 := time.Now().Add(-10 * time.Second)
+			// The writer and the first reader are called before the
+			// ForceUnlock; the second hold after it, then begun before x.
+			x := &hold{kind: "write", res: "rwf", owner: "n1", node: 1, weight: 1, call: t0}
+			r := &hold{kind: "read", res: "rwf", owner: "n0", node: 0, weight: 1, call: t0.Add(-100 * time.Millisecond)}
+			h.mu.Lock()
+			h.ops = append(h.ops, opEvent{at: t0.Add(500 * time.Millisecond), end: t0.Add(501 * time.Millisecond), res: "rwf", what: "ForceUnlock"})
+			h.mu.Unlock()
+			o := &hold{kind: tt.otherKind, res: "rwf", owner: "n2", node: 2, weight: 1, call: t0.Add(600 * time.Millisecond), start: t0.Add(650 * time.Millisecond)}
+			r.start = t0.Add(690 * time.Millisecond)
+			x.start = t0.Add(870 * time.Millisecond)
+			h.begin(o)
+			h.begin(r)
+			h.begin(x)
+			end := func(y *hold, told bool, at time.Time) {
+				h.releasing(y, at)
+				if told {
+					h.end(y, true, "Unlock: not held")
+				} else {
+					h.end(y, false, "Unlock: <nil>")
+				}
+			}
+			end(o, false, t0.Add(880*time.Millisecond))
+			end(r, tt.toldR, t0.Add(890*time.Millisecond))
+			end(x, tt.toldX, t0.Add(1500*time.Millisecond))
+			h.settle()
+			var got []string
+			for _, v := range h.viol {
+				if strings.Contains(v, "lost hold never reported") || strings.Contains(v, "exclusion") {
+					got = append(got, v)
+				}
+			}
+			if (len(got) > 0) != tt.violation {
+				t.Errorf("violations %q, want one: %v", h.viol, tt.violation)
+			}
+		})
+	}
+}
