@@ -258,6 +258,14 @@ func (h *history) renewalsHitLocked(from, to time.Time, node int) bool {
 	return false
 }
 
+// nodeFaultIn reports whether a fault that can fail node's calls was in
+// force at some time in [from, to] (renewalsHitLocked, taking h.mu).
+func (h *history) nodeFaultIn(from, to time.Time, node int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.renewalsHitLocked(from, to, node)
+}
+
 // faultNear reports whether a fault was in force within slack of [from, to].
 func (h *history) faultNear(from, to time.Time, slack time.Duration) bool {
 	h.mu.Lock()
