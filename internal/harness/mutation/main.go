@@ -346,6 +346,7 @@ func main() {
 		Baseline:  r.aloneBaseline,
 		Seed:      *seed,
 		Tests:     len(r.tests.Tests),
+		TestPkgs:  testPkgs,
 	}
 	text := rep.markdown()
 	if *report == "" {

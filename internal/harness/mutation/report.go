@@ -22,6 +22,7 @@ type reportData struct {
 	Baseline  string
 	Seed      uint64
 	Tests     int
+	TestPkgs  []string // the packages whose tests ran (-test-pkgs, or every mutated package's)
 }
 
 // score counts a set: killed (by tests or the harness), killed by the
@@ -73,7 +74,7 @@ func (d *reportData) markdown() string {
 	w("- tree: %s; started %s; took %s (test map %s, Lua %s, Go %s, harness on survivors %s, harness alone %s)\n",
 		d.Commit, d.Started.UTC().Format("2006-01-02 15:04 UTC"), d.Took.Round(time.Second), d.MapTook.Round(time.Second),
 		d.Phases["lua"].Round(time.Second), d.Phases["go"].Round(time.Second), d.Phases["harness"].Round(time.Second), d.Phases["alone"].Round(time.Second))
-	w("- %d tests in the test packages (%s), each run alone once for its time, scripts and coverage\n", d.Tests, strings.Join(goPackages, ", "))
+	w("- %d tests in the test packages (%s), each run alone once for its time, scripts and coverage\n", d.Tests, strings.Join(d.TestPkgs, ", "))
 	w("- generated: %d Lua mutants (lua.go's operators), %d Go mutants (gremlins v0.6.0, flags %s)\n", d.Generated["lua"], d.Generated["go"], strings.Join(gremlinsFlags, " "))
 	if d.Sampled[0] > 0 || d.Sampled[1] > 0 {
 		w("- run: a seeded sample (seed %d) of %d Lua and %d Go mutants (0 = all)\n", d.Seed, d.Sampled[0], d.Sampled[1])
