@@ -29,6 +29,7 @@ func TestFairMutexOrderBesideMortal(t *testing.T) {
 		expiry    time.Duration
 		returned  bool          // the mortal's Lock returned with an error before the crash
 		live      bool          // the waiter did not crash (it is granted after B)
+		fixed     time.Duration // the live waiter's fixed lease (0: the watchdog's)
 		stall     time.Duration // the process stalled for this long, ending at the crash
 		violation bool
 	}{
@@ -43,6 +44,12 @@ func TestFairMutexOrderBesideMortal(t *testing.T) {
 		// refreshes may have come too late, whatever the views showed.
 		{name: "stall past a third of the mortal's lease", stall: 250 * time.Millisecond},
 		{name: "stall within a third of the mortal's lease", stall: 150 * time.Millisecond, violation: true},
+		// A live waiter with a fixed lease of 363 ms (WithLease): its
+		// entry lives 363 ms and is refreshed every 121 ms, so a stall of
+		// 130 ms may have let it die (soak seed ...852, single, under
+		// load 8); the run's 2 s lease would have wanted 667 ms.
+		{name: "stall past a third of a live waiter's fixed lease", expiry: 500 * time.Millisecond, live: true, fixed: 363 * time.Millisecond, stall: 130 * time.Millisecond},
+		{name: "stall within a third of a live waiter's fixed lease", expiry: 500 * time.Millisecond, live: true, fixed: 363 * time.Millisecond, stall: 110 * time.Millisecond, violation: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -52,7 +59,7 @@ func TestFairMutexOrderBesideMortal(t *testing.T) {
 				call: cut.Add(-300 * time.Millisecond), deadline: cut.Add(2 * lease), cut: cut,
 				ret: cut.Add(time.Millisecond), err: errors.New("rueidis client is closing")}
 			if tt.live {
-				a.node, a.lease, a.cut, a.err = 0, 0, time.Time{}, nil
+				a.node, a.lease, a.cut, a.err = 0, tt.fixed, time.Time{}, nil
 				a.ret = cut.Add(300 * time.Millisecond)
 				a.x = &hold{kind: "mutex", res: laneFair, owner: a.owner, token: 11, call: a.call, start: a.ret}
 			}

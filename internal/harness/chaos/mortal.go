@@ -27,9 +27,13 @@ import (
 // queue entry, a mark) keeps the lane's waiters out for a short while.
 func (w *world) mortalLease() time.Duration { return w.cfg.Lease / 4 }
 
-// leaseOfWaiter is the watchdog lease of wt's Locker or Manager.
+// leaseOfWaiter is the lease wt's acquisition and its fair queue entry
+// live by: its fixed lease (WithLease, or a mortal's Locker's watchdog
+// lease), else the run's watchdog lease. A fair waiter's entry lives one
+// lease and is refreshed every third of it (at most every second), so a
+// waiter with a short fixed lease loses its entry to a shorter stall.
 func (w *world) leaseOfWaiter(wt *laneWait) time.Duration {
-	if wt.node == -1 && wt.lease > 0 {
+	if wt.lease > 0 {
 		return wt.lease
 	}
 	return w.cfg.Lease
