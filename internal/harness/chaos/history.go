@@ -357,10 +357,11 @@ func (h *history) begin(x *hold) {
 }
 
 // conflictLocked weighs group (x first, then the untold holds that
-// conflict with x): it returns true if the excess is more than holds an
-// operator may have removed can explain (reported as a violation if
-// final), and otherwise records an incident for settle if there is an
-// excess at all. Called with h.mu held.
+// conflict with x). Not final (at x's begin), it returns true if there is
+// an excess at all, for settle to weigh. Final, it reports a violation
+// (and returns true) if the excess is more than holds an operator may
+// have removed can explain, and otherwise records an incident, which
+// settle checks once every hold has ended. Called with h.mu held.
 func (h *history) conflictLocked(x *hold, group []*hold, final bool) bool {
 	// The group's last grant came after x's call (x's own grant did) and
 	// by the latest start among them: x is the hold begun last, which is
@@ -391,6 +392,14 @@ func (h *history) conflictLocked(x *hold, group []*hold, final bool) bool {
 	if excess <= 0 {
 		return false
 	}
+	if !final {
+		// Weighed at the end of the run (settleConflictsLocked), when
+		// every operator action, capacity change and told loss is known:
+		// a hold told of its loss about when x began (its lease ran out
+		// on the server as x was granted) leaves the group there, whether
+		// or not an operator's action may also explain the conflict.
+		return true
+	}
 	// A hold of the group an operator may have removed: one owed a loss
 	// by the last grant (a takeover), or one called before an action that
 	// may have landed between the call and the last grant. An action sent
@@ -412,9 +421,6 @@ func (h *history) conflictLocked(x *hold, group []*hold, final bool) bool {
 	// removed a writer, then let readers in before the writer heard; a
 	// soak seed ...788 write hold whose reply a slow link held back).
 	if x.kind != "permit" && !exclusive(rest) || x.kind == "permit" && room < excess {
-		if !final {
-			return true
-		}
 		if x.kind == "permit" {
 			c := h.capacityLocked(x.res, x.call, last)
 			h.violationLocked("semaphore %s over capacity %d: hold #%d (weight %d) started at %s while holders not told of a loss held %d",
@@ -634,7 +640,7 @@ func (h *history) settle() {
 			h.violationLocked("lost hold never reported: %s hold #%d of %q started in conflict with holds an operator may have removed, but only %d of the %d weight that must have been removed reported a loss",
 				in.x.kind, in.x.id, in.x.res, told, in.excess)
 			h.noteCapChangesLocked(in.x, in.x.start)
-			h.noteInvolvedLocked(append([]*hold{in.x}, in.maybe...)...)
+			h.noteInvolvedLocked(in.group...)
 		}
 	}
 }

@@ -379,3 +379,56 @@ func TestForcedWriterBesideLaterReaders(t *testing.T) {
 		})
 	}
 }
+
+// TestConflictToldAtStartBesideOperator checks a conflict that both an
+// operator's action and a lease running out could explain: a hold whose
+// holder was told of its loss about when the next hold began (its lease
+// ended on the server, and the next Lock took the lock) is gone by then,
+// whether or not an earlier FLUSHALL may have removed the newer hold too.
+// Soak seed ...858 (cluster): a FLUSHALL came during x's Lock; o, a hold
+// of 149 ms taken after it, ran out, x was granted, and o's holder was
+// told 15 ms after x began. Told 300 ms after, with no stall, it is a
+// conflict that no operator explains.
+func TestConflictToldAtStartBesideOperator(t *testing.T) {
+	tests := []struct {
+		name      string
+		toldAfter time.Duration // o told this long after x began
+		violation bool
+	}{
+		{name: "told as x began", toldAfter: 15 * time.Millisecond},
+		{name: "told long after", toldAfter: 300 * time.Millisecond, violation: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHistory(2 * time.Second)
+			t0 := time.Now().Add(-10 * time.Second)
+			x := &hold{kind: "mutex", res: "lm", owner: "n1lm0.14", node: 1, weight: 1, call: t0, lease: 1280 * time.Millisecond}
+			h.mu.Lock()
+			h.ops = append(h.ops, opEvent{at: t0.Add(1200 * time.Millisecond), end: t0.Add(1210 * time.Millisecond), what: "FLUSHALL"})
+			h.mu.Unlock()
+			o := &hold{kind: "mutex", res: "lm", owner: "n2lm1.14", node: 2, weight: 1, call: t0.Add(1317 * time.Millisecond),
+				start: t0.Add(1346 * time.Millisecond), lease: 149 * time.Millisecond}
+			x.start = t0.Add(1503 * time.Millisecond)
+			h.begin(o)
+			h.begin(x)
+			h.tell(o, "left to expire")
+			h.mu.Lock()
+			o.toldAt = x.start.Add(tt.toldAfter)
+			h.mu.Unlock()
+			h.releasing(o, o.toldAt)
+			h.end(o, true, "left to expire: lease expired")
+			h.releasing(x, x.start.Add(400*time.Millisecond))
+			h.end(x, false, "Unlock: <nil>")
+			h.settle()
+			var got []string
+			for _, v := range h.viol {
+				if strings.Contains(v, "lost hold never reported") || strings.Contains(v, "exclusion") {
+					got = append(got, v)
+				}
+			}
+			if (len(got) > 0) != tt.violation {
+				t.Errorf("violations %q, want one: %v", h.viol, tt.violation)
+			}
+		})
+	}
+}
