@@ -211,8 +211,12 @@ func (w *world) owedOf(x *hold) bool {
 }
 
 // infoHeld checks, now and then, that Info names the holder of a held
-// lane Mutex and its token.
-func (w *world) infoHeld(ctx context.Context, m *mutex.Mutex, x *hold) {
+// lane Mutex and its token, while its lease lse cannot have ended: not
+// for an Info that may have run after the earliest end of a fixed lease
+// (the process stalled between the grant and Info: soak seed ...853,
+// cluster, load 8; the loss signal's own timer was late too), nor after a
+// stall of half a watchdog lease.
+func (w *world) infoHeld(ctx context.Context, m *mutex.Mutex, x *hold, lse leaseOf) {
 	if x.id%4 != 0 {
 		return
 	}
@@ -227,6 +231,12 @@ func (w *world) infoHeld(ctx context.Context, m *mutex.Mutex, x *hold) {
 	}
 	if closed(m.Lost()) || w.owedOf(x) {
 		return
+	}
+	if lse.fixed > 0 && !time.Now().Before(lse.from.Add(lse.fixed)) {
+		return
+	}
+	if lse.fixed == 0 && w.hist.longestStall(x.start.Add(-lse.watchdog), time.Now()) > lse.watchdog/2 {
+		return // renewals a third of a lease apart, none for two thirds
 	}
 	if !info.Held || info.Owner != x.owner || info.Token != x.token {
 		w.suspect(call, time.Now(), []int{x.node}, x.res, "Info of %q at %s, while hold #%d (owner %s, token %d) held it with no loss: held %v by %q with token %d",

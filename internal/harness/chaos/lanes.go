@@ -733,7 +733,7 @@ func (w *world) mutexLane(ctx context.Context, n *node, rng *rand.Rand, id, res 
 		return
 	}
 	lse := leaseOf{fixed: fixed, from: wt.call, upto: wt.ret, watchdog: w.cfg.Lease}
-	w.infoHeld(ctx, m, xs[0])
+	w.infoHeld(ctx, m, xs[0], lse)
 	if plan.shorten {
 		// Waiters saw the long lease; it now ends sooner, with no
 		// release: they must be served when it does. On the quiet lane
@@ -806,7 +806,7 @@ func (w *world) fairLaneOp(ctx context.Context, n *node, rng *rand.Rand, id stri
 		return
 	}
 	lse := leaseOf{fixed: fixed, from: wt.call, upto: wt.ret, watchdog: w.cfg.Lease}
-	w.infoHeld(ctx, m, xs[0])
+	w.infoHeld(ctx, m, xs[0], lse)
 	w.holdLane(ctx, rng, xs, l, &lse, w.laneHold(rng), nil)
 	if plan.abandon {
 		w.abandonLane(xs, l, lse)
