@@ -1,0 +1,607 @@
+package semaphore_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// Class tests of the plain semaphore's scripts (issue 32): semaphore_acquire
+// and semaphore_release run by hand on states written key by key, with the
+// whole state read back after each call (see qcase.dump in
+// queue_script_test.go): every field, score and expiry, the reply, the
+// messages heard on the wake-up channel and how many PUBLISH and SPUBLISH
+// calls the script made. Each case sits on one path of a script and on a
+// bound of it, and the cases come in pairs across the bound: what must be
+// written beside what must be left, what must be granted beside what must
+// be refused. A listener of the channel hears PUBLISH only (a single
+// server delivers SPUBLISH to SSUBSCRIBE alone), so the counts tell the
+// two apart both ways.
+
+// execAny runs s as exec does, for a script that answers an integer or an
+// array of integers.
+func (q *queueScript) execAny(t *testing.T, name string, keys, args, count []string) string {
+	t.Helper()
+	s := script(t, q.e, name)
+	before := commandCalls(t, q.srv)
+	r := s.Exec(context.Background(), keys, args)
+	var b strings.Builder
+	if v, err := r.AsInt64(); err == nil {
+		fmt.Fprintf(&b, "reply %d\n", v)
+	} else if vs, err := r.AsIntSlice(); err == nil {
+		fmt.Fprintf(&b, "reply %v\n", vs)
+	} else {
+		t.Fatalf("%s %q: %v", name, args, err)
+	}
+	after := commandCalls(t, q.srv)
+	if len(count) > 0 {
+		b.WriteString("calls")
+		for _, cmd := range count {
+			fmt.Fprintf(&b, " %s=%d", cmd, after[cmd]-before[cmd])
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// scriptCase is one call of a plain semaphore script on a state.
+type scriptCase struct {
+	name  string
+	state qstate
+	args  []string // ARGV
+	count []string // commands whose calls the case counts
+	want  string
+}
+
+func runScriptCases(t *testing.T, name string, cases []scriptCase) {
+	t.Helper()
+	q := newQueueScript(t)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			qc := q.start(t, c.state)
+			got := q.execAny(t, name, qc.keys[:3], c.args, c.count)
+			got += qc.dump(t)
+			slack := serverMs(t, q.e) - qc.base + 1
+			want := trimState(c.want)
+			if !matchState(got, want, slack) {
+				t.Errorf("%s %q (times within %d ms):\n%s\nwant\n%s", name, c.args, slack, got, want)
+			}
+		})
+	}
+}
+
+// TestAcquireScriptPaths: semaphore_acquire's paths. The common grant
+// writes nothing but the permit; a grant that changes the hash (a heavier
+// permit, after a wait, with ':x' short of its end) writes exactly that; a
+// call that does not fit as things are reclaims expired permits first and
+// then grants through its second grant (the ZADD after the reclaim, whose
+// HSET and PEXPIREAT are checked here), announcing the capacity it freed
+// and did not take by PUBLISH or SPUBLISH as ARGV[5] says; a call with
+// n = 0 reports, and one refused answers the wait, with ':w' set by an
+// Acquire and not by a TryAcquire.
+func TestAcquireScriptPaths(t *testing.T) {
+	count := []string{"hset", "pexpireat", "publish", "spublish"}
+	runScriptCases(t, "semaphore_acquire", []scriptCase{
+		{
+			name: "the common grant writes the permit only",
+			state: qstate{
+				hash:    []string{":cap", "3", ":x", live},
+				permits: []string{"a", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"3", "1", "p", "60000", "pa"},
+			count: count,
+			want: `reply 1
+				calls hset=0 pexpireat=0 publish=0 spublish=0
+				hash :cap=3 :x=t+600000 | expires t+600000 last+0
+				permits p=t~+60000 a=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "a grant that fills the capacity exactly, of two permits, writes its weight",
+			state: qstate{
+				hash:    []string{":cap", "3", ":x", live},
+				permits: []string{"a", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"3", "2", "p", "60000", "pa"},
+			count: count,
+			want: `reply 1
+				calls hset=1 pexpireat=0 publish=0 spublish=0
+				hash :cap=3 :h=1 :x=t+600000 p=2 | expires t+600000 last+0
+				permits p=t~+60000 a=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "the grant of an Acquire that waited sets ':w'",
+			state: qstate{
+				hash:    []string{":cap", "3", ":x", live},
+				permits: []string{"a", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"3", "1", "p", "60000", "pw"},
+			count: count,
+			want: `reply 1
+				calls hset=1 pexpireat=0 publish=0 spublish=0
+				hash :cap=3 :w=1 :x=t+600000 | expires t+600000 last+0
+				permits p=t~+60000 a=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "a grant whose end passes ':x' moves it and both keys' expiry",
+			state: qstate{
+				hash:    []string{":cap", "3", ":x", "t+20000"},
+				permits: []string{"a", live},
+				expire:  map[int]string{0: "t+20000", 1: "t+20000"},
+			},
+			args:  []string{"3", "1", "p", "60000", "pa"},
+			count: count,
+			want: `reply 1
+				calls hset=1 pexpireat=2 publish=0 spublish=0
+				hash :cap=3 :x=t~+63751 | expires t~+63751 last~-536249
+				permits p=t~+60000 a=t+600000 | expires t~+63751 last~-536249
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "one permit more than fits: refused, nothing reclaimed or written but ':w'",
+			state: qstate{
+				hash:    []string{":cap", "3", ":h", "1", "a", "2", ":x", live},
+				permits: []string{"a", live, "b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"3", "1", "p", "60000", "pa"},
+			count: count,
+			want: `reply ~-600001
+				calls hset=1 pexpireat=0 publish=0 spublish=0
+				hash :cap=3 :h=1 :w=1 :x=t+600000 a=2 | expires t+600000 last+0
+				permits a=t+600000 b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "a refused TryAcquire sets no ':w'",
+			state: qstate{
+				hash:    []string{":cap", "3", ":h", "1", "a", "2", ":x", live},
+				permits: []string{"a", live, "b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"3", "1", "p", "60000", "pt"},
+			count: count,
+			want: `reply ~-600001
+				calls hset=0 pexpireat=0 publish=0 spublish=0
+				hash :cap=3 :h=1 :x=t+600000 a=2 | expires t+600000 last+0
+				permits a=t+600000 b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "the second grant: a heavy expired permit reclaimed, then a grant that fills the capacity exactly, nothing announced",
+			state: qstate{
+				hash:    []string{":cap", "3", ":h", "1", "gone", "2", ":x", "t+20000"},
+				permits: []string{"gone", dead, "a", live},
+				expire:  map[int]string{0: "t+20000", 1: "t+20000"},
+			},
+			args:  []string{"3", "2", "p", "60000", "pa"},
+			count: count,
+			want: `reply 1
+				calls hset=2 pexpireat=2 publish=0 spublish=0
+				hash :cap=3 :h=1 :x=t~+63751 p=2 | expires t~+63751 last~-536249
+				permits p=t~+60000 a=t+600000 | expires t~+63751 last~-536249
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "the second grant leaves capacity it freed: announced by PUBLISH",
+			state: qstate{
+				hash:    []string{":cap", "4", ":h", "1", "gone", "2", ":x", live},
+				permits: []string{"gone", dead, "a", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"4", "2", "p", "60000", "pw"},
+			count: count,
+			want: `reply 1
+				calls hset=2 pexpireat=0 publish=1 spublish=0
+				hash :cap=4 :h=1 :w=1 :x=t+600000 p=2 | expires t+600000 last+0
+				permits p=t~+60000 a=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published ["1"]`,
+		},
+		{
+			name: "the second grant leaves capacity it freed: announced by SPUBLISH in mode s",
+			state: qstate{
+				hash:    []string{":cap", "4", ":h", "1", "gone", "2", ":x", live},
+				permits: []string{"gone", dead, "a", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"4", "2", "p", "60000", "sa"},
+			count: count,
+			want: `reply 1
+				calls hset=2 pexpireat=0 publish=0 spublish=1
+				hash :cap=4 :h=1 :x=t+600000 p=2 | expires t+600000 last+0
+				permits p=t~+60000 a=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "a retry whose own grant expired: reclaimed and granted again, counted once",
+			state: qstate{
+				hash:    []string{":cap", "2", ":x", live},
+				permits: []string{"p", dead, "a", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"2", "1", "p", "60000", "pa"},
+			count: count,
+			want: `reply 1
+				calls hset=0 pexpireat=0 publish=0 spublish=0
+				hash :cap=2 :x=t+600000 | expires t+600000 last+0
+				permits p=t~+60000 a=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "a retry whose grant is live: renewed, not counted twice",
+			state: qstate{
+				hash:    []string{":cap", "2", ":x", live},
+				permits: []string{"p", "t+30000", "a", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"2", "1", "p", "60000", "pa"},
+			count: count,
+			want: `reply 1
+				calls hset=0 pexpireat=0 publish=0 spublish=0
+				hash :cap=2 :x=t+600000 | expires t+600000 last+0
+				permits p=t~+60000 a=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "n = 0 on an idle semaphore: the caller's capacity, nothing used, no expiry known",
+			args: []string{"5", "0", "p", "60000", "pa"},
+			want: `reply [1 0 5 -1]
+				hash -
+				permits -
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "n = 0 reclaims and announces by PUBLISH; the wait is the first live permit's",
+			state: qstate{
+				hash:    []string{":cap", "3", ":x", live},
+				permits: []string{"gone", dead, "a", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"3", "0", "p", "60000", "pa"},
+			count: count,
+			want: `reply [1 1 3 ~600000]
+				calls hset=0 pexpireat=0 publish=1 spublish=0
+				hash :cap=3 :x=t+600000 | expires t+600000 last+0
+				permits a=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published ["2"]`,
+		},
+		{
+			name: "n = 0 reclaims and announces by SPUBLISH in mode s",
+			state: qstate{
+				hash:    []string{":cap", "3", ":x", live},
+				permits: []string{"gone", dead, "a", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"3", "0", "p", "60000", "st"},
+			count: count,
+			want: `reply [1 1 3 ~600000]
+				calls hset=0 pexpireat=0 publish=0 spublish=1
+				hash :cap=3 :x=t+600000 | expires t+600000 last+0
+				permits a=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "n above the capacity with nothing held: -2, no expiry known",
+			args: []string{"3", "4", "p", "60000", "pa"},
+			want: `reply [-2 0 3 -1]
+				hash -
+				permits -
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "another capacity while a permit is held: -1 with the stored capacity",
+			state: qstate{
+				hash:    []string{":cap", "3", ":x", live},
+				permits: []string{"a", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args: []string{"4", "1", "p", "60000", "pa"},
+			want: `reply [-1 1 3 ~600000]
+				hash :cap=3 :x=t+600000 | expires t+600000 last+0
+				permits a=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "another capacity once the only permit held expired: reclaimed, and the caller's capacity applies",
+			state: qstate{
+				hash:    []string{":cap", "3", ":x", live},
+				permits: []string{"gone", dead},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"4", "4", "p", "60000", "pa"},
+			count: count,
+			want: `reply 1
+				calls hset=1 pexpireat=2 publish=0 spublish=0
+				hash :cap=4 :h=3 :x=t~+63751 p=4 | expires t~+63751 last+3751
+				permits p=t~+60000 | expires t~+63751 last+3751
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "a set capacity applies whatever the caller brings, also with nothing held",
+			state: qstate{
+				hash:   []string{":cap", "2", ":set", "90000", ":x", live},
+				expire: map[int]string{0: live},
+			},
+			args: []string{"4", "3", "p", "60000", "pa"},
+			want: `reply [-2 0 2 -1]
+				hash :cap=2 :set=90000 :x=t+600000 | expires t+600000
+				permits -
+				queue -
+				entries -
+				published []`,
+		},
+	})
+}
+
+// TestReleaseScriptPaths: semaphore_release's paths. ARGV[2] chooses
+// SPUBLISH ("s") or PUBLISH for the wake-up, sent only with ':w' set and
+// worth the permits free (at least 1); ARGV[3] "n" releases without
+// judging the expiry (a permit still listed counts as held), anything else
+// judges it. A heavier permit takes its weight with it; the last permit
+// takes the keys, but a set capacity, kept ':set' ms; a release that
+// leaves permits makes both keys live at least ':set' ms.
+func TestReleaseScriptPaths(t *testing.T) {
+	count := []string{"publish", "spublish", "time", "pexpireat"}
+	runScriptCases(t, "semaphore_release", []scriptCase{
+		{
+			name: "a live permit, judged, with a waiter: PUBLISH of the free count",
+			state: qstate{
+				hash:    []string{":cap", "4", ":h", "1", "b", "2", ":w", "1", ":x", live},
+				permits: []string{"a", live, "b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "p"},
+			count: count,
+			want: `reply 1
+				calls publish=1 spublish=0 time=1 pexpireat=0
+				hash :cap=4 :h=1 :w=1 :x=t+600000 b=2 | expires t+600000 last+0
+				permits b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published ["2"]`,
+		},
+		{
+			name: "ARGV[2] s: SPUBLISH, also when ARGV[3] is n",
+			state: qstate{
+				hash:    []string{":cap", "4", ":w", "1", ":x", live},
+				permits: []string{"a", live, "b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "s", "n"},
+			count: count,
+			want: `reply 1
+				calls publish=0 spublish=1 time=0 pexpireat=0
+				hash :cap=4 :w=1 :x=t+600000 | expires t+600000 last+0
+				permits b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "ARGV[2] p: PUBLISH, also when ARGV[3] is s",
+			state: qstate{
+				hash:    []string{":cap", "4", ":w", "1", ":x", live},
+				permits: []string{"a", live, "b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "p", "s"},
+			count: count,
+			want: `reply 1
+				calls publish=1 spublish=0 time=1 pexpireat=0
+				hash :cap=4 :w=1 :x=t+600000 | expires t+600000 last+0
+				permits b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published ["3"]`,
+		},
+		{
+			name: "no waiter: nothing published",
+			state: qstate{
+				hash:    []string{":cap", "4", ":x", live},
+				permits: []string{"a", live, "b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "p"},
+			count: count,
+			want: `reply 1
+				calls publish=0 spublish=0 time=1 pexpireat=0
+				hash :cap=4 :x=t+600000 | expires t+600000 last+0
+				permits b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "over the capacity (SetCapacity lowered it): the budget is still 1",
+			state: qstate{
+				hash:    []string{":cap", "1", ":set", "1000", ":h", "2", "b", "3", ":w", "1", ":x", live},
+				permits: []string{"a", live, "b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "s"},
+			count: count,
+			want: `reply 1
+				calls publish=0 spublish=1 time=1 pexpireat=0
+				hash :cap=1 :h=2 :set=1000 :w=1 :x=t+600000 b=3 | expires t+600000 last+0
+				permits b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "an expired permit, judged: removed, not held",
+			state: qstate{
+				hash:    []string{":cap", "4", ":x", live},
+				permits: []string{"a", dead, "b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "p", "j"},
+			count: count,
+			want: `reply 0
+				calls publish=0 spublish=0 time=1 pexpireat=0
+				hash :cap=4 :x=t+600000 | expires t+600000 last+0
+				permits b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "an expired permit, not judged: removed, held",
+			state: qstate{
+				hash:    []string{":cap", "4", ":x", live},
+				permits: []string{"a", dead, "b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "p", "n"},
+			count: count,
+			want: `reply 1
+				calls publish=0 spublish=0 time=0 pexpireat=0
+				hash :cap=4 :x=t+600000 | expires t+600000 last+0
+				permits b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "a permit not listed, judged: not held, nothing changes",
+			state: qstate{
+				hash:    []string{":cap", "4", ":w", "1", ":x", live},
+				permits: []string{"b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "p"},
+			count: count,
+			want: `reply 0
+				calls publish=0 spublish=0 time=0 pexpireat=0
+				hash :cap=4 :w=1 :x=t+600000 | expires t+600000 last+0
+				permits b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "a heavy permit takes its weight; a set capacity makes the keys live ':set' ms",
+			state: qstate{
+				hash:    []string{":cap", "5", ":set", "900000", ":h", "3", "a", "3", "b", "2", ":x", live},
+				permits: []string{"a", live, "b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "p"},
+			count: count,
+			want: `reply 1
+				calls publish=0 spublish=0 time=2 pexpireat=2
+				hash :cap=5 :h=1 :set=900000 :x=t+600000 b=2 | expires t~+900001 last~+300001
+				permits b=t+600000 | expires t~+900001 last~+300001
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "a set capacity shorter than the keys' expiry leaves it",
+			state: qstate{
+				hash:    []string{":cap", "5", ":set", "500000", ":x", live},
+				permits: []string{"a", live, "b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "p"},
+			count: count,
+			want: `reply 1
+				calls publish=0 spublish=0 time=1 pexpireat=0
+				hash :cap=5 :set=500000 :x=t+600000 | expires t+600000 last+0
+				permits b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "the last permit with a set capacity: the hash keeps ':cap' and ':set', ':set' ms",
+			state: qstate{
+				hash:    []string{":cap", "5", ":set", "900000", ":h", "2", "a", "3", ":w", "1", ":x", live},
+				permits: []string{"a", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "p"},
+			count: count,
+			want: `reply 1
+				calls publish=1 spublish=0 time=1 pexpireat=0
+				hash :cap=5 :set=900000 | expires t~+900000
+				permits -
+				queue -
+				entries -
+				published ["5"]`,
+		},
+		{
+			name: "the last permit: both keys go",
+			state: qstate{
+				hash:    []string{":cap", "5", ":h", "2", "a", "3", ":x", live},
+				permits: []string{"a", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "p"},
+			count: count,
+			want: `reply 1
+				calls publish=0 spublish=0 time=1 pexpireat=0
+				hash -
+				permits -
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "no state hash: not held, the listed permit left",
+			state: qstate{
+				permits: []string{"a", live},
+				expire:  map[int]string{1: live},
+			},
+			args:  []string{"a", "p", "n"},
+			count: count,
+			want: `reply 0
+				calls publish=0 spublish=0 time=0 pexpireat=0
+				hash -
+				permits a=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+	})
+}
