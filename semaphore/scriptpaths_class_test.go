@@ -373,6 +373,182 @@ func TestAcquireScriptPaths(t *testing.T) {
 	})
 }
 
+// TestRenewBatchScriptPaths: semaphore_renew_batch's answers and writes,
+// on two semaphores per call. A live permit is renewed (1) and its
+// semaphore's keys then expire at the latest of its last permit, the new
+// expiry, ':x' and now + ':set'; an expired, unlisted or unhashed permit is
+// not (0) and its semaphore's keys are left as they were; a key of another
+// type answers -1 for its own semaphore's permits only.
+func TestRenewBatchScriptPaths(t *testing.T) {
+	q := newQueueScript(t)
+	count := []string{"pexpireat", "zadd"}
+	for _, c := range []struct {
+		name   string
+		states [2]qstate
+		args   []string // after the lease (60000): j, id, ...
+		want   string
+	}{
+		{
+			name: "live permits renewed; the keys' expiry is the latest permit's, or ':x' when that is later",
+			states: [2]qstate{
+				{
+					hash:    []string{":cap", "3", ":x", "t+20000"},
+					permits: []string{"a", "t+10000", "b", "t+50000"},
+					expire:  map[int]string{0: "t+20000", 1: "t+20000"},
+				},
+				{
+					hash:    []string{":cap", "3", ":x", "t+90000"},
+					permits: []string{"c", "t+10000"},
+					expire:  map[int]string{0: "t+90000", 1: "t+90000"},
+				},
+			},
+			args: []string{"1", "a", "2", "c"},
+			want: `reply [1 1]
+				calls pexpireat=4 zadd=2
+				hash :cap=3 :x=t+20000 | expires t~+60000 last+0
+				permits b=t+50000 a=t~+60000 | expires t~+60000 last+0
+				queue -
+				entries -
+				published []
+				hash :cap=3 :x=t+90000 | expires t+90000 last~+30000
+				permits c=t~+60000 | expires t+90000 last~+30000
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "a permit listed beyond the new expiry keeps the keys to its own; ':set' from now when later",
+			states: [2]qstate{
+				{
+					hash:    []string{":cap", "3", ":x", "t+20000"},
+					permits: []string{"a", "t+10000", "b", "t+80000"},
+					expire:  map[int]string{0: "t+80000", 1: "t+80000"},
+				},
+				{
+					hash:    []string{":cap", "3", ":set", "100000", ":x", "t+20000"},
+					permits: []string{"c", "t+10000"},
+					expire:  map[int]string{0: "t+20000", 1: "t+20000"},
+				},
+			},
+			args: []string{"1", "a", "2", "c"},
+			want: `reply [1 1]
+				calls pexpireat=4 zadd=2
+				hash :cap=3 :x=t+20000 | expires t+80000 last+0
+				permits a=t~+60000 b=t+80000 | expires t+80000 last+0
+				queue -
+				entries -
+				published []
+				hash :cap=3 :set=100000 :x=t+20000 | expires t~+100000 last~+40000
+				permits c=t~+60000 | expires t~+100000 last~+40000
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "expired, unlisted and unhashed permits are not renewed, and their keys not touched",
+			states: [2]qstate{
+				{
+					hash:    []string{":cap", "3", ":x", "t+20000"},
+					permits: []string{"gone", dead, "b", "t+20000"},
+					expire:  map[int]string{0: "t+20000", 1: "t+20000"},
+				},
+				{
+					permits: []string{"c", "t+20000"},
+					expire:  map[int]string{1: "t+20000"},
+				},
+			},
+			args: []string{"1", "gone", "1", "x", "2", "c"},
+			want: `reply [0 0 0]
+				calls pexpireat=0 zadd=0
+				hash :cap=3 :x=t+20000 | expires t+20000 last+0
+				permits gone=t-100000 b=t+20000 | expires t+20000 last+0
+				queue -
+				entries -
+				published []
+				hash -
+				permits c=t+20000 | expires t+20000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "a permits set of another type answers -1 for its semaphore only",
+			states: [2]qstate{
+				{
+					hash:   []string{":cap", "3", ":x", "t+20000"},
+					str:    map[int]string{1: "x"},
+					expire: map[int]string{0: "t+20000"},
+				},
+				{
+					hash:    []string{":cap", "3", ":x", "t+20000"},
+					permits: []string{"c", "t+10000"},
+					expire:  map[int]string{0: "t+20000", 1: "t+20000"},
+				},
+			},
+			args: []string{"1", "a", "2", "c", "1", "b"},
+			want: `reply [-1 1 -1]
+				calls pexpireat=2 zadd=1
+				hash :cap=3 :x=t+20000 | expires t+20000
+				permits string x
+				queue -
+				entries -
+				published []
+				hash :cap=3 :x=t+20000 | expires t~+60000 last+0
+				permits c=t~+60000 | expires t~+60000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "a state hash of another type answers -1 for its semaphore only",
+			states: [2]qstate{
+				{
+					str:     map[int]string{0: "x"},
+					permits: []string{"a", "t+10000"},
+					expire:  map[int]string{1: "t+20000"},
+				},
+				{
+					hash:    []string{":cap", "3", ":x", "t+20000"},
+					permits: []string{"c", "t+10000"},
+					expire:  map[int]string{0: "t+20000", 1: "t+20000"},
+				},
+			},
+			args: []string{"1", "a", "2", "c"},
+			want: `reply [-1 1]
+				calls pexpireat=2 zadd=1
+				hash string x
+				permits a=t+10000 | expires t+20000 last+10000
+				queue -
+				entries -
+				published []
+				hash :cap=3 :x=t+20000 | expires t~+60000 last+0
+				permits c=t~+60000 | expires t~+60000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var keys []string
+			var qcs []*qcase
+			for _, st := range c.states {
+				qc := q.start(t, st)
+				qcs = append(qcs, qc)
+				keys = append(keys, qc.keys[0], qc.keys[1])
+			}
+			got := q.execAny(t, "semaphore_renew_batch", keys, append([]string{"60000"}, c.args...), count)
+			for _, qc := range qcs {
+				got += qc.dump(t)
+			}
+			slack := serverMs(t, q.e) - qcs[0].base + 1
+			want := trimState(c.want)
+			if !matchState(got, want, slack) {
+				t.Errorf("renew %q (times within %d ms):\n%s\nwant\n%s", c.args, slack, got, want)
+			}
+		})
+	}
+}
+
 // TestReleaseScriptPaths: semaphore_release's paths. ARGV[2] chooses
 // SPUBLISH ("s") or PUBLISH for the wake-up, sent only with ':w' set and
 // worth the permits free (at least 1); ARGV[3] "n" releases without
