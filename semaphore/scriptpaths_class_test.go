@@ -181,9 +181,8 @@ func TestAcquireScriptPaths(t *testing.T) {
 		{
 			// (The permits set the grant makes gets no expiry here: ':x'
 			// says both keys live past the permit, which the operator's
-			// DEL of the set made untrue. The set is deleted by the first
-			// call after the hash expires; see the report of issue 32's
-			// kill45s.)
+			// DEL of the set made untrue. The first call after the hash
+			// expires deletes the set.)
 			name: "a hash left with no permit listed: its ':h' counts nothing and is cleared, by the common grant too",
 			state: qstate{
 				hash:   []string{":cap", "3", ":h", "2", ":x", live},
