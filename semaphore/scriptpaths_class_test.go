@@ -927,3 +927,63 @@ func TestReleaseScriptPaths(t *testing.T) {
 		},
 	})
 }
+
+// TestQueueRefreshReadsHashWithoutWeight: semaphore_queue_refresh tells a
+// waiter to look for itself when nothing is held, which it knows by the
+// state hash's ':cap' (present whenever the hash is), not by ':h', which a
+// hash of weight-one permits lacks (TestQueueRefreshScriptPaths writes
+// ':h' 0 in every state). Both ways: full, nobody is told; with a permit
+// free and a head that fits it, the first waiter is.
+func TestQueueRefreshReadsHashWithoutWeight(t *testing.T) {
+	q := newQueueScript(t)
+	for _, c := range []struct {
+		name  string
+		state qstate
+		want  string
+	}{
+		{
+			name: "every permit live and none free",
+			state: qstate{
+				hash:    []string{":cap", "2", ":x", live},
+				permits: []string{"a", live, "b", live},
+				queue:   []string{"w1", "1", "w2", "2"},
+				entries: []string{"w1", live + " 1", "w2", live + " 1"},
+				expire:  map[int]string{0: live, 1: live, 3: live, 4: live},
+			},
+			want: `reply [1 1]
+				hash :cap=2 :x=t+600000 | expires t+600000 last+0
+				permits a=t+600000 b=t+600000 | expires t+600000 last+0
+				queue w1=1 w2=2 | expires t+600000 last~+540000
+				entries w1=t~+60000 1 w2=t~+60000 1 | expires t+600000 last~+540000
+				published []`,
+		},
+		{
+			name: "a permit free and a head that fits it",
+			state: qstate{
+				hash:    []string{":cap", "3", ":x", live},
+				permits: []string{"a", live, "b", live},
+				queue:   []string{"w1", "1", "w2", "2"},
+				entries: []string{"w1", live + " 1", "w2", live + " 1"},
+				expire:  map[int]string{0: live, 1: live, 3: live, 4: live},
+			},
+			want: `reply [2 1]
+				hash :cap=3 :x=t+600000 | expires t+600000 last+0
+				permits a=t+600000 b=t+600000 | expires t+600000 last+0
+				queue w1=1 w2=2 | expires t+600000 last~+540000
+				entries w1=t~+60000 1 w2=t~+60000 1 | expires t+600000 last~+540000
+				published []`,
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			qc := q.start(t, c.state)
+			keys := []string{qc.keys[0], qc.keys[1], qc.keys[3], qc.keys[4]}
+			got := q.execAny(t, "semaphore_queue_refresh", keys, []string{"60000", "1", "w1", "1", "1", "w2", "1"}, nil)
+			got += qc.dump(t)
+			slack := serverMs(t, q.e) - qc.base + 1
+			want := trimState(c.want)
+			if !matchState(got, want, slack) {
+				t.Errorf("refresh (times within %d ms):\n%s\nwant\n%s", slack, got, want)
+			}
+		})
+	}
+}
