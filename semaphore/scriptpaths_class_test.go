@@ -52,6 +52,10 @@ type scriptCase struct {
 	args  []string // ARGV
 	count []string // commands whose calls the case counts
 	want  string
+	// channel: "" sends the wake-up channel (the listened one) as
+	// KEYS[3]; "none" sends no KEYS[3] (the script then names the same
+	// channel itself); "other" sends another channel, not listened to.
+	channel string
 }
 
 func runScriptCases(t *testing.T, name string, cases []scriptCase) {
@@ -60,7 +64,14 @@ func runScriptCases(t *testing.T, name string, cases []scriptCase) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			qc := q.start(t, c.state)
-			got := q.execAny(t, name, qc.keys[:3], c.args, c.count)
+			keys := qc.keys[:3]
+			switch c.channel {
+			case "none":
+				keys = qc.keys[:2]
+			case "other":
+				keys = []string{qc.keys[0], qc.keys[1], qc.keys[2] + "-other"}
+			}
+			got := q.execAny(t, name, keys, c.args, c.count)
 			got += qc.dump(t)
 			slack := serverMs(t, q.e) - qc.base + 1
 			want := trimState(c.want)
@@ -832,6 +843,59 @@ func TestReleaseScriptPaths(t *testing.T) {
 				expire:  map[int]string{0: live, 1: live},
 			},
 			args:  []string{"a", "p"},
+			count: count,
+			want: `reply 0
+				calls publish=0 spublish=0 time=0 pexpireat=0
+				hash :cap=4 :w=1 :x=t+600000 | expires t+600000 last+0
+				permits b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name:    "no KEYS[3]: the wake-up goes to the state hash's name and ':w'",
+			channel: "none",
+			state: qstate{
+				hash:    []string{":cap", "4", ":w", "1", ":x", live},
+				permits: []string{"a", live, "b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "p", "n"},
+			count: count,
+			want: `reply 1
+				calls publish=1 spublish=0 time=0 pexpireat=0
+				hash :cap=4 :w=1 :x=t+600000 | expires t+600000 last+0
+				permits b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published ["3"]`,
+		},
+		{
+			name:    "KEYS[3] another channel: the wake-up goes there only",
+			channel: "other",
+			state: qstate{
+				hash:    []string{":cap", "4", ":w", "1", ":x", live},
+				permits: []string{"a", live, "b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "p", "n"},
+			count: count,
+			want: `reply 1
+				calls publish=1 spublish=0 time=0 pexpireat=0
+				hash :cap=4 :w=1 :x=t+600000 | expires t+600000 last+0
+				permits b=t+600000 | expires t+600000 last+0
+				queue -
+				entries -
+				published []`,
+		},
+		{
+			name: "a permit not listed, not judged: not held, nothing changes",
+			state: qstate{
+				hash:    []string{":cap", "4", ":w", "1", ":x", live},
+				permits: []string{"b", live},
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"a", "p", "n"},
 			count: count,
 			want: `reply 0
 				calls publish=0 spublish=0 time=0 pexpireat=0
