@@ -3,8 +3,14 @@ package semaphore_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
+	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // Class tests of the plain semaphore's scripts (issue 32): semaphore_acquire
@@ -1049,5 +1055,47 @@ func TestQueueRefreshReadsHashWithoutWeight(t *testing.T) {
 				t.Errorf("refresh (times within %d ms):\n%s\nwant\n%s", slack, got, want)
 			}
 		})
+	}
+}
+
+// TestReleaseSetsKeysSetMsFromItsClock: a release that leaves permits
+// listed under a set capacity moves both keys' expiry to its own TIME +
+// ':set' + 1 ms when they would expire sooner (the + 1: PTTL counts from a
+// time up to 1 ms before the script's). On a real server that TIME cannot
+// be read to the millisecond; on miniredis, whose clock stands still, the
+// TTLs after the release are exact.
+func TestReleaseSetsKeysSetMsFromItsClock(t *testing.T) {
+	ctx := context.Background()
+	mr := miniredis.RunT(t)
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	mr.SetTime(at)
+	client := redistest.Client(t, mr.Addr())
+	sc, err := scriptcache.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release, err := sc.Script("semaphore_release")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash, permits := "{s}", "{s}:e"
+	end := strconv.FormatInt(at.UnixMilli()+600_000, 10)
+	for _, cmd := range [][]string{
+		{"HSET", hash, ":cap", "5", ":set", "900000", ":x", end},
+		{"ZADD", permits, end, "a", end, "b"},
+		{"PEXPIREAT", hash, end},
+		{"PEXPIREAT", permits, end},
+	} {
+		if err := client.Do(ctx, client.B().Arbitrary(cmd[0]).Keys(cmd[1]).Args(cmd[2:]...).Build()).Error(); err != nil {
+			t.Fatalf("%q: %v", cmd, err)
+		}
+	}
+	if got, err := release.Exec(ctx, []string{hash, permits, "{s}:w"}, []string{"a", "p"}).AsInt64(); err != nil || got != 1 {
+		t.Fatalf("release = %d, %v; want 1", got, err)
+	}
+	for _, k := range []string{hash, permits} {
+		if ttl := mr.TTL(k); ttl != 900001*time.Millisecond {
+			t.Errorf("TTL of %s after the release = %v, want exactly 900.001s (':set' + 1 ms from the script's TIME)", k, ttl)
+		}
 	}
 }
