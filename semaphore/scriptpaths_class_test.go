@@ -13,20 +13,21 @@ import (
 	"github.com/sluicekit/sluice/scriptcache"
 )
 
-// Class tests of the plain semaphore's scripts (issue 32): semaphore_acquire
-// and semaphore_release run by hand on states written key by key, with the
-// whole state read back after each call (see qcase.dump in
+// Class tests of the plain semaphore's scripts (issue 32): semaphore_acquire,
+// semaphore_release and semaphore_renew_batch (and one path of
+// semaphore_queue_refresh) run by hand on states written key by key, with
+// the whole state read back after each call (see qcase.dump in
 // queue_script_test.go): every field, score and expiry, the reply, the
-// messages heard on the wake-up channel and how many PUBLISH and SPUBLISH
-// calls the script made. Each case sits on one path of a script and on a
+// messages heard on the wake-up channel and how many calls of the commands
+// that matter (PUBLISH and SPUBLISH among them) the script made. Each case sits on one path of a script and on a
 // bound of it, and the cases come in pairs across the bound: what must be
 // written beside what must be left, what must be granted beside what must
 // be refused. A listener of the channel hears PUBLISH only (a single
 // server delivers SPUBLISH to SSUBSCRIBE alone), so the counts tell the
 // two apart both ways.
 
-// execAny runs s as exec does, for a script that answers an integer or an
-// array of integers.
+// execAny runs the script called name as exec does, for a script that
+// answers an integer or an array of integers.
 func (q *queueScript) execAny(t *testing.T, name string, keys, args, count []string) string {
 	t.Helper()
 	s := script(t, q.e, name)
