@@ -1004,14 +1004,51 @@ func TestReleaseScriptPaths(t *testing.T) {
 // state hash's ':cap' (present whenever the hash is), not by ':h', which a
 // hash of weight-one permits lacks (TestQueueRefreshScriptPaths writes
 // ':h' 0 in every state). Both ways: full, nobody is told; with a permit
-// free and a head that fits it, the first waiter is.
+// free and a head that fits it, the first waiter is. And two bounds of the
+// same check: ':h' counts only while a permit is listed (a leftover one
+// with the set deleted frees the whole capacity), and a dead head is
+// dropped by a pass only when permits are free (none free: nobody told).
 func TestQueueRefreshReadsHashWithoutWeight(t *testing.T) {
 	q := newQueueScript(t)
 	for _, c := range []struct {
 		name  string
 		state qstate
+		args  []string // after the lease; nil: w1 and w2, weight 1
 		want  string
 	}{
+		{
+			name: "a leftover ':h' with no permit listed counts nothing: a head of the whole capacity is told",
+			state: qstate{
+				hash:    []string{":cap", "2", ":h", "1", ":x", live},
+				queue:   []string{"w1", "1"},
+				entries: []string{"w1", live + " 2"},
+				expire:  map[int]string{0: live, 3: live, 4: live},
+			},
+			args: []string{"1", "w1", "2"},
+			want: `reply [2]
+				hash :cap=2 :h=1 :x=t+600000 | expires t+600000
+				permits -
+				queue w1=1 | expires t+600000 last~+540000
+				entries w1=t~+60000 2 | expires t+600000 last~+540000
+				published []`,
+		},
+		{
+			name: "no permit free and a dead head: nobody is told",
+			state: qstate{
+				hash:    []string{":cap", "2", ":x", live},
+				permits: []string{"a", live, "b", live},
+				queue:   []string{"d", "1", "w2", "2"},
+				entries: []string{"d", dead + " 1", "w2", live + " 1"},
+				expire:  map[int]string{0: live, 1: live, 3: live, 4: live},
+			},
+			args: []string{"1", "w2", "1"},
+			want: `reply [1]
+				hash :cap=2 :x=t+600000 | expires t+600000 last+0
+				permits a=t+600000 b=t+600000 | expires t+600000 last+0
+				queue d=1 w2=2 | expires t+600000 last~+540000
+				entries d=t-100000 1 w2=t~+60000 1 | expires t+600000 last~+540000
+				published []`,
+		},
 		{
 			name: "every permit live and none free",
 			state: qstate{
@@ -1048,7 +1085,11 @@ func TestQueueRefreshReadsHashWithoutWeight(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			qc := q.start(t, c.state)
 			keys := []string{qc.keys[0], qc.keys[1], qc.keys[3], qc.keys[4]}
-			got := q.execAny(t, "semaphore_queue_refresh", keys, []string{"60000", "1", "w1", "1", "1", "w2", "1"}, nil)
+			args := c.args
+			if args == nil {
+				args = []string{"1", "w1", "1", "1", "w2", "1"}
+			}
+			got := q.execAny(t, "semaphore_queue_refresh", keys, append([]string{"60000"}, args...), nil)
 			got += qc.dump(t)
 			slack := serverMs(t, q.e) - qc.base + 1
 			want := trimState(c.want)
