@@ -225,7 +225,8 @@ func TestScriptLockClassNewRecordFlags(t *testing.T) {
 // states: the caller's own entry at the head (it takes the lock, and its
 // entry leaves both queue keys; a waiter behind it stays); a live waiter
 // at the head (refused with the table {0, -2, 0}; a fair Lock queues at
-// the tail, one past the last score, with an entry "expiry owner" a lease
+// the tail, one past the last score (with two waiters queued, not one
+// past the second-last, which would tie with the last), with an entry "expiry owner" a lease
 // from now and the queue keys living at least a lease; a fair TryLock
 // ("t") does not queue; both mark the record w and keep everything else);
 // dead heads before a live waiter (dropped from both keys, then as the
@@ -251,6 +252,7 @@ func TestScriptLockClassFairTurn(t *testing.T) {
 		{name: "live head", record: true, q: [][3]string{{"v.1", "+", "V"}}, mode: "f", left: []string{"v.1"}},
 		{name: "live head, try", record: true, q: [][3]string{{"v.1", "+", "V"}}, mode: "t", left: []string{"v.1"}},
 		{name: "live head, no record", q: [][3]string{{"v.1", "+", "V"}}, mode: "f", left: []string{"v.1"}},
+		{name: "two live waiters", record: true, q: [][3]string{{"v.1", "+", "V"}, {"u.1", "+", "U"}}, mode: "f", left: []string{"v.1", "u.1"}},
 		{name: "dead heads then live", record: true, q: [][3]string{{"d.1", "-", "D"}, {"n.1", "", "N"}, {"v.1", "+", "V"}}, mode: "f", left: []string{"v.1"}},
 		{name: "dead heads then own", record: true, q: [][3]string{{"d.1", "-", "D"}, {"n.1", "", "N"}, {"b.1", "+", "B"}, {"v.1", "+", "V"}}, mode: "f", grant: true, left: []string{"v.1"}},
 		{name: "dead heads only", record: true, q: [][3]string{{"d.1", "-", "D"}, {"n.1", "", "N"}}, mode: "f", grant: true},
@@ -370,27 +372,37 @@ func (r *lockClassRig) mustQueued() []string {
 // TestScriptLockClassFairQueueKeysLiveALease: a fair Lock refused by a
 // holder queues, and the queue keys live at least its lease: a key with a
 // shorter TTL (or a new one) is extended to the lease, a longer one is left
-// alone. A refusal by a holder is -1 - W, an integer, W the holder's
+// alone, each key by its own TTL (the queue and its entries may end at
+// different times: a waiter's entry and the queue are refreshed one by
+// one). A refusal by a holder is -1 - W, an integer, W the holder's
 // remaining lease.
 func TestScriptLockClassFairQueueKeysLiveALease(t *testing.T) {
+	// A key's PTTL after the call, by its TTL before (0: no key).
+	after := func(beforeMs int64) (lo, hi int64) {
+		if beforeMs > 30000 {
+			return 30000, beforeMs
+		}
+		return 20000, 30000
+	}
 	for _, c := range []struct {
-		name       string
-		existingMs int64 // the queue keys' TTL before (0: no keys)
-		lo, hi     int64 // their PTTL after, in (lo, hi]
+		name     string
+		qMs, eMs int64 // the queue keys' TTLs before (0: no keys)
 	}{
-		{name: "no queue", lo: 20000, hi: 30000},
-		{name: "shorter queue", existingMs: 5000, lo: 20000, hi: 30000},
-		{name: "longer queue", existingMs: 60000, lo: 30000, hi: 60000},
+		{name: "no queue"},
+		{name: "shorter queue", qMs: 5000, eMs: 5000},
+		{name: "longer queue", qMs: 60000, eMs: 60000},
+		{name: "queue shorter than its entries", qMs: 5000, eMs: 60000},
+		{name: "entries shorter than the queue", qMs: 60000, eMs: 5000},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := newLockClassRig(t, "class-fairttl")
 			f := itoa(r.ahead)
 			k := ""
-			if c.existingMs > 0 {
+			if c.qMs > 0 {
 				k = "q"
-				r.queue([3]string{"v.1", itoa(r.nowMs() + c.existingMs), "V"})
-				r.int("PEXPIRE", r.keys.lock[2], itoa(c.existingMs))
-				r.int("PEXPIRE", r.keys.lock[3], itoa(c.existingMs))
+				r.queue([3]string{"v.1", itoa(r.nowMs() + 60000), "V"})
+				r.int("PEXPIRE", r.keys.lock[2], itoa(c.qMs))
+				r.int("PEXPIRE", r.keys.lock[3], itoa(c.eMs))
 			}
 			r.set("L"+k+":"+f+":"+f+"|3:h.1:H", 40000)
 			got, isInt := r.rawLock(4, "30000", "B", "b.1", "f")
@@ -401,11 +413,13 @@ func TestScriptLockClassFairQueueKeysLiveALease(t *testing.T) {
 				t.Errorf("record = %q, want %q", v, want)
 			}
 			r.wantTTL("record", 0, 20000, 40000)
-			r.wantTTL("queue", 2, c.lo, c.hi)
-			r.wantTTL("entries", 3, c.lo, c.hi)
+			lo, hi := after(c.qMs)
+			r.wantTTL("queue", 2, lo, hi)
+			lo, hi = after(c.eMs)
+			r.wantTTL("entries", 3, lo, hi)
 			q, _ := r.queued()
 			want := []string{"b.1:1"}
-			if c.existingMs > 0 {
+			if c.qMs > 0 {
 				want = []string{"v.1:1", "b.1:2"}
 			}
 			if !slices.Equal(q, want) {
@@ -495,7 +509,8 @@ func TestScriptLockClassTombstone(t *testing.T) {
 // holds and token, and only the lease changes. An older attempt of the
 // same Mutex value (same nonce, lower seq) is refused with -1 - W and
 // marks w, queuing nothing even when fair; the same seq of another nonce,
-// or a newer one, starts a new acquisition with the next token, and the
+// a newer one, or the same seq written otherwise ("m.05" after "m.5":
+// seqs compare as numbers, and it is not older) starts a new acquisition with the next token, and the
 // run c lists the superseded token. The run keeps its start and at most 16
 // listed tokens: a 17th pushes the oldest out, and the run then starts
 // one past it.
@@ -540,6 +555,8 @@ func TestScriptLockClassSameOwner(t *testing.T) {
 	}{
 		{name: "same seq, other nonce", attempt: "n.5", c: start, wantC: start + " " + fs},
 		{name: "newer attempt", attempt: "m.6", c: start, wantC: start + " " + fs},
+		// Not older: the same seq, written otherwise (numbers compare).
+		{name: "same seq, other text", attempt: "m.05", c: start, wantC: start + " " + fs},
 		{name: "15 listed", attempt: "m.6", c: run(f, 15), wantC: run(f, 15) + " " + fs},
 		{name: "16 listed", attempt: "m.6", c: run(f, 16), wantC: itoa(f-100+2) + " " + strings.SplitN(run(f, 16), " ", 3)[2] + " " + fs},
 	} {
@@ -565,4 +582,37 @@ func run(f int64, n int) string {
 		l = append(l, itoa(f-100+int64(i)))
 	}
 	return strings.Join(l, " ")
+}
+
+// TestScriptFairLockEntryEndingThisMillisecond: a queue entry whose expiry
+// is the call's own millisecond is dead (its waiter's lease is over), so a
+// fair Lock behind it drops it and takes the free lock, as mutex_release
+// skips such an entry (TestReleaseSkipsEntryEndingThisMillisecond). The
+// assertion holds in every iteration; only those whose call ran in the
+// millisecond the entry ends (TIME before and after agree) test the
+// bound, where a mutant that took such an entry as live ("expiry >= now")
+// refused with -2 and queued behind a waiter that is gone.
+func TestScriptFairLockEntryEndingThisMillisecond(t *testing.T) {
+	r := newLockClassRig(t, "class-entry-ends-now")
+	f := itoa(r.ahead)
+	hits := 0
+	for i := 0; i < 300 && hits < 3; i++ {
+		r.int(append([]string{"DEL"}, r.keys.lock...)...)
+		r.set("Lq:"+f+":"+f+"|", 30000)
+		t0 := r.nowMs()
+		r.queue([3]string{"d.1", itoa(t0), "D"}) // D's entry ends now
+		got, isInt := r.rawLock(4, "30000", "B", "b."+strconv.Itoa(i), "f")
+		if r.nowMs() == t0 {
+			hits++
+		}
+		if !isInt || got[0] != r.ahead+1 {
+			t.Fatalf("fair Lock behind an entry ending in its millisecond = %v (integer %v), want the lock (token %d)", got, isInt, r.ahead+1)
+		}
+		if n := r.int("EXISTS", r.keys.lock[2], r.keys.lock[3]); n != 0 {
+			t.Fatalf("the queue keys after the grant: %d exist, want the dead entry dropped", n)
+		}
+	}
+	if hits == 0 {
+		t.Skip("no call ran in the millisecond its dead entry ended (a slow machine): the bound went untested")
+	}
 }

@@ -392,3 +392,40 @@ func TestScriptQueueRefreshClass(t *testing.T) {
 		}
 	}
 }
+
+// TestScriptRenewSameLeaseWakesNobody: mutex_renew wakes the waiters of a
+// hold marked w only for a lease shorter than what is left of the old
+// one: a new lease equal to it leaves every waiter's sleep as long as it
+// was. The record is written with a lease of L and renewed to L at once:
+// the assertion (nothing published) holds in every iteration, and those
+// whose renewal ran in the millisecond of the write (TIME before and
+// after agree, so the remaining lease was exactly L) test the bound, where
+// a mutant that published for "PTTL >= lease" woke them for nothing.
+func TestScriptRenewSameLeaseWakesNobody(t *testing.T) {
+	h := newHoldRig(t)
+	sc := newScripts(t, h.client)
+	renew, _ := sc.Script("mutex_renew")
+	key := lockKey(className("class-renew-same"))
+	ch := key + ":w"
+	count := listenBoth(t, redistest.Single(t).Addr(), ch)
+	v := h.record(holdState{record: "Lw:F:F|1:a.1:" + holdOwner})
+	ms := func() int64 { return serverMicros(t, h.client) / 1000 }
+	hits := 0
+	for i := 0; i < 300 && hits < 3; i++ {
+		t0 := ms()
+		h.do("SET", key, v, "PX", "30000")
+		n, err := renew.Exec(h.ctx, []string{key, ch}, []string{holdOwner, strconv.FormatInt(h.f, 10), "30000", ""}).AsInt64()
+		if err != nil || n != 1 {
+			t.Fatalf("renew = %d, %v; want 1", n, err)
+		}
+		if ms() == t0 {
+			hits++
+		}
+	}
+	if p, s := count(); len(p)+len(s) != 0 {
+		t.Errorf("renewals to the same lease published %v and %v, want nothing", p, s)
+	}
+	if hits == 0 {
+		t.Skip("no renewal ran in the millisecond of its write (a slow machine): the bound went untested")
+	}
+}
