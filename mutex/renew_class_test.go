@@ -244,7 +244,7 @@ func TestScriptRenewBatchClass(t *testing.T) {
 					what = states[i].name
 				}
 				if want[i] == 1 {
-					h.check(what, key, vals[i], lease-20000, lease)
+					h.check(what, key, vals[i], max(0, lease-20000), lease)
 				} else {
 					h.check(what, key, vals[i], 20000, 40000)
 				}
