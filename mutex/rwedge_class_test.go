@@ -36,8 +36,7 @@ import (
 
 // edgeRun is what one try of a TestScriptRWEndsAtNowClass row found.
 type edgeRun struct {
-	t      int64 // the server's ms just before the pipeline
-	hit    bool  // the script ran in t
+	hit    bool // the script ran in the millisecond it was set up in
 	reply  rueidis.RedisResult
 	client rueidis.Client
 	ctx    context.Context
@@ -137,9 +136,9 @@ func TestScriptRWEndsAtNowClass(t *testing.T) {
 	pexpire := func(key string, ms int64) rueidis.Completed {
 		return b.Pexpire().Key(key).Milliseconds(ms).Build()
 	}
-	// live reports whether a value at T + offset is still running when
-	// the script ran: on a hit, exactly when offset > 0; otherwise the
-	// script ran after T and the row is checked only for offset <= 0.
+	// live reports whether a value at T + offset still runs when the
+	// script runs: on a hit, exactly when offset > 0 (a try that missed
+	// T is checked only for offset <= 0, where the answer is the same).
 	live := func(offset int64) bool { return offset > 0 }
 
 	var rows []row
@@ -452,7 +451,7 @@ func TestScriptRWEndsAtNowClass(t *testing.T) {
 						t.Fatalf("set-up command %d: %v", i, err)
 					}
 				}
-				r := &edgeRun{t: T, reply: res[len(res)-2], client: client, ctx: ctx}
+				r := &edgeRun{reply: res[len(res)-2], client: client, ctx: ctx}
 				if err := r.reply.Error(); err != nil {
 					if strings.HasPrefix(err.Error(), "NOSCRIPT") {
 						rw.s.Exec(ctx, []string{"{x}"}, nil) // loads it again; the reply does not matter
