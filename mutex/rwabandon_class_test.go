@@ -174,7 +174,7 @@ func TestScriptRWAbandonClass(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		setup setup
-		args  []string // owner, attempt, kind, mode; the keep time (1 s), the tombstone's life (30 s) follow; then the mark id
+		args  []string // owner, attempt, kind, mode; the keep time (20 s), the tombstone's life (30 s) follow; then the mark id
 		mark  string
 		check func(t *testing.T, s *rwAbandonState)
 	}{
@@ -400,7 +400,7 @@ func TestScriptRWAbandonClass(t *testing.T) {
 				replied(t, s, 1)
 				fieldsAre(t, s, ended("501"))
 				tombsAre(t, s, "w.1")
-				in(t, "the hash's PTTL (the keep time)", s.pttl["h"], 1, 1000)
+				in(t, "the hash's PTTL (the keep time)", s.pttl["h"], 1, 20_000)
 				woke(t, s, []string{"p:1000000"}, []string{"p:1"})
 			},
 		},
@@ -448,14 +448,14 @@ func TestScriptRWAbandonClass(t *testing.T) {
 			name: "write give-back of the hold, own mark and a sooner one",
 			setup: setup{
 				hash:  held("W", "w.1", "c", "100", "q", "q"),
-				marks: rel("mw.1", 20_000, "mx.1", 5000),
+				marks: rel("mw.1", 50_000, "mx.1", 40_000),
 			},
 			args: []string{"W", "w.1", "w", "p"}, mark: "mw.1",
 			check: func(t *testing.T, s *rwAbandonState) {
 				replied(t, s, 1)
-				fieldsAre(t, s, map[string]string{"f": "500", "c": "100 500", "q": itoa(s.now + 5000)})
+				fieldsAre(t, s, map[string]string{"f": "500", "c": "100 500", "q": itoa(s.now + 40_000)})
 				membersAre(t, "marks", s.marks, "mx.1")
-				in(t, "the hash's PTTL (until q)", s.pttl["h"], 1001, 5000)
+				in(t, "the hash's PTTL (until q)", s.pttl["h"], 35_000, 40_000)
 				woke(t, s, []string{"p:1000000"}, []string{"p:1"})
 			},
 		},
@@ -463,14 +463,14 @@ func TestScriptRWAbandonClass(t *testing.T) {
 			name: "write give-back of the hold, another writer's mark runs",
 			setup: setup{
 				hash:  held("W", "w.1", "c", "100", "q", "q"),
-				marks: rel("mx.1", 20_000),
+				marks: rel("mx.1", 40_000),
 			},
 			args: []string{"W", "w.1", "w", "p"},
 			check: func(t *testing.T, s *rwAbandonState) {
 				replied(t, s, 1)
-				fieldsAre(t, s, map[string]string{"f": "500", "c": "100 500", "q": itoa(s.now + 20_000)})
+				fieldsAre(t, s, map[string]string{"f": "500", "c": "100 500", "q": itoa(s.now + 40_000)})
 				membersAre(t, "marks", s.marks, "mx.1")
-				in(t, "the hash's PTTL (until q)", s.pttl["h"], 15_000, 20_000)
+				in(t, "the hash's PTTL (until q)", s.pttl["h"], 35_000, 40_000)
 				woke(t, s, []string{"p:1000000"}, []string{"p:1"})
 			},
 		},
@@ -495,7 +495,7 @@ func TestScriptRWAbandonClass(t *testing.T) {
 			check: func(t *testing.T, s *rwAbandonState) {
 				replied(t, s, 1)
 				membersAre(t, "read entries", s.reads, "gone.1", "q.1")
-				in(t, "the readers' set's PTTL (the keep time)", s.pttl["z"], 1, 1000)
+				in(t, "the readers' set's PTTL (the keep time)", s.pttl["z"], 1, 20_000)
 				tombsAre(t, s, "r.1")
 				woke(t, s, nil, []string{"p:1"})
 			},
@@ -511,11 +511,11 @@ func TestScriptRWAbandonClass(t *testing.T) {
 		},
 		{
 			name:  "read give-back of the last live reader, set shorter than the keep time",
-			setup: setup{reads: rel("r.1", 30_000, "q.1", -1), readsMs: 500},
+			setup: setup{reads: rel("r.1", 30_000, "q.1", -1), readsMs: 5000},
 			args:  []string{"R", "r.1", "r", "p"},
 			check: func(t *testing.T, s *rwAbandonState) {
 				replied(t, s, 1)
-				in(t, "the readers' set's PTTL (not lengthened)", s.pttl["z"], 1, 500)
+				in(t, "the readers' set's PTTL (not lengthened)", s.pttl["z"], 1, 5000)
 				woke(t, s, nil, []string{"p:1"})
 			},
 		},
@@ -577,7 +577,7 @@ func TestScriptRWAbandonClass(t *testing.T) {
 				do("HSET", tKey, "x.1", "1")
 				do("PEXPIRE", tKey, itoa(tc.setup.tombMs))
 			}
-			s.reply, s.err = abandon.Exec(ctx, keys, append(slices.Clone(tc.args), "1000", "30000", tc.mark)).AsInt64()
+			s.reply, s.err = abandon.Exec(ctx, keys, append(slices.Clone(tc.args), "20000", "30000", tc.mark)).AsInt64()
 			s.after = serverMicros(t, client) / 1000
 			if s.fields, err = client.Do(ctx, client.B().Hgetall().Key(hKey).Build()).AsStrMap(); err != nil {
 				t.Fatal(err)

@@ -112,7 +112,7 @@ func TestScriptRWRLockClass(t *testing.T) {
 		{name: "grant, no set", args: []string{"R", "0", "r.1", ""}, want: grant},
 		{name: "grant, live and released entries stay", setup: setup{reads: map[string]int64{"s.1": 10_000, "q.1": released}}, args: []string{"R", "0", "r.1", ""}, want: grant},
 		{name: "grant, longer set kept", setup: setup{reads: map[string]int64{"s.1": 50_000}, setMs: 60_000}, args: []string{"R", "0", "r.1", ""}, want: grant},
-		{name: "grant, shorter set lengthened", setup: setup{reads: map[string]int64{"s.1": 1000}, setMs: 1000}, args: []string{"R", "0", "r.1", ""}, want: grant},
+		{name: "grant, shorter set lengthened", setup: setup{reads: map[string]int64{"s.1": 5000}, setMs: 5000}, args: []string{"R", "0", "r.1", ""}, want: grant},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := className("rw-rlock-class")

@@ -52,7 +52,7 @@ func TestScriptRWRUnlockClass(t *testing.T) {
 		seen = [2]int{len(p), len(s)}
 		return out
 	}
-	const keep = 1000
+	const keep = 20_000
 	// released stands for a member released a moment ago, kept 5 s
 	// more: its score is -(now + 5000).
 	const released = -1 << 40
@@ -79,10 +79,10 @@ func TestScriptRWRUnlockClass(t *testing.T) {
 		{name: "score 0", entries: map[string]int64{"r.1": zero, "s.1": 30_000}, mode: "p", reply: -1, gone: true},
 		{name: "lease over, the last", entries: map[string]int64{"r.1": -1000}, mode: "p", reply: -1, gone: true, pttl: [2]int64{-2, -2}},
 		{name: "another live reader stays", entries: map[string]int64{"r.1": 30_000, "s.1": 30_000}, mode: "p", reply: 0, marked: true},
-		{name: "another live reader stays, short set lengthened", entries: map[string]int64{"r.1": 30_000, "s.1": 30_000}, setMs: 100, mode: "p", reply: 0, marked: true, pttl: [2]int64{101, keep}},
+		{name: "another live reader stays, short set lengthened", entries: map[string]int64{"r.1": 30_000, "s.1": 30_000}, setMs: 5000, mode: "p", reply: 0, marked: true, pttl: [2]int64{5001, keep}},
 		{name: "the last live reader", entries: map[string]int64{"r.1": 30_000, "x.1": -1000, "q.1": released}, mode: "p", reply: 0, marked: true, pttl: [2]int64{1, keep}, woken: []string{"p:1"}},
 		{name: "the last live reader, sharded", entries: map[string]int64{"r.1": 30_000}, mode: "s", reply: 0, marked: true, pttl: [2]int64{1, keep}, woken: []string{"s:1"}},
-		{name: "the last live reader, short set", entries: map[string]int64{"r.1": 30_000}, setMs: 100, mode: "p", reply: 0, marked: true, pttl: [2]int64{101, keep}, woken: []string{"p:1"}},
+		{name: "the last live reader, short set", entries: map[string]int64{"r.1": 30_000}, setMs: 5000, mode: "p", reply: 0, marked: true, pttl: [2]int64{5001, keep}, woken: []string{"p:1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			now := serverMicros(t, client) / 1000

@@ -112,7 +112,7 @@ func TestScriptRWUnlockClass(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		hash  func(now int64) map[string]string
-		args  []string // owner, holds, token, mode (the keep time, 1 s, follows)
+		args  []string // owner, holds, token, mode (the keep time, 20 s, follows)
 		want  want
 		qRel  int64 // q at now + qRel (0: none)
 		hlife int64 // the hash's PTTL before (0: 60 s)
@@ -123,15 +123,15 @@ func TestScriptRWUnlockClass(t *testing.T) {
 		{name: "second of two holds given back", hash: held("n", "2"), args: []string{"W", "2", "500", "p"},
 			want: want{reply: 1, fields: held("n", "1")}},
 		{name: "last hold given back", hash: held(), args: []string{"W", "1", "500", "p"},
-			want: want{reply: 0, fields: released(), pttl: [2]int64{1, 1000}, rd: rdP, wr: wrP}},
+			want: want{reply: 0, fields: released(), pttl: [2]int64{1, 20_000}, rd: rdP, wr: wrP}},
 		{name: "last hold given back, sharded", hash: held(), args: []string{"W", "1", "500", "s"},
-			want: want{reply: 0, fields: released(), pttl: [2]int64{1, 1000}, rd: rdS, wr: wrS}},
-		{name: "last hold given back, a mark runs", hash: held(), qRel: 20_000, args: []string{"W", "1", "500", "p"},
-			want: want{reply: 0, fields: released(), pttl: [2]int64{15_000, 20_000}, rd: rdP, wr: wrP}},
-		{name: "last hold given back, a mark ends before the keep time", hash: held(), qRel: 100, args: []string{"W", "1", "500", "p"},
-			want: want{reply: 0, fields: released(), pttl: [2]int64{101, 1000}, rd: rdP, wr: wrP}},
-		{name: "last hold given back, short hash lengthened", hash: held(), hlife: 100, args: []string{"W", "1", "500", "p"},
-			want: want{reply: 0, fields: released(), pttl: [2]int64{101, 1000}, rd: rdP, wr: wrP}},
+			want: want{reply: 0, fields: released(), pttl: [2]int64{1, 20_000}, rd: rdS, wr: wrS}},
+		{name: "last hold given back, a mark runs", hash: held(), qRel: 40_000, args: []string{"W", "1", "500", "p"},
+			want: want{reply: 0, fields: released(), pttl: [2]int64{35_000, 40_000}, rd: rdP, wr: wrP}},
+		{name: "last hold given back, a mark ends before the keep time", hash: held(), qRel: 5000, args: []string{"W", "1", "500", "p"},
+			want: want{reply: 0, fields: released(), pttl: [2]int64{5001, 20_000}, rd: rdP, wr: wrP}},
+		{name: "last hold given back, short hash lengthened", hash: held(), hlife: 5000, args: []string{"W", "1", "500", "p"},
+			want: want{reply: 0, fields: released(), pttl: [2]int64{5001, 20_000}, rd: rdP, wr: wrP}},
 		{name: "another owner", hash: held(), args: []string{"X", "1", "500", "p"}, want: want{reply: -1}},
 		{name: "another token", hash: held(), args: []string{"W", "1", "501", "p"}, want: want{reply: -1}},
 		// An earlier token of the run: released before, by its Unlock.
@@ -186,7 +186,7 @@ func TestScriptRWUnlockClass(t *testing.T) {
 				}
 				do("PEXPIRE", hKey, itoa(life))
 			}
-			n, err := unlock.Exec(ctx, keys, append(slices.Clone(tc.args), "1000")).AsInt64()
+			n, err := unlock.Exec(ctx, keys, append(slices.Clone(tc.args), "20000")).AsInt64()
 			if err != nil || n != tc.want.reply {
 				t.Errorf("reply = %d, %v; want %d", n, err, tc.want.reply)
 			}
