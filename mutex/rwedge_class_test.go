@@ -93,7 +93,8 @@ func (r *edgeRun) pttl(tb testing.TB, key string) int64 {
 
 func TestScriptRWEndsAtNowClass(t *testing.T) {
 	ctx := context.Background()
-	client := redistest.Client(t, redistest.Single(t).Addr())
+	addr := redistest.Single(t).Addr()
+	client := redistest.Client(t, addr)
 	sc, err := scriptcache.New(ctx, client)
 	if err != nil {
 		t.Fatal(err)
@@ -121,8 +122,22 @@ func TestScriptRWEndsAtNowClass(t *testing.T) {
 		setup func(k keys, T, v int64) []rueidis.Completed
 		call  func(k keys, T, v int64) (ks, args []string)
 		check func(t *testing.T, r *edgeRun, k keys, T, v int64)
+		// before, if set, runs before each try reads T.
+		before func()
 	}
 	b := client.B()
+	// The readers' wake-ups of the withdrawal rows go to one channel of
+	// their own (a try's keys have their own names): woken returns the
+	// messages published on it since the last call.
+	rdChan := rwKey(className("rw-edge-wake"), "rd")
+	rdHeard := listenBoth(t, addr, rdChan)
+	rdSeen := 0
+	woken := func() []string {
+		p, _ := rdHeard()
+		out := p[rdSeen:]
+		rdSeen = len(p)
+		return out
+	}
 	zadd := func(key string, score int64, member string) rueidis.Completed {
 		return b.Zadd().Key(key).ScoreMember().ScoreMember(float64(score), member).Build()
 	}
@@ -371,6 +386,34 @@ func TestScriptRWEndsAtNowClass(t *testing.T) {
 			// mark still running; a mark that ends now has ended, even
 			// when it is left in the set (it is the 17th dead one: 16 go
 			// per call), so q goes.
+			// rwmutex_abandon: the withdrawal of the last mark wakes the
+			// readers only if q still ran (they may go in sooner); a q
+			// that ends now has ended, and nobody is woken.
+			row{
+				name: "abandon withdrawal of the last mark, q ends " + o, offset: off, s: abandon,
+				before: func() { woken() },
+				setup: func(k keys, T, v int64) []rueidis.Completed {
+					return []rueidis.Completed{hset(k.h, "f", "5", "q", itoa(v)), pexpire(k.h, 60_000), zadd(k.m, T+20_000, "mw.1"), pexpire(k.m, 60_000)}
+				},
+				call: func(k keys, T, v int64) ([]string, []string) {
+					return []string{k.h, k.z, k.t, rdChan, k.wr, k.m}, []string{"W", "mw.1", "m", "p", "20000", "30000", "mw.1"}
+				},
+				check: func(t *testing.T, r *edgeRun, k keys, T, v int64) {
+					if got := r.int(t); got != 1 {
+						t.Errorf("withdrawal = %d, want 1", got)
+					}
+					if q := r.field(t, k.h, "q"); q != "" {
+						t.Errorf("q = %q after the last mark was withdrawn, want none", q)
+					}
+					var want []string
+					if live(off) {
+						want = []string{"1000000"}
+					}
+					if got := woken(); len(got) != len(want) || (len(got) > 0 && got[0] != want[0]) {
+						t.Errorf("readers' wake-ups = %q after the withdrawal of the last mark, q ending at %d (ran at %d), want %q", got, v, T, want)
+					}
+				},
+			},
 			row{
 				name: "abandon withdrawal, other mark ends " + o, offset: off, s: abandon,
 				setup: func(k keys, T, v int64) []rueidis.Completed {
@@ -450,6 +493,9 @@ func TestScriptRWEndsAtNowClass(t *testing.T) {
 			for try := 0; try < 300 && hits < 3; try++ {
 				name := "rw-edge:" + strconv.Itoa(int(serverMicros(t, client)%1e9)) + "." + strconv.Itoa(try)
 				k := keys{h: rwKey(name, "h"), z: rwKey(name, "z"), t: rwKey(name, "t"), rd: rwKey(name, "rd"), wr: rwKey(name, "wr"), m: rwKey(name, "m")}
+				if rw.before != nil {
+					rw.before()
+				}
 				T := serverMicros(t, client) / 1000
 				v := T + rw.offset
 				ks, args := rw.call(k, T, v)
