@@ -47,11 +47,13 @@ type holdLike interface {
 // and Valid must say so at once, although the keeper has not run, so Lost
 // is still open and Err nil, as a holder resumed after SIGCONT sees them.
 // Resumed, the keeper declares the loss, and HeldUntil stays zero.
-func checkHeldUntilPastLease(t *testing.T, h holdLike, leaseDur time.Duration, taken time.Time, resume func()) {
+func checkHeldUntilPastLease(t *testing.T, h holdLike, leaseDur time.Duration, taken, returned time.Time, resume func()) {
 	t.Helper()
 	until := h.HeldUntil()
-	if until.IsZero() || !until.After(taken) || until.After(taken.Add(leaseDur)) {
-		t.Fatalf("HeldUntil = %v right after taking it at %v, want within its %v lease", until, taken, leaseDur)
+	// The lease counts from the send of the granting call, somewhere
+	// between the call and its return (a loaded machine may send it late).
+	if until.IsZero() || !until.After(taken) || until.After(returned.Add(leaseDur)) {
+		t.Fatalf("HeldUntil = %v for a hold taken from %v to %v, want within its %v lease", until, taken, returned, leaseDur)
 	}
 	if !h.Valid() {
 		t.Fatal("Valid = false right after taking the hold")
@@ -90,7 +92,7 @@ func checkHeldUntilPastLease(t *testing.T, h holdLike, leaseDur time.Duration, t
 // had no quick way to ask whether it may still write. HeldUntil and Valid
 // read the client clock, so they answer at once, for every kind of hold.
 func TestHeldUntilWithoutKeeper(t *testing.T) {
-	const leaseDur = 300 * time.Millisecond
+	const leaseDur = time.Second // a loaded machine may take a few hundred ms between the send and Valid
 	ctx := context.Background()
 	for _, c := range []struct {
 		name string
@@ -145,7 +147,7 @@ func TestHeldUntilWithoutKeeper(t *testing.T) {
 				resume := pauseKeeper(t, l.keeper)
 				taken := time.Now()
 				h := c.take(t, l)
-				checkHeldUntilPastLease(t, h, leaseDur, taken, resume)
+				checkHeldUntilPastLease(t, h, leaseDur, taken, time.Now(), resume)
 			})
 		}
 	}
