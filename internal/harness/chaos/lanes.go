@@ -82,6 +82,12 @@ const (
 	// holds, on the watchdog's lease, outlast two renewals: what Redis
 	// keeps of a hold after its renewals (rwLongOp).
 	laneRWLong = "lrl"
+	// lls, llf: a plain and a fair semaphore of capacity 1 and few
+	// contenders (one goroutine a node) whose permits, on the watchdog's
+	// lease, outlast the keys' first expiry (longSemOp): what the
+	// renewals keep, and fair waiters queued for longer than a lease.
+	laneLongSem  = "lls"
+	laneLongFair = "llf"
 )
 
 // laneCapacity is the capacity of a lane's semaphore.
@@ -89,7 +95,7 @@ func laneCapacity(res string) int64 {
 	switch res {
 	case lanePass:
 		return lanePassCap
-	case laneQuietSem:
+	case laneQuietSem, laneLongSem, laneLongFair:
 		return 1
 	}
 	return laneCap
@@ -170,7 +176,8 @@ type laneNode struct {
 // laneResources lists the lanes' resources and how the poller reads them.
 func laneResources() map[string]pollKind {
 	r := map[string]pollKind{laneMutex: pollMutex, laneFair: pollMutex, laneRW: pollRW, laneTake: pollMutex, laneRWTake: pollRW, laneQuietRW: pollRW, laneQuiet: pollMutex,
-		lanePSem: pollSem, laneFSem: pollSem, lanePass: pollSem, laneQuietSem: pollSem}
+		lanePSem: pollSem, laneFSem: pollSem, lanePass: pollSem, laneQuietSem: pollSem,
+		laneLongSem: pollSem, laneLongFair: pollSem}
 	for _, n := range laneMulti {
 		r[n] = pollMutex
 	}
@@ -201,6 +208,8 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	w.hist.capacity[laneFSem] = laneCap
 	w.hist.capacity[lanePass] = lanePassCap
 	w.hist.capacity[laneQuietSem] = 1
+	w.hist.capacity[laneLongSem] = 1
+	w.hist.capacity[laneLongFair] = 1
 	w.hist.capacity[laneReplSem] = 2
 	w.hist.capacity[laneCapSem] = laneCapMade
 	w.hist.capacity[laneCapFair] = laneCapMade
@@ -311,6 +320,12 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	for _, n := range w.nodes {
 		gbSeed := rng.Uint64()
 		wg.Go(func() { w.giveBacksWaited(ctx, n, rand.New(rand.NewPCG(gbSeed, 0x9d))) })
+	}
+	// The long-held semaphores, after them.
+	for _, n := range w.nodes {
+		for _, l := range []lane{{laneLongSem, 1, w.longSemOp, 300 * time.Millisecond}, {laneLongFair, 1, w.longSemOp, 300 * time.Millisecond}} {
+			run(n, l, 0, rng.Uint64())
+		}
 	}
 	return nil
 }
@@ -1205,6 +1220,24 @@ func (w *world) quietSemOp(ctx context.Context, n *node, rng *rand.Rand, id stri
 		return
 	}
 	w.semHoldLane(ctx, n, n.sems, laneQuietSem, "permit", id, 1, w.laneHold(rng))
+}
+
+// longSemOp takes the lane lls's or llf's permit (its id says which) on
+// the watchdog's lease and holds it for 1.1 to 1.5 leases: past the keys'
+// expiry its grant set (a lease and a sixteenth), so only the renewals
+// keep them (semaphore_renew_batch moves the keys' expiry with the
+// permit's), while the other nodes' Acquires wait for longer than a lease
+// (a fair one's queue entry kept by the Manager's refreshes,
+// semaphore_queue_refresh). With one permit and no other grant between,
+// nothing else moves the keys' expiry: a renewal that did not would lose
+// the permit, a loss no fault explains; a waiter left asleep after the
+// release is late (liveness).
+func (w *world) longSemOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	mgr, res, prim := n.sems, laneLongSem, "permit"
+	if strings.Contains(id, laneLongFair) {
+		mgr, res, prim = n.fairSems, laneLongFair, "fairpermit"
+	}
+	w.semHoldLane(ctx, n, mgr, res, prim, id, 1, time.Duration((1.1+0.4*rng.Float64())*float64(w.cfg.Lease)))
 }
 
 // passLight keeps the fair semaphore lfp full: a permit of weight 1 held
