@@ -98,10 +98,24 @@ func laneCapacity(res string) int64 {
 	case laneQuietSem, laneLongSem, laneLongFair:
 		return 1
 	}
+	if slices.Contains(laneQuietNode, res) {
+		return 1
+	}
 	return laneCap
 }
 
 var laneMulti = []string{"lx0", "lx1", "lx2"}
+
+// laneQuietNode (lqn0..lqn2): a plain semaphore of capacity 1 for each of
+// the first three nodes, taken only by three goroutines of that node
+// (quietNodeSemOp). A release wakes as many of a process's waiters as it
+// freed permits: the others sleep until a later release, which publishes
+// only if the grant before it (a waiter's, after its wait) marked the
+// semaphore as waited on (':w', semaphore_acquire). With all waiters in
+// one process, no refusal of another process's waiter marks it for them:
+// a grant that did not would leave them asleep while the permit is free
+// (liveness).
+var laneQuietNode = []string{"lqn0", "lqn1", "lqn2"}
 
 // A laneWait is one acquisition of a lane: what it was, when it was called
 // and returned, and the hold it got.
@@ -181,6 +195,9 @@ func laneResources() map[string]pollKind {
 	for _, n := range laneMulti {
 		r[n] = pollMutex
 	}
+	for _, n := range laneQuietNode {
+		r[n] = pollSem
+	}
 	return r
 }
 
@@ -210,6 +227,9 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	w.hist.capacity[laneQuietSem] = 1
 	w.hist.capacity[laneLongSem] = 1
 	w.hist.capacity[laneLongFair] = 1
+	for _, res := range laneQuietNode {
+		w.hist.capacity[res] = 1
+	}
 	w.hist.capacity[laneReplSem] = 2
 	w.hist.capacity[laneCapSem] = laneCapMade
 	w.hist.capacity[laneCapFair] = laneCapMade
@@ -327,7 +347,25 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 			run(n, l, 0, rng.Uint64())
 		}
 	}
+	// The node-local quiet semaphores, after them.
+	for _, n := range w.nodes {
+		if n.i >= len(laneQuietNode) {
+			break
+		}
+		for j := range 3 {
+			run(n, lane{"lqn", 3, w.quietNodeSemOp, 300 * time.Millisecond}, j, rng.Uint64())
+		}
+	}
 	return nil
+}
+
+// quietNodeSemOp takes node n's own quiet semaphore (laneQuietNode), holds
+// it a quarter to half a lease and rests half a lease to a lease: while
+// one holds, the node's two others wait, and after a release often nobody
+// but a sleeping waiter is left to take it.
+func (w *world) quietNodeSemOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	w.semHoldLane(ctx, n, n.sems, laneQuietNode[n.i], "permit", id, 1, w.quietHold(rng))
+	sleep(ctx, time.Duration((0.5+0.5*rng.Float64())*float64(w.cfg.Lease)))
 }
 
 // dropReplies drops one node's replies for a fifth to a half of a lease,
