@@ -46,6 +46,10 @@ import (
 //   - lcs, lcf: a plain and a fair semaphore whose capacity an operator
 //     sets (capacity.go); lwt: lt's takeovers of RWMutex write holds;
 //     lqr: an RWMutex whose writers give up under waiting readers;
+//   - lls, llf: a plain and a fair semaphore whose permits outlast the
+//     keys' first expiry (the renewals keep them), with waiters queued
+//     for over a lease; lqn0..lqn2: a quiet semaphore per node whose
+//     waiters are all in that process;
 //   - mortals: a client of its own that crashes (its connections closed at
 //     once, nothing it sends reaches Redis after) while it holds or waits in
 //     a lane, leaving its lease, queue entry or writer's mark to run out;
