@@ -131,14 +131,33 @@ func programError(err error) (string, bool) {
 		return "", false
 	}
 	msg := re.Error()
+	return msg, programMessage(msg)
+}
+
+// programMessage is programError's judgement of a Redis error's message.
+func programMessage(msg string) bool {
 	if !strings.Contains(msg, "@user_script:") {
-		return "", false
+		return false
 	}
 	code, _, _ := strings.Cut(msg, " ")
-	if code != "ERR" && code == strings.ToUpper(code) && strings.Trim(code, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") == "" {
-		return "", false // a code of its own
+	if code != "ERR" && allCaps(code) {
+		return false // a code of its own
 	}
-	return msg, true
+	// Redis 6 wraps a redis.call's error in "ERR Error running script
+	// ... @user_script:N: CODE ...": the code inside decides.
+	if _, inner, ok := strings.Cut(msg, "@user_script:"); ok {
+		if _, rest, ok := strings.Cut(inner, ": "); ok {
+			if c, _, _ := strings.Cut(rest, " "); c != "ERR" && allCaps(c) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// allCaps reports whether s is an error code: capital letters only.
+func allCaps(s string) bool {
+	return s != "" && strings.Trim(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") == ""
 }
 
 func (l *scriptErrLog) see(c scriptCall, res rueidis.RedisResult) {
