@@ -345,19 +345,29 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		gbSeed := rng.Uint64()
 		wg.Go(func() { w.giveBacksWaited(ctx, n, rand.New(rand.NewPCG(gbSeed, 0x9d))) })
 	}
-	// The long-held semaphores, after them.
+	// The long-held semaphores and the node-local quiet ones, after them,
+	// starting once the ramp above is over (a quarter to three eighths of
+	// a lease in, on top of run's own ramp): the first calls of the run
+	// are the busiest, and these lanes need not add to them.
+	late := func(op func(context.Context, *node, *rand.Rand, string)) func(context.Context, *node, *rand.Rand, string) {
+		return func(ctx context.Context, n *node, r *rand.Rand, id string) {
+			if strings.HasSuffix(id, ".1") {
+				sleep(ctx, time.Duration((0.25+0.125*r.Float64())*float64(w.cfg.Lease)))
+			}
+			op(ctx, n, r, id)
+		}
+	}
 	for _, n := range w.nodes {
-		for _, l := range []lane{{laneLongSem, 1, w.longSemOp, 300 * time.Millisecond}, {laneLongFair, 1, w.longSemOp, 300 * time.Millisecond}} {
+		for _, l := range []lane{{laneLongSem, 1, late(w.longSemOp), 300 * time.Millisecond}, {laneLongFair, 1, late(w.longSemOp), 300 * time.Millisecond}} {
 			run(n, l, 0, rng.Uint64())
 		}
 	}
-	// The node-local quiet semaphores, after them.
 	for _, n := range w.nodes {
 		if n.i >= len(laneQuietNode) {
 			break
 		}
 		for j := range 3 {
-			run(n, lane{"lqn", 3, w.quietNodeSemOp, 300 * time.Millisecond}, j, rng.Uint64())
+			run(n, lane{"lqn", 3, late(w.quietNodeSemOp), 300 * time.Millisecond}, j, rng.Uint64())
 		}
 	}
 	return nil
