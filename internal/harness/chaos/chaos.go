@@ -152,8 +152,9 @@ type world struct {
 	concOut  concOutages   // outages the concurrency routes were told of
 	metrics  *metricsCheck // the limits workload's observer (metrics.go)
 
-	capacitySet atomic.Bool // a SetCapacity was sent (faults.go)
-	races       int         // expiry races staged (race.go), by the partition stream only
+	capacitySet atomic.Bool   // a SetCapacity was sent (faults.go)
+	scriptErrs  *scriptErrLog // the lock and semaphore scripts' program errors (scripterr.go)
+	races       int           // expiry races staged (race.go), by the partition stream only
 
 	migrating sync.Map // res -> true while its slot migrates (faults.go)
 	opsMu     sync.Mutex
@@ -198,10 +199,13 @@ func Run(t testing.TB, cfg Config) Report {
 	if cfg.Logf == nil {
 		cfg.Logf = t.Logf
 	}
+	w := &world{cfg: cfg, hist: newHistory(cfg.Lease), lim: newLimitLog(), ops: map[string]int{}, ln: newLaneState(), scriptErrs: newScriptErrLog()}
 	if cfg.Client == nil {
-		cfg.Client = rueidisClient
+		// The default client's script replies are checked (scripterr.go).
+		w.cfg.Client = func(ctx context.Context, addrs []string, cluster bool) (*scriptcache.Cache, func(), error) {
+			return rueidisClient(ctx, addrs, cluster, w.scriptErrs)
+		}
 	}
-	w := &world{cfg: cfg, hist: newHistory(cfg.Lease), lim: newLimitLog(), ops: map[string]int{}, ln: newLaneState()}
 	if cfg.Cluster {
 		redistest.Skip(t)
 		cl, err := redistest.StartCluster(3)
@@ -319,6 +323,7 @@ func Run(t testing.TB, cfg Config) Report {
 	w.lim.checkWindows(w.hist)
 	prims := w.checkLanes()
 	w.checkMetrics()
+	w.scriptErrs.check(w.hist)
 
 	r := Report{Seed: cfg.Seed, Ops: w.ops, Holds: w.hist.holdsBy(), Faults: faults,
 		Schedule: slices.Concat(sched.lines(w.cl != nil), opSched.lines(w.cl != nil), partSched.lines(w.cl != nil)), CloseTook: w.closeTook}
@@ -386,7 +391,7 @@ func (w *world) newNode(t testing.TB, i int, proxied bool) *node {
 
 // rueidisClient is Config.Client's default: a rueidis client of addrs,
 // without client-side caching (the scripts make no use of it).
-func rueidisClient(ctx context.Context, addrs []string, _ bool) (*scriptcache.Cache, func(), error) {
+func rueidisClient(ctx context.Context, addrs []string, _ bool, log *scriptErrLog) (*scriptcache.Cache, func(), error) {
 	c, err := rueidis.NewClient(rueidis.ClientOption{
 		InitAddress:  addrs,
 		DisableCache: true,
@@ -395,7 +400,7 @@ func rueidisClient(ctx context.Context, addrs []string, _ bool) (*scriptcache.Ca
 	if err != nil {
 		return nil, nil, err
 	}
-	sc, err := scriptcache.New(ctx, c)
+	sc, err := scriptcache.New(ctx, checkedClient{Client: c, log: log})
 	if err != nil {
 		c.Close()
 		return nil, nil, err

@@ -395,6 +395,7 @@ func (w *world) apply(ctx context.Context, f fault) error {
 		}
 	case "wrongtype":
 		done := w.hist.operator(f.res, "SET of its key to a string")
+		w.scriptErrs.foreignData(f.res)
 		for _, k := range holderKeys(f.res) {
 			var owner *redistest.Server
 			if owner, err = w.owner(k); err != nil {

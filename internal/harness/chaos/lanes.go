@@ -46,6 +46,10 @@ import (
 //   - lcs, lcf: a plain and a fair semaphore whose capacity an operator
 //     sets (capacity.go); lwt: lt's takeovers of RWMutex write holds;
 //     lqr: an RWMutex whose writers give up under waiting readers;
+//   - lls, llf: a plain and a fair semaphore whose permits outlast the
+//     keys' first expiry (the renewals keep them), with waiters queued
+//     for over a lease; lqn0..lqn2: a quiet semaphore per node whose
+//     waiters are all in that process;
 //   - mortals: a client of its own that crashes (its connections closed at
 //     once, nothing it sends reaches Redis after) while it holds or waits in
 //     a lane, leaving its lease, queue entry or writer's mark to run out;
@@ -82,6 +86,12 @@ const (
 	// holds, on the watchdog's lease, outlast two renewals: what Redis
 	// keeps of a hold after its renewals (rwLongOp).
 	laneRWLong = "lrl"
+	// lls, llf: a plain and a fair semaphore of capacity 1 and few
+	// contenders (one goroutine a node) whose permits, on the watchdog's
+	// lease, outlast the keys' first expiry (longSemOp): what the
+	// renewals keep, and fair waiters queued for longer than a lease.
+	laneLongSem  = "lls"
+	laneLongFair = "llf"
 )
 
 // laneCapacity is the capacity of a lane's semaphore.
@@ -89,13 +99,27 @@ func laneCapacity(res string) int64 {
 	switch res {
 	case lanePass:
 		return lanePassCap
-	case laneQuietSem:
+	case laneQuietSem, laneLongSem, laneLongFair:
+		return 1
+	}
+	if slices.Contains(laneQuietNode, res) {
 		return 1
 	}
 	return laneCap
 }
 
 var laneMulti = []string{"lx0", "lx1", "lx2"}
+
+// laneQuietNode (lqn0..lqn2): a plain semaphore of capacity 1 for each of
+// the first three nodes, taken only by three goroutines of that node
+// (quietNodeSemOp). A release wakes as many of a process's waiters as it
+// freed permits: the others sleep until a later release, which publishes
+// only if the grant before it (a waiter's, after its wait) marked the
+// semaphore as waited on (':w', semaphore_acquire). With all waiters in
+// one process, no refusal of another process's waiter marks it for them:
+// a grant that did not would leave them asleep while the permit is free
+// (liveness).
+var laneQuietNode = []string{"lqn0", "lqn1", "lqn2"}
 
 // A laneWait is one acquisition of a lane: what it was, when it was called
 // and returned, and the hold it got.
@@ -170,9 +194,13 @@ type laneNode struct {
 // laneResources lists the lanes' resources and how the poller reads them.
 func laneResources() map[string]pollKind {
 	r := map[string]pollKind{laneMutex: pollMutex, laneFair: pollMutex, laneRW: pollRW, laneTake: pollMutex, laneRWTake: pollRW, laneQuietRW: pollRW, laneQuiet: pollMutex,
-		lanePSem: pollSem, laneFSem: pollSem, lanePass: pollSem, laneQuietSem: pollSem}
+		lanePSem: pollSem, laneFSem: pollSem, lanePass: pollSem, laneQuietSem: pollSem,
+		laneLongSem: pollSem, laneLongFair: pollSem}
 	for _, n := range laneMulti {
 		r[n] = pollMutex
+	}
+	for _, n := range laneQuietNode {
+		r[n] = pollSem
 	}
 	return r
 }
@@ -201,6 +229,11 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 	w.hist.capacity[laneFSem] = laneCap
 	w.hist.capacity[lanePass] = lanePassCap
 	w.hist.capacity[laneQuietSem] = 1
+	w.hist.capacity[laneLongSem] = 1
+	w.hist.capacity[laneLongFair] = 1
+	for _, res := range laneQuietNode {
+		w.hist.capacity[res] = 1
+	}
 	w.hist.capacity[laneReplSem] = 2
 	w.hist.capacity[laneCapSem] = laneCapMade
 	w.hist.capacity[laneCapFair] = laneCapMade
@@ -312,7 +345,41 @@ func (w *world) startLanes(ctx, pollCtx context.Context, wg, pollWG *sync.WaitGr
 		gbSeed := rng.Uint64()
 		wg.Go(func() { w.giveBacksWaited(ctx, n, rand.New(rand.NewPCG(gbSeed, 0x9d))) })
 	}
+	// The long-held semaphores and the node-local quiet ones, after them,
+	// starting once the ramp above is over (a quarter to three eighths of
+	// a lease in, on top of run's own ramp): the first calls of the run
+	// are the busiest, and these lanes need not add to them.
+	late := func(op func(context.Context, *node, *rand.Rand, string)) func(context.Context, *node, *rand.Rand, string) {
+		return func(ctx context.Context, n *node, r *rand.Rand, id string) {
+			if strings.HasSuffix(id, ".1") {
+				sleep(ctx, time.Duration((0.25+0.125*r.Float64())*float64(w.cfg.Lease)))
+			}
+			op(ctx, n, r, id)
+		}
+	}
+	for _, n := range w.nodes {
+		for _, l := range []lane{{laneLongSem, 1, late(w.longSemOp), 300 * time.Millisecond}, {laneLongFair, 1, late(w.longSemOp), 300 * time.Millisecond}} {
+			run(n, l, 0, rng.Uint64())
+		}
+	}
+	for _, n := range w.nodes {
+		if n.i >= len(laneQuietNode) {
+			break
+		}
+		for j := range 3 {
+			run(n, lane{"lqn", 3, late(w.quietNodeSemOp), 300 * time.Millisecond}, j, rng.Uint64())
+		}
+	}
 	return nil
+}
+
+// quietNodeSemOp takes node n's own quiet semaphore (laneQuietNode), holds
+// it a quarter to half a lease and rests half a lease to a lease: while
+// one holds, the node's two others wait, and after a release often nobody
+// but a sleeping waiter is left to take it.
+func (w *world) quietNodeSemOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	w.semHoldLane(ctx, n, n.sems, laneQuietNode[n.i], "permit", id, 1, w.quietHold(rng))
+	sleep(ctx, time.Duration((0.5+0.5*rng.Float64())*float64(w.cfg.Lease)))
 }
 
 // dropReplies drops one node's replies for a fifth to a half of a lease,
@@ -1205,6 +1272,24 @@ func (w *world) quietSemOp(ctx context.Context, n *node, rng *rand.Rand, id stri
 		return
 	}
 	w.semHoldLane(ctx, n, n.sems, laneQuietSem, "permit", id, 1, w.laneHold(rng))
+}
+
+// longSemOp takes the lane lls's or llf's permit (its id says which) on
+// the watchdog's lease and holds it for 1.1 to 1.5 leases: past the keys'
+// expiry its grant set (a lease and a sixteenth), so only the renewals
+// keep them (semaphore_renew_batch moves the keys' expiry with the
+// permit's), while the other nodes' Acquires wait for longer than a lease
+// (a fair one's queue entry kept by the Manager's refreshes,
+// semaphore_queue_refresh). With one permit and no other grant between,
+// nothing else moves the keys' expiry: a renewal that did not would lose
+// the permit, a loss no fault explains; a waiter left asleep after the
+// release is late (liveness).
+func (w *world) longSemOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
+	mgr, res, prim := n.sems, laneLongSem, "permit"
+	if strings.Contains(id, laneLongFair) {
+		mgr, res, prim = n.fairSems, laneLongFair, "fairpermit"
+	}
+	w.semHoldLane(ctx, n, mgr, res, prim, id, 1, time.Duration((1.1+0.4*rng.Float64())*float64(w.cfg.Lease)))
 }
 
 // passLight keeps the fair semaphore lfp full: a permit of weight 1 held

@@ -132,6 +132,7 @@ func (w *world) probeBatch() error {
 		return fmt.Errorf("the Lock of %s: %w", batchNames[1], err)
 	}
 	key := keyspace.Key("sluice:mutex:", batchNames[0], "")
+	w.scriptErrs.foreignData(batchNames[0])
 	srv, err := w.owner(key)
 	if err != nil {
 		return err

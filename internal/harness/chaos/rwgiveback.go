@@ -33,6 +33,7 @@ func (w *world) rwGiveBacks(ctx context.Context, n *node, rng *rand.Rand) {
 	rtt := time.Millisecond
 	for seq := 1; ctx.Err() == nil && !n.closed.Load(); seq++ {
 		sleep(ctx, time.Duration(rng.Float64()*float64(w.cfg.Lease)/40))
+		name := freshName(name, seq)
 		a, err := n.locks.NewRWMutex(name, mutex.WithOwner(fmt.Sprintf("n%dgw.%d", n.i, seq)))
 		if err != nil {
 			w.hist.violation("NewRWMutex: %v", err)
@@ -51,6 +52,18 @@ func (w *world) rwGiveBacks(ctx context.Context, n *node, rng *rand.Rand) {
 			return
 		}
 	}
+}
+
+// freshName is the resource of round seq of a give-back lane: every third
+// round a name never used before (name.seq), so that the attempt given
+// back is the grant that made the resource's keys (a new hash, a new run
+// of write holds, a new record) and the give-back must undo what such a
+// grant wrote, not only what a grant over earlier state writes.
+func freshName(name string, seq int) string {
+	if seq%3 == 0 {
+		return fmt.Sprintf("%s.%d", name, seq)
+	}
+	return name
 }
 
 // A contender is one side of giveBackWaited: what it is, how it takes and
@@ -186,7 +199,7 @@ func (w *world) giveBacksWaited(ctx context.Context, n *node, rng *rand.Rand) {
 		sleep(ctx, time.Duration(rng.Float64()*float64(w.cfg.Lease)/40))
 		k := rng.IntN(4)
 		var ca, cb contender
-		name := fmt.Sprintf("%s%d", []string{"lgm", "lgn", "lgs", "lgt"}[k], n.i)
+		name := freshName(fmt.Sprintf("%s%d", []string{"lgm", "lgn", "lgs", "lgt"}[k], n.i), seq)
 		if k < 2 {
 			lk := []*mutex.Locker{n.locks, n.fair}[k]
 			for j, c := range []*contender{&ca, &cb} {
