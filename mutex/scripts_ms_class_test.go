@@ -108,7 +108,8 @@ func (r *clkRig) listen(t *testing.T, ch string) func() []string {
 		}
 	}()
 	t.Cleanup(func() {
-		r.mr.Lock()
+		r.mr.Lock() // no publish runs while the subscriber goes
+		sub.Unsubscribe(ch)
 		sub.Close()
 		r.mr.Unlock()
 		<-done
@@ -127,6 +128,7 @@ func (r *clkRig) listen(t *testing.T, ch string) func() []string {
 // millisecond e falls on takes the lock, one ms before it is refused.
 func TestRWLockHeldUntilLeaseEndMs(t *testing.T) {
 	granted := fmt.Sprint([]int64{1, 1, clkUs})
+	r := newClkRig(t)
 	for _, c := range []struct {
 		name string
 		e    int64 // the holder's lease end - now
@@ -137,7 +139,7 @@ func TestRWLockHeldUntilLeaseEndMs(t *testing.T) {
 		{"lease ends at now-1: granted", -1, granted},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := newClkRig(t)
+			r.mr.FlushAll() // the state of this case only
 			r.do(t, "HSET", "{rw}", "o", "other", "n", "1", "f", "5", "a", "x.1", "e", clkMsText(c.e), "c", "5")
 			r.do(t, "PEXPIRE", "{rw}", "60000")
 			got := r.exec(t, "rwmutex_lock", []string{"{rw}", "{rw}:r", "{rw}:x", "{rw}:m"},
@@ -153,6 +155,7 @@ func TestRWLockHeldUntilLeaseEndMs(t *testing.T) {
 // the last token + 1 when that is not less: a last token equal to TIME
 // gives TIME + 1, never the same token twice.
 func TestRWLockTokenAfterLastUs(t *testing.T) {
+	r := newClkRig(t)
 	for _, c := range []struct {
 		name string
 		last int64 // the last token - TIME in µs
@@ -163,7 +166,7 @@ func TestRWLockTokenAfterLastUs(t *testing.T) {
 		{"last token at TIME+1: TIME+2", 1, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := newClkRig(t)
+			r.mr.FlushAll() // the state of this case only
 			f := strconv.FormatInt(clkUs+c.last, 10)
 			r.do(t, "HSET", "{rw}", "f", f, "c", f)
 			r.do(t, "PEXPIRE", "{rw}", "60000")
@@ -180,6 +183,7 @@ func TestRWLockTokenAfterLastUs(t *testing.T) {
 // record's last token + 1 when that is not less: a last token equal to
 // TIME gives TIME + 1, never the same token twice.
 func TestLockTokenAfterLastUs(t *testing.T) {
+	r := newClkRig(t)
 	for _, c := range []struct {
 		name string
 		last int64 // the last token - TIME in µs
@@ -190,7 +194,7 @@ func TestLockTokenAfterLastUs(t *testing.T) {
 		{"last token at TIME+1: TIME+2", 1, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := newClkRig(t)
+			r.mr.FlushAll() // the state of this case only
 			f := strconv.FormatInt(clkUs+c.last, 10)
 			r.do(t, "SET", "{m}", "L:"+f+":"+f+"|", "PX", "60000")
 			got := r.exec(t, "mutex_lock", []string{"{m}", "{m}:x", "{m}:q", "{m}:qe"}, []string{"60000", "me", "y.1"})
@@ -205,6 +209,7 @@ func TestLockTokenAfterLastUs(t *testing.T) {
 // its lease end e is after now: a ForceUnlock in the very millisecond e
 // falls on answers 0 for the writer (rwmutex_lock counts that hold over).
 func TestRWForceWriterLeaseEndMs(t *testing.T) {
+	r := newClkRig(t)
 	for _, c := range []struct {
 		name string
 		e    int64 // the writer's lease end - now
@@ -215,7 +220,7 @@ func TestRWForceWriterLeaseEndMs(t *testing.T) {
 		{"lease ends at now-1: no writer", -1, "[0 0]"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := newClkRig(t)
+			r.mr.FlushAll() // the state of this case only
 			r.do(t, "HSET", "{rw}", "o", "other", "n", "1", "f", "5", "a", "x.1", "e", clkMsText(c.e), "c", "5")
 			r.do(t, "PEXPIRE", "{rw}", "60000")
 			got := r.exec(t, "rwmutex_force", []string{"{rw}", "{rw}:r", "{rw}:rw", "{rw}:ww"}, []string{"p", "1000"})
@@ -231,6 +236,7 @@ func TestRWForceWriterLeaseEndMs(t *testing.T) {
 // a withdrawal in the very millisecond q falls on publishes nothing, as
 // readers are let in from then on anyway.
 func TestRWAbandonMarkWakeMs(t *testing.T) {
+	r := newClkRig(t)
 	for _, c := range []struct {
 		name string
 		q    int64 // the mark's end - now
@@ -241,7 +247,7 @@ func TestRWAbandonMarkWakeMs(t *testing.T) {
 		{"mark ends at now-1: no wake-up", -1, "[]"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := newClkRig(t)
+			r.mr.FlushAll() // the state of this case only
 			q := clkMsText(c.q)
 			r.do(t, "HSET", "{rw}", "f", "5", "c", "5", "q", q)
 			r.do(t, "PEXPIRE", "{rw}", "60000")

@@ -94,6 +94,7 @@ func (r *msRig) pttl(k string) int64 {
 func TestAcquireXBoundsMs(t *testing.T) {
 	const lease = 60_000
 	moved := ms(lease + 1 + lease/16)
+	r := newMsRig(t)
 	for _, c := range []struct {
 		name  string
 		x     int64 // ':x' - now
@@ -110,7 +111,7 @@ func TestAcquireXBoundsMs(t *testing.T) {
 		{"two permits, x at now+lease+2 (1 ms over): kept", lease + 2, "2", ms(lease + 2)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := newMsRig(t)
+			r.mr.FlushAll() // the state of this case only
 			hash, permits := "{s}", "{s}:e"
 			r.do(t, "HSET", hash, ":cap", "3", ":x", ms(c.x))
 			r.do(t, "ZADD", permits, ms(lease), "a")
@@ -145,6 +146,7 @@ func atoi(t *testing.T, s string) int64 {
 // while its expiry is after now: a release in the very millisecond the
 // permit ends answers 0, one ms before it 1. The permit goes either way.
 func TestReleaseJudgesExpiryMs(t *testing.T) {
+	r := newMsRig(t)
 	for _, c := range []struct {
 		name  string
 		score int64 // the permit's expiry - now
@@ -155,7 +157,7 @@ func TestReleaseJudgesExpiryMs(t *testing.T) {
 		{"expiry at now-1: not held", -1, "0"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := newMsRig(t)
+			r.mr.FlushAll() // the state of this case only
 			hash, permits := "{s}", "{s}:e"
 			r.do(t, "HSET", hash, ":cap", "2", ":x", ms(60_000))
 			r.do(t, "ZADD", permits, ms(c.score), "a", ms(60_000), "b")
@@ -174,6 +176,7 @@ func TestReleaseJudgesExpiryMs(t *testing.T) {
 // permit ends answers 0 and leaves it as it was.
 func TestRenewBatchJudgesExpiryMs(t *testing.T) {
 	const lease = 60_000
+	r := newMsRig(t)
 	for _, c := range []struct {
 		name      string
 		score     int64 // the permit's expiry - now
@@ -185,7 +188,7 @@ func TestRenewBatchJudgesExpiryMs(t *testing.T) {
 		{"expiry at now-1: not renewed", -1, "[0]", -1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := newMsRig(t)
+			r.mr.FlushAll() // the state of this case only
 			hash, permits := "{s}", "{s}:e"
 			r.do(t, "HSET", hash, ":cap", "2", ":x", ms(lease))
 			r.do(t, "ZADD", permits, ms(c.score), "a", ms(lease/2), "b")
@@ -206,6 +209,7 @@ func TestRenewBatchJudgesExpiryMs(t *testing.T) {
 func TestQueueRefreshBoundsMs(t *testing.T) {
 	const lease = 60_000
 	live := ms(lease)
+	r := newMsRig(t)
 	for _, c := range []struct {
 		name     string
 		first    int64  // the one permit's expiry - now
@@ -230,7 +234,7 @@ func TestQueueRefreshBoundsMs(t *testing.T) {
 		{name: "queue TTL 1 ms over the lease: kept", first: lease, cap: "1", queueTTL: lease + 1, want: "[1]", wantTTL: lease + 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := newMsRig(t)
+			r.mr.FlushAll() // the state of this case only
 			hash, permits, queue, entries := "{s}", "{s}:e", "{s}:q", "{s}:qe"
 			r.do(t, "HSET", hash, ":cap", c.cap, ":x", ms(2*lease))
 			r.do(t, "ZADD", permits, ms(c.first), "a")
