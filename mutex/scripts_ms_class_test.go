@@ -265,3 +265,32 @@ func TestRWAbandonMarkWakeMs(t *testing.T) {
 		})
 	}
 }
+
+// TestLockRefusalWaitMs: mutex_lock refuses a Lock while another owner
+// holds, answering -1 - W, W the holder's PTTL in ms. In the last
+// millisecond of the holder's record (a key is still there in the
+// millisecond it expires: PTTL 0) that is -1, the header's answer for
+// W = 0, not a table. miniredis reports PTTL 0 for a key with half a
+// millisecond left, which its stopped clock keeps there.
+func TestLockRefusalWaitMs(t *testing.T) {
+	r := newClkRig(t)
+	for _, c := range []struct {
+		name string
+		ttl  time.Duration // the holder's record's TTL
+		want string
+	}{
+		{"holder's record in its last ms (PTTL 0): -1", 500 * time.Microsecond, "-1"},
+		{"holder's record 1 ms from its end: -2", time.Millisecond, "-2"},
+		{"holder's record 2 ms from its end: -3", 2 * time.Millisecond, "-3"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r.mr.FlushAll() // the state of this case only
+			r.do(t, "SET", "{m}", "L:5:5|1:x.1:other")
+			r.mr.SetTTL("{m}", c.ttl)
+			got := r.exec(t, "mutex_lock", []string{"{m}", "{m}:x", "{m}:q", "{m}:qe"}, []string{"60000", "me", "y.1"})
+			if got != c.want {
+				t.Errorf("lock = %s, want %s", got, c.want)
+			}
+		})
+	}
+}
