@@ -17,6 +17,9 @@ import (
 // test can pick that millisecond; miniredis's clock stands still while the
 // test sets the key's TTL below or at 1 ms.
 func TestDenialOverNowNotCachedMs(t *testing.T) {
+	mr := miniredis.RunT(t)
+	mr.SetTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	sc := newCache(t, mr.Addr())
 	for _, c := range []struct {
 		name    string
 		ttl     time.Duration // the window key's TTL at the denial
@@ -28,9 +31,8 @@ func TestDenialOverNowNotCachedMs(t *testing.T) {
 		{"window ends in 2 ms: cached", 2 * time.Millisecond, 2 * time.Millisecond, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			mr := miniredis.RunT(t)
-			mr.SetTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-			l := newLimiter(t, newCache(t, mr.Addr()), Options{Algorithm: FixedWindow, Limit: PerMinute(1)})
+			mr.FlushAll() // the state of this case only
+			l := newLimiter(t, sc, Options{Algorithm: FixedWindow, Limit: PerMinute(1)})
 			if res := allow(t, l, "k", 1); !res.Allowed {
 				t.Fatalf("call 1: %+v, want allowed", res)
 			}
