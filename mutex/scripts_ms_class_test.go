@@ -1,17 +1,13 @@
 package mutex_test
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/rueidis"
-	"github.com/sluicekit/sluice/internal/testkit/redistest"
-	"github.com/sluicekit/sluice/scriptcache"
+	"github.com/sluicekit/sluice/internal/testkit/stopclock"
 )
 
 // The tests of this file put a lock script's state exactly on a bound it
@@ -35,59 +31,16 @@ var (
 func clkMsText(d int64) string { return strconv.FormatInt(clkMs+d, 10) }
 
 // clkRig is a miniredis whose clock stands at clkAt, with the scripts loaded.
-type clkRig struct {
-	mr     *miniredis.Miniredis
-	client rueidis.Client
-	sc     *scriptcache.Cache
-}
+type clkRig struct{ *stopclock.Rig }
 
-func newClkRig(t *testing.T) *clkRig {
-	t.Helper()
-	mr := miniredis.RunT(t)
-	mr.SetTime(clkAt)
-	client := redistest.Client(t, mr.Addr())
-	sc, err := scriptcache.New(context.Background(), client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &clkRig{mr: mr, client: client, sc: sc}
-}
-
-// do runs one command of a state's setup.
-func (r *clkRig) do(t *testing.T, cmd ...string) {
-	t.Helper()
-	if err := r.client.Do(context.Background(), r.client.B().Arbitrary(cmd[0]).Keys(cmd[1]).Args(cmd[2:]...).Build()).Error(); err != nil {
-		t.Fatalf("%q: %v", cmd, err)
-	}
-}
-
-// exec runs a script and returns its reply as text: an integer or a list.
-func (r *clkRig) exec(t *testing.T, name string, keys, args []string) string {
-	t.Helper()
-	s, err := r.sc.Script(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reply := s.Exec(context.Background(), keys, args)
-	if err := reply.Error(); err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	if v, err := reply.AsInt64(); err == nil {
-		return strconv.FormatInt(v, 10)
-	}
-	vs, err := reply.AsIntSlice()
-	if err != nil {
-		t.Fatalf("%s: reply neither an integer nor a list of them: %v", name, err)
-	}
-	return fmt.Sprint(vs)
-}
+func newClkRig(t *testing.T) *clkRig { return &clkRig{stopclock.New(t, clkAt)} }
 
 // listen collects what is published on ch until the returned function,
 // which publishes a last message of its own after everything the test
 // ran (delivery is in order, and synchronous on miniredis), returns them.
 func (r *clkRig) listen(t *testing.T, ch string) func() []string {
 	t.Helper()
-	sub := r.mr.NewSubscriber()
+	sub := r.MR.NewSubscriber()
 	sub.Subscribe(ch)
 	var (
 		mu   sync.Mutex
@@ -108,14 +61,14 @@ func (r *clkRig) listen(t *testing.T, ch string) func() []string {
 		}
 	}()
 	t.Cleanup(func() {
-		r.mr.Lock() // no publish runs while the subscriber goes
+		r.MR.Lock() // no publish runs while the subscriber goes
 		sub.Unsubscribe(ch)
 		sub.Close()
-		r.mr.Unlock()
+		r.MR.Unlock()
 		<-done
 	})
 	return func() []string {
-		r.mr.Publish(ch, "end of test")
+		r.MR.Publish(ch, "end of test")
 		<-end
 		mu.Lock()
 		defer mu.Unlock()
@@ -139,10 +92,10 @@ func TestRWLockHeldUntilLeaseEndMs(t *testing.T) {
 		{"lease ends at now-1: granted", -1, granted},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r.mr.FlushAll() // the state of this case only
-			r.do(t, "HSET", "{rw}", "o", "other", "n", "1", "f", "5", "a", "x.1", "e", clkMsText(c.e), "c", "5")
-			r.do(t, "PEXPIRE", "{rw}", "60000")
-			got := r.exec(t, "rwmutex_lock", []string{"{rw}", "{rw}:r", "{rw}:x", "{rw}:m"},
+			r.MR.FlushAll() // the state of this case only
+			r.Do(t, "HSET", "{rw}", "o", "other", "n", "1", "f", "5", "a", "x.1", "e", clkMsText(c.e), "c", "5")
+			r.Do(t, "PEXPIRE", "{rw}", "60000")
+			got := r.Exec(t, "rwmutex_lock", []string{"{rw}", "{rw}:r", "{rw}:x", "{rw}:m"},
 				[]string{"me", "60000", "0", "y.1", "", "0", ""})
 			if got != c.want {
 				t.Errorf("lock = %s, want %s", got, c.want)
@@ -166,11 +119,11 @@ func TestRWLockTokenAfterLastUs(t *testing.T) {
 		{"last token at TIME+1: TIME+2", 1, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r.mr.FlushAll() // the state of this case only
+			r.MR.FlushAll() // the state of this case only
 			f := strconv.FormatInt(clkUs+c.last, 10)
-			r.do(t, "HSET", "{rw}", "f", f, "c", f)
-			r.do(t, "PEXPIRE", "{rw}", "60000")
-			got := r.exec(t, "rwmutex_lock", []string{"{rw}", "{rw}:r", "{rw}:x", "{rw}:m"},
+			r.Do(t, "HSET", "{rw}", "f", f, "c", f)
+			r.Do(t, "PEXPIRE", "{rw}", "60000")
+			got := r.Exec(t, "rwmutex_lock", []string{"{rw}", "{rw}:r", "{rw}:x", "{rw}:m"},
 				[]string{"me", "60000", "0", "y.1", "", "0", ""})
 			if want := fmt.Sprint([]int64{1, 1, clkUs + c.want}); got != want {
 				t.Errorf("lock = %s, want %s (token TIME%+d µs)", got, want, c.want)
@@ -194,10 +147,10 @@ func TestLockTokenAfterLastUs(t *testing.T) {
 		{"last token at TIME+1: TIME+2", 1, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r.mr.FlushAll() // the state of this case only
+			r.MR.FlushAll() // the state of this case only
 			f := strconv.FormatInt(clkUs+c.last, 10)
-			r.do(t, "SET", "{m}", "L:"+f+":"+f+"|", "PX", "60000")
-			got := r.exec(t, "mutex_lock", []string{"{m}", "{m}:x", "{m}:q", "{m}:qe"}, []string{"60000", "me", "y.1"})
+			r.Do(t, "SET", "{m}", "L:"+f+":"+f+"|", "PX", "60000")
+			got := r.Exec(t, "mutex_lock", []string{"{m}", "{m}:x", "{m}:q", "{m}:qe"}, []string{"60000", "me", "y.1"})
 			if want := strconv.FormatInt(clkUs+c.want, 10); got != want {
 				t.Errorf("lock = %s, want %s (token TIME%+d µs)", got, want, c.want)
 			}
@@ -220,10 +173,10 @@ func TestRWForceWriterLeaseEndMs(t *testing.T) {
 		{"lease ends at now-1: no writer", -1, "[0 0]"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r.mr.FlushAll() // the state of this case only
-			r.do(t, "HSET", "{rw}", "o", "other", "n", "1", "f", "5", "a", "x.1", "e", clkMsText(c.e), "c", "5")
-			r.do(t, "PEXPIRE", "{rw}", "60000")
-			got := r.exec(t, "rwmutex_force", []string{"{rw}", "{rw}:r", "{rw}:rw", "{rw}:ww"}, []string{"p", "1000"})
+			r.MR.FlushAll() // the state of this case only
+			r.Do(t, "HSET", "{rw}", "o", "other", "n", "1", "f", "5", "a", "x.1", "e", clkMsText(c.e), "c", "5")
+			r.Do(t, "PEXPIRE", "{rw}", "60000")
+			got := r.Exec(t, "rwmutex_force", []string{"{rw}", "{rw}:r", "{rw}:rw", "{rw}:ww"}, []string{"p", "1000"})
 			if got != c.want {
 				t.Errorf("force = %s, want %s", got, c.want)
 			}
@@ -247,14 +200,14 @@ func TestRWAbandonMarkWakeMs(t *testing.T) {
 		{"mark ends at now-1: no wake-up", -1, "[]"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r.mr.FlushAll() // the state of this case only
+			r.MR.FlushAll() // the state of this case only
 			q := clkMsText(c.q)
-			r.do(t, "HSET", "{rw}", "f", "5", "c", "5", "q", q)
-			r.do(t, "PEXPIRE", "{rw}", "60000")
-			r.do(t, "ZADD", "{rw}:m", q, "m1")
-			r.do(t, "PEXPIRE", "{rw}:m", "60000")
+			r.Do(t, "HSET", "{rw}", "f", "5", "c", "5", "q", q)
+			r.Do(t, "PEXPIRE", "{rw}", "60000")
+			r.Do(t, "ZADD", "{rw}:m", q, "m1")
+			r.Do(t, "PEXPIRE", "{rw}:m", "60000")
 			published := r.listen(t, "{rw}:rw")
-			got := r.exec(t, "rwmutex_abandon", []string{"{rw}", "{rw}:r", "{rw}:x", "{rw}:rw", "{rw}:ww", "{rw}:m"},
+			got := r.Exec(t, "rwmutex_abandon", []string{"{rw}", "{rw}:r", "{rw}:x", "{rw}:rw", "{rw}:ww", "{rw}:m"},
 				[]string{"me", "y.1", "m", "p", "1000", "60000", "m1"})
 			if got != "1" {
 				t.Errorf("abandon = %s, want 1 (the mark withdrawn)", got)
@@ -284,10 +237,10 @@ func TestLockRefusalWaitMs(t *testing.T) {
 		{"holder's record 2 ms from its end: -3", 2 * time.Millisecond, "-3"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r.mr.FlushAll() // the state of this case only
-			r.do(t, "SET", "{m}", "L:5:5|1:x.1:other")
-			r.mr.SetTTL("{m}", c.ttl)
-			got := r.exec(t, "mutex_lock", []string{"{m}", "{m}:x", "{m}:q", "{m}:qe"}, []string{"60000", "me", "y.1"})
+			r.MR.FlushAll() // the state of this case only
+			r.Do(t, "SET", "{m}", "L:5:5|1:x.1:other")
+			r.MR.SetTTL("{m}", c.ttl)
+			got := r.Exec(t, "mutex_lock", []string{"{m}", "{m}:x", "{m}:q", "{m}:qe"}, []string{"60000", "me", "y.1"})
 			if got != c.want {
 				t.Errorf("lock = %s, want %s", got, c.want)
 			}

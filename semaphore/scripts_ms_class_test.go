@@ -1,16 +1,12 @@
 package semaphore_test
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/rueidis"
-	"github.com/sluicekit/sluice/internal/testkit/redistest"
-	"github.com/sluicekit/sluice/scriptcache"
+	"github.com/sluicekit/sluice/internal/testkit/stopclock"
 )
 
 // The tests of this file put a script's state exactly on a bound it
@@ -27,63 +23,19 @@ var msAt = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 var msNow = msAt.UnixMilli()
 
 // msRig is a miniredis whose clock stands at msAt, with the scripts loaded.
-type msRig struct {
-	mr     *miniredis.Miniredis
-	client rueidis.Client
-	sc     *scriptcache.Cache
-}
+type msRig struct{ *stopclock.Rig }
 
-func newMsRig(t *testing.T) *msRig {
-	t.Helper()
-	mr := miniredis.RunT(t)
-	mr.SetTime(msAt)
-	client := redistest.Client(t, mr.Addr())
-	sc, err := scriptcache.New(context.Background(), client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &msRig{mr: mr, client: client, sc: sc}
-}
+func newMsRig(t *testing.T) *msRig { return &msRig{stopclock.New(t, msAt)} }
 
 // ms is the text of msNow + d.
 func ms(d int64) string { return strconv.FormatInt(msNow+d, 10) }
 
-// do runs one command of a state's setup.
-func (r *msRig) do(t *testing.T, cmd ...string) {
-	t.Helper()
-	c := r.client
-	if err := c.Do(context.Background(), c.B().Arbitrary(cmd[0]).Keys(cmd[1]).Args(cmd[2:]...).Build()).Error(); err != nil {
-		t.Fatalf("%q: %v", cmd, err)
-	}
-}
-
-// exec runs a script and returns its reply as text: an integer or a list.
-func (r *msRig) exec(t *testing.T, name string, keys, args []string) string {
-	t.Helper()
-	s, err := r.sc.Script(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reply := s.Exec(context.Background(), keys, args)
-	if err := reply.Error(); err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	if v, err := reply.AsInt64(); err == nil {
-		return strconv.FormatInt(v, 10)
-	}
-	vs, err := reply.AsIntSlice()
-	if err != nil {
-		t.Fatalf("%s: reply neither an integer nor a list of them: %v", name, err)
-	}
-	return fmt.Sprint(vs)
-}
-
 // pttl is a key's TTL in milliseconds (-2 without the key, as PTTL).
 func (r *msRig) pttl(k string) int64 {
-	if !r.mr.Exists(k) {
+	if !r.MR.Exists(k) {
 		return -2
 	}
-	return r.mr.TTL(k).Milliseconds()
+	return r.MR.TTL(k).Milliseconds()
 }
 
 // TestAcquireXBoundsMs: semaphore_acquire leaves ':x' (and the keys'
@@ -111,16 +63,16 @@ func TestAcquireXBoundsMs(t *testing.T) {
 		{"two permits, x at now+lease+2 (1 ms over): kept", lease + 2, "2", ms(lease + 2)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r.mr.FlushAll() // the state of this case only
+			r.MR.FlushAll() // the state of this case only
 			hash, permits := "{s}", "{s}:e"
-			r.do(t, "HSET", hash, ":cap", "3", ":x", ms(c.x))
-			r.do(t, "ZADD", permits, ms(lease), "a")
-			r.do(t, "PEXPIREAT", hash, ms(c.x))
-			r.do(t, "PEXPIREAT", permits, ms(c.x))
-			if got := r.exec(t, "semaphore_acquire", []string{hash, permits}, []string{"3", c.n, "b", strconv.Itoa(lease), "pa"}); got != "1" {
+			r.Do(t, "HSET", hash, ":cap", "3", ":x", ms(c.x))
+			r.Do(t, "ZADD", permits, ms(lease), "a")
+			r.Do(t, "PEXPIREAT", hash, ms(c.x))
+			r.Do(t, "PEXPIREAT", permits, ms(c.x))
+			if got := r.Exec(t, "semaphore_acquire", []string{hash, permits}, []string{"3", c.n, "b", strconv.Itoa(lease), "pa"}); got != "1" {
 				t.Fatalf("acquire = %s, want 1 (granted)", got)
 			}
-			if got := r.mr.HGet(hash, ":x"); got != c.wantX {
+			if got := r.MR.HGet(hash, ":x"); got != c.wantX {
 				t.Errorf("':x' after the grant = now%+d, want now%+d", atoi(t, got)-msNow, atoi(t, c.wantX)-msNow)
 			}
 			want := atoi(t, c.wantX) - msNow
@@ -157,14 +109,14 @@ func TestReleaseJudgesExpiryMs(t *testing.T) {
 		{"expiry at now-1: not held", -1, "0"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r.mr.FlushAll() // the state of this case only
+			r.MR.FlushAll() // the state of this case only
 			hash, permits := "{s}", "{s}:e"
-			r.do(t, "HSET", hash, ":cap", "2", ":x", ms(60_000))
-			r.do(t, "ZADD", permits, ms(c.score), "a", ms(60_000), "b")
-			if got := r.exec(t, "semaphore_release", []string{hash, permits, "{s}:w"}, []string{"a", "p"}); got != c.want {
+			r.Do(t, "HSET", hash, ":cap", "2", ":x", ms(60_000))
+			r.Do(t, "ZADD", permits, ms(c.score), "a", ms(60_000), "b")
+			if got := r.Exec(t, "semaphore_release", []string{hash, permits, "{s}:w"}, []string{"a", "p"}); got != c.want {
 				t.Errorf("release = %s, want %s", got, c.want)
 			}
-			if left, err := r.mr.ZMembers(permits); err != nil || fmt.Sprint(left) != "[b]" {
+			if left, err := r.MR.ZMembers(permits); err != nil || fmt.Sprint(left) != "[b]" {
 				t.Errorf("permits after the release = %v (%v), want [b]", left, err)
 			}
 		})
@@ -188,14 +140,14 @@ func TestRenewBatchJudgesExpiryMs(t *testing.T) {
 		{"expiry at now-1: not renewed", -1, "[0]", -1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r.mr.FlushAll() // the state of this case only
+			r.MR.FlushAll() // the state of this case only
 			hash, permits := "{s}", "{s}:e"
-			r.do(t, "HSET", hash, ":cap", "2", ":x", ms(lease))
-			r.do(t, "ZADD", permits, ms(c.score), "a", ms(lease/2), "b")
-			if got := r.exec(t, "semaphore_renew_batch", []string{hash, permits}, []string{strconv.Itoa(lease), "1", "a"}); got != c.want {
+			r.Do(t, "HSET", hash, ":cap", "2", ":x", ms(lease))
+			r.Do(t, "ZADD", permits, ms(c.score), "a", ms(lease/2), "b")
+			if got := r.Exec(t, "semaphore_renew_batch", []string{hash, permits}, []string{strconv.Itoa(lease), "1", "a"}); got != c.want {
 				t.Errorf("renew = %s, want %s", got, c.want)
 			}
-			if got, err := r.mr.ZScore(permits, "a"); err != nil || int64(got)-msNow != c.wantScore {
+			if got, err := r.MR.ZScore(permits, "a"); err != nil || int64(got)-msNow != c.wantScore {
 				t.Errorf("the permit's expiry after the renewal = now%+d (%v), want now%+d", int64(got)-msNow, err, c.wantScore)
 			}
 		})
@@ -234,20 +186,20 @@ func TestQueueRefreshBoundsMs(t *testing.T) {
 		{name: "queue TTL 1 ms over the lease: kept", first: lease, cap: "1", queueTTL: lease + 1, want: "[1]", wantTTL: lease + 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r.mr.FlushAll() // the state of this case only
+			r.MR.FlushAll() // the state of this case only
 			hash, permits, queue, entries := "{s}", "{s}:e", "{s}:q", "{s}:qe"
-			r.do(t, "HSET", hash, ":cap", c.cap, ":x", ms(2*lease))
-			r.do(t, "ZADD", permits, ms(c.first), "a")
+			r.Do(t, "HSET", hash, ":cap", c.cap, ":x", ms(2*lease))
+			r.Do(t, "ZADD", permits, ms(c.first), "a")
 			if c.headW != "" {
-				r.do(t, "ZADD", queue, "1", "w0", "2", "w1")
-				r.do(t, "HSET", entries, "w0", ms(c.head)+" "+c.headW, "w1", live+" 1")
+				r.Do(t, "ZADD", queue, "1", "w0", "2", "w1")
+				r.Do(t, "HSET", entries, "w0", ms(c.head)+" "+c.headW, "w1", live+" 1")
 			} else {
-				r.do(t, "ZADD", queue, "1", "w1")
-				r.do(t, "HSET", entries, "w1", live+" 1")
+				r.Do(t, "ZADD", queue, "1", "w1")
+				r.Do(t, "HSET", entries, "w1", live+" 1")
 			}
-			r.do(t, "PEXPIRE", queue, strconv.FormatInt(c.queueTTL, 10))
-			r.do(t, "PEXPIRE", entries, strconv.FormatInt(c.queueTTL, 10))
-			if got := r.exec(t, "semaphore_queue_refresh", []string{hash, permits, queue, entries}, []string{strconv.Itoa(lease), "1", "w1", "1"}); got != c.want {
+			r.Do(t, "PEXPIRE", queue, strconv.FormatInt(c.queueTTL, 10))
+			r.Do(t, "PEXPIRE", entries, strconv.FormatInt(c.queueTTL, 10))
+			if got := r.Exec(t, "semaphore_queue_refresh", []string{hash, permits, queue, entries}, []string{strconv.Itoa(lease), "1", "w1", "1"}); got != c.want {
 				t.Errorf("refresh = %s, want %s", got, c.want)
 			}
 			for _, k := range []string{queue, entries} {
