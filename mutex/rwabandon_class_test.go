@@ -36,7 +36,6 @@ import (
 	"testing"
 
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 // rwAbandonState is what a row of TestScriptRWAbandonClass set up and found.
@@ -57,10 +56,8 @@ func TestScriptRWAbandonClass(t *testing.T) {
 	ctx := context.Background()
 	addr := redistest.Single(t).Addr()
 	client := redistest.Client(t, addr)
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
+	var err error
 	abandon, _ := sc.Script("rwmutex_abandon")
 	itoa := func(n int64) string { return strconv.FormatInt(n, 10) }
 	// One lock for every row (its keys deleted before each): the

@@ -95,10 +95,7 @@ func TestScriptRWEndsAtNowClass(t *testing.T) {
 	ctx := context.Background()
 	addr := redistest.Single(t).Addr()
 	client := redistest.Client(t, addr)
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	script := func(name string) *scriptcache.Script {
 		s, err := sc.Script(name)
 		if err != nil {

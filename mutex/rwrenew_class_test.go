@@ -21,16 +21,12 @@ import (
 	"testing"
 
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 func TestScriptRWRenewBatchClass(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Client(t, redistest.Single(t).Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	renew, _ := sc.Script("rwmutex_renew_batch")
 	itoa := func(n int64) string { return strconv.FormatInt(n, 10) }
 	const lease = 30_000

@@ -30,16 +30,12 @@ import (
 	"testing"
 
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 func TestScriptRWRLockClass(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Client(t, redistest.Single(t).Addr())
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	rlock, _ := sc.Script("rwmutex_rlock")
 	itoa := func(n int64) string { return strconv.FormatInt(n, 10) }
 	const lease = 30_000

@@ -24,17 +24,13 @@ import (
 	"testing"
 
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 func TestScriptRWRUnlockClass(t *testing.T) {
 	ctx := context.Background()
 	addr := redistest.Single(t).Addr()
 	client := redistest.Client(t, addr)
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	runlock, _ := sc.Script("rwmutex_runlock")
 	name := className("rw-runlock-class")
 	zKey, wrKey := rwKey(name, "z"), rwKey(name, "wr")

@@ -30,17 +30,13 @@ import (
 	"testing"
 
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
-	"github.com/sluicekit/sluice/scriptcache"
 )
 
 func TestScriptRWUnlockClass(t *testing.T) {
 	ctx := context.Background()
 	addr := redistest.Single(t).Addr()
 	client := redistest.Client(t, addr)
-	sc, err := scriptcache.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScripts(t, client)
 	unlock, _ := sc.Script("rwmutex_unlock")
 	itoa := func(n int64) string { return strconv.FormatInt(n, 10) }
 	_, keys, _ := rwScriptKeys(className("rw-unlock-class"))
