@@ -72,7 +72,7 @@ func (m *Mutex) lock(ctx context.Context) (outer, handoff bool, _ error) {
 	if !live {
 		// Subscribed after the first attempt: a release in between was
 		// missed, so once the subscription is confirmed, try again.
-		if err := w.Ready(ctx, m.waitFor(res.wait)); err != nil {
+		if err := w.Ready(ctx, m.readyFor(res.wait)); err != nil {
 			return false, false, waitErr(ctx, m.Name(), err)
 		}
 	}
@@ -151,6 +151,23 @@ func (m *Mutex) waitFor(wait time.Duration) time.Duration {
 	default:
 		return 10 * m.set.lease
 	}
+}
+
+// readyFor is how long a Lock that subscribed after its first attempt
+// waits for the subscription's confirmation before it tries again anyway.
+// An unfair Lock waits as it would sleep (waitFor): no longer than the
+// holder's lease. A fair one waits a re-check, as a fair Acquire does, not
+// waitFor's backstop of ten leases: the keeper's wake-up (its entry is
+// gone, the lock is free) does not end Ready, and a grant whose message
+// came before the subscription is found only by the attempt after it, so
+// a confirmation that is late (a pub/sub connection slow to come up) would
+// keep it from a lock handed to it, which would sit idle until that
+// grant's lease ran out.
+func (m *Mutex) readyFor(wait time.Duration) time.Duration {
+	if m.set.fair {
+		return m.set.recheck
+	}
+	return m.waitFor(wait)
 }
 
 // queueEntry is a waiting fair Lock's entry in the lock's queue. The
