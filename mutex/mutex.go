@@ -100,9 +100,10 @@
 // entries), so a thousand waiters do not make a thousand calls a second; an
 // entry not refreshed for a lease is dead and skipped. A waiter whose entry
 // a refresh finds gone (a release handed it the lock and the message was
-// lost, or it was dropped as dead) is woken and looks at once; otherwise a
-// waiter calls Redis itself only when woken or when the holder's lease
-// would run out. A hand-off gives the lock a
+// lost, or it was dropped as dead) is woken and looks at once (one whose
+// subscription is not confirmed yet looks at its next refresh instead);
+// otherwise a waiter calls Redis itself only when woken or when the
+// holder's lease would run out. A hand-off gives the lock a
 // lease that ends when the waiter's entry would have, so a waiter that died
 // at the head of the queue blocks the lock for at most its entry's lease;
 // one whose Lock gives up (ctx ended) leaves the queue at once and gives
