@@ -34,6 +34,72 @@ import (
 func (w *world) checkFIFO() {
 	w.checkFairMutex()
 	w.checkFairSemaphore()
+	for _, res := range []string{laneFair, laneFSem, lanePass, laneLongFair} {
+		w.checkQueueOrder(res)
+	}
+}
+
+// checkQueueOrder checks the queue itself, as Redis keeps it, where the
+// checks above look only at who got the lock or permits first: an entry
+// keeps its place until it leaves the queue (granted, given up, dead), and
+// a waiter joins at the end. So two entries live in two views keep their
+// order: A before B in one view and B before A in a later one means that
+// one of them left and came back, which a live waiter's entry does only if
+// it died meanwhile (entryExcusedLocked: not refreshed for a lease, the
+// waiter's network or this process stalled), or if the server lost the
+// queue (a server-wide fault) or an operator removed it. A script that
+// drops other waiters' entries (a queue deleted while it still holds
+// some) sends them to the back in whatever order they come back: their
+// grants may still come in an order the checks above allow, this one
+// sees the reordering.
+func (w *world) checkQueueOrder(res string) {
+	views := w.ln.poll.views(res)
+	byOwner, _ := w.laneWaits()
+	h := w.hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	type pair struct{ a, b string } // a < b
+	type seen struct {
+		aFirst bool
+		view   int
+	}
+	first := map[pair]seen{}
+	flagged := map[pair]bool{}
+	for i, v := range views {
+		var live []entry
+		for _, e := range v.queue {
+			if v.live(e) {
+				live = append(live, e)
+			}
+		}
+		for x := range live {
+			for y := x + 1; y < len(live); y++ {
+				ex, ey := live[x], live[y]
+				p, aFirst := pair{ex.id, ey.id}, true
+				if ey.id < ex.id {
+					p, aFirst = pair{ey.id, ex.id}, false
+				}
+				was, ok := first[p]
+				if !ok {
+					first[p] = seen{aFirst, i}
+					continue
+				}
+				if was.aFirst == aFirst || flagged[p] {
+					continue
+				}
+				// ey was ahead of ex in view was.view.
+				s := views[was.view]
+				wx, wy := byOwner[ex.owner], byOwner[ey.owner]
+				if wx == nil || wy == nil || w.entryExcusedLocked(wx, s.call, v.ret) || w.entryExcusedLocked(wy, s.call, v.ret) ||
+					h.serverWideLocked(s.call, v.ret) || h.operatorBetweenLocked(res, s.call, v.ret) {
+					continue
+				}
+				flagged[p] = true
+				h.violationLocked("queue order: in %q, %s (entry %s) was ahead of %s (entry %s) at %s, and behind it at %s, both live: a live entry keeps its place",
+					res, ey.owner, ey.id, ex.owner, ex.id, h.since(s.at()), h.since(v.at()))
+			}
+		}
+	}
 }
 
 // passBound is how many grants may pass a fair semaphore's blocked head.

@@ -920,6 +920,9 @@ func (w *world) rwLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string
 	if write && rng.IntN(4) == 0 {
 		w.nestWrite(ctx, rw, xs[0], lse)
 	}
+	if !write && !plan.abandon && rng.IntN(2) == 0 {
+		w.nestRead(ctx, rw, xs[0], lse)
+	}
 	w.holdLane(ctx, rng, xs, l, &lse, d, nil)
 	if plan.abandon {
 		w.abandonLane(xs, l, lse)
@@ -974,9 +977,16 @@ func (w *world) forcedLaneOp(ctx context.Context, n *node, rng *rand.Rand, id st
 	var l laneLock
 	var prim, kind string
 	var token func() int64
+	var m *mutex.Mutex
+	var fixed time.Duration
 	if res == "mf" {
-		m, err := n.locks.NewMutex(res, mutex.WithOwner(id))
-		if err != nil {
+		opts := []mutex.LockOption{mutex.WithOwner(id)}
+		if rng.IntN(2) == 0 {
+			fixed = w.fixedLease(rng)
+			opts = append(opts, mutex.WithLease(fixed))
+		}
+		var err error
+		if m, err = n.locks.NewMutex(res, opts...); err != nil {
 			w.hist.violation("NewMutex: %v", err)
 			return
 		}
@@ -994,13 +1004,35 @@ func (w *world) forcedLaneOp(ctx context.Context, n *node, rng *rand.Rand, id st
 		}
 		l, token = rwLock(rw, write), rw.Token
 	}
-	wt := &laneWait{prim: prim, res: res, owner: id, node: n.i, weight: 1}
+	wt := &laneWait{prim: prim, res: res, owner: id, node: n.i, weight: 1, lease: fixed}
 	xs := w.lockLane(ctx, n, rng, wt, l, kind, "forced lane", func() []int64 { return []int64{token()} })
 	if xs == nil {
 		return
 	}
 	sleep(ctx, time.Duration((0.02+0.18*rng.Float64())*float64(time.Second)))
+	if fixed > 0 {
+		w.extendForced(ctx, m, xs[0], leaseOf{fixed: fixed, from: wt.call, upto: wt.ret, watchdog: w.cfg.Lease})
+	}
 	w.releaseLane(n, xs, l, false)
+}
+
+// extendForced extends a fixed-lease hold of a forced lane before its
+// release: if an operator's ForceUnlock or DEL that the hold was in
+// progress for had returned before the call, the lock record no longer
+// holds it (the forcer's DEL leaves no record at all, and nobody may have
+// taken the lock since: its waiters sleep on the lease they were refused
+// under), and Extend must say so (ErrNotHeld), not renew a lease that
+// nobody keeps.
+func (w *world) extendForced(ctx context.Context, m *mutex.Mutex, x *hold, lse leaseOf) {
+	before := time.Now()
+	got := w.extendLane(ctx, lse.fixed, m, x, lse)
+	if got.unknown || got.from.Before(before) {
+		return // it failed
+	}
+	if what, at, ok := w.hist.removedBefore(x, before); ok {
+		w.hist.violation("Extend of %q (hold #%d, owner %s) called at %s renewed the lease, but an operator's %s at %s had removed the hold",
+			x.res, x.id, x.owner, w.hist.since(before), what, w.hist.since(at))
+	}
 }
 
 // forcer force-unlocks a forced lane every tenth to third of a lease, as
@@ -1012,6 +1044,11 @@ func (w *world) forcer(ctx context.Context, rng *rand.Rand) {
 			return
 		}
 		res := forcedLanes[rng.IntN(len(forcedLanes))]
+		// The Mutex lane's keys are deleted instead half of the time, as
+		// an operator's DEL would: that leaves no released record behind
+		// (a ForceUnlock keeps one for a while), which the holder's
+		// Extend (extendForced) must find gone just the same.
+		del := res == "mf" && rng.IntN(2) == 0
 		from := time.Now()
 		// In force, for the holds it may hit, from before it is sent (as
 		// the schedule's operator faults are, and the lines' lane's): a
@@ -1019,14 +1056,18 @@ func (w *world) forcer(ctx context.Context, rng *rand.Rand) {
 		// the call returns here, and the history judges a loss when the
 		// hold ends. The call's bound is a lease, and the admin node has
 		// no proxy to hold the request up past it.
-		w.hist.fault(from, from.Add(w.cfg.Lease), "forceunlock", res, -1)
-		done := w.hist.operator(res, "ForceUnlock")
-		err := w.forceUnlock(ctx, res)
+		kind, what, action := "forceunlock", "ForceUnlock", func() error { return w.forceUnlock(ctx, res) }
+		if del {
+			kind, what, action = "del", "DEL of its keys", func() error { return w.delKeys(res) }
+		}
+		w.hist.fault(from, from.Add(w.cfg.Lease), kind, res, -1)
+		done := w.hist.operator(res, what)
+		err := action()
 		// Until a lease after it ended, as the schedule's operator
 		// faults are.
-		w.hist.fault(from, time.Now().Add(w.cfg.Lease), "forceunlock", res, -1)
+		w.hist.fault(from, time.Now().Add(w.cfg.Lease), kind, res, -1)
 		if err != nil {
-			w.expected("ForceUnlock of "+res, from, err, mutexErrs...)
+			w.expected(what+" of "+res, from, err, mutexErrs...)
 			continue
 		}
 		done()
@@ -1054,6 +1095,32 @@ func (w *world) nestWrite(ctx context.Context, rw *mutex.RWMutex, x *hold, lse l
 	rcancel()
 	if err != nil {
 		w.expected("nested RWMutex.Unlock", call, err, mutexErrs...)
+		return
+	}
+	w.rwInfo(ctx, rw, x, lse)
+}
+
+// nestRead takes one more read hold of rw, which holds a read lock (x)
+// whose lease runs, and undoes it: "a nested RLock only checks that its
+// acquisition is still there" (rwmutex_rlock). It must not wait, and it
+// must find the hold: a nested RLock that reports the hold lost when no
+// fault explains it is the history's "loss with no fault" (a lane's read
+// holds are short, so few faults overlap them, unlike the shared names').
+func (w *world) nestRead(ctx context.Context, rw *mutex.RWMutex, x *hold, lse leaseOf) {
+	w.count("lane.nestread")
+	nctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+	call := time.Now()
+	err := rw.RLock(nctx)
+	cancel()
+	if err != nil {
+		w.expected("nested RWMutex.RLock", call, err, mutexErrs...)
+		return
+	}
+	rctx, rcancel := w.releaseCtx()
+	err = rw.RUnlock(rctx)
+	rcancel()
+	if err != nil {
+		w.expected("nested RWMutex.RUnlock", call, err, mutexErrs...)
 		return
 	}
 	w.rwInfo(ctx, rw, x, lse)
