@@ -829,6 +829,9 @@ func (w *world) mutexLane(ctx context.Context, n *node, rng *rand.Rand, id, res 
 	if long {
 		d = w.quietHold(rng)
 	}
+	if res == laneMutex && !plan.abandon && rng.IntN(3) == 0 {
+		w.nestLock(ctx, m, xs[0], lse)
+	}
 	w.holdLane(ctx, rng, xs, l, &lse, d, func() {
 		if fixed == 0 {
 			w.extendWatchdog(m)
@@ -1098,6 +1101,32 @@ func (w *world) nestWrite(ctx context.Context, rw *mutex.RWMutex, x *hold, lse l
 		return
 	}
 	w.rwInfo(ctx, rw, x, lse)
+}
+
+// nestLock takes one more hold of m, which holds the lock (x) with its
+// lease running, and undoes it: a Mutex is reentrant, "each Unlock undoes
+// one Lock". The nested Lock must not wait and must find the hold (a
+// nested Lock that reports it lost when no fault explains it is the
+// history's "loss with no fault"); after its Unlock the lock is still m's
+// (Info, and the exclusion rule against the lane's others).
+func (w *world) nestLock(ctx context.Context, m *mutex.Mutex, x *hold, lse leaseOf) {
+	w.count("lane.nestlock")
+	nctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+	call := time.Now()
+	err := m.Lock(nctx)
+	cancel()
+	if err != nil {
+		w.expected("nested Mutex.Lock", call, err, mutexErrs...)
+		return
+	}
+	rctx, rcancel := w.releaseCtx()
+	err = m.Unlock(rctx)
+	rcancel()
+	if err != nil {
+		w.expected("nested Mutex.Unlock", call, err, mutexErrs...)
+		return
+	}
+	w.infoHeld(ctx, m, x, lse)
 }
 
 // nestRead takes one more read hold of rw, which holds a read lock (x)
