@@ -52,6 +52,20 @@ func (w *world) checkFIFO() {
 // some) sends them to the back in whatever order they come back: their
 // grants may still come in an order the checks above allow, this one
 // sees the reordering.
+// mayHaveExpired reports whether entry id, with the expiry view v (the
+// last to show it in its old place) gave it, may have died by the server
+// time now: then it may have been dropped and come back at the tail,
+// whatever the stall and fault records say (a refresh late for reasons
+// they do not see). A refresh after v only moves the expiry later.
+func mayHaveExpired(v snap, id string, now int64) bool {
+	for _, e := range v.queue {
+		if e.id == id {
+			return e.expiry <= now
+		}
+	}
+	return true // not shown (past the first 32): nothing known
+}
+
 func (w *world) checkQueueOrder(res string) {
 	views := w.ln.poll.views(res)
 	byOwner, _ := w.laneWaits()
@@ -61,7 +75,8 @@ func (w *world) checkQueueOrder(res string) {
 	type pair struct{ a, b string } // a < b
 	type seen struct {
 		aFirst bool
-		view   int
+		view   int // the first view that showed both live
+		last   int // the last one that showed them in that order
 	}
 	first := map[pair]seen{}
 	flagged := map[pair]bool{}
@@ -81,22 +96,29 @@ func (w *world) checkQueueOrder(res string) {
 				}
 				was, ok := first[p]
 				if !ok {
-					first[p] = seen{aFirst, i}
+					first[p] = seen{aFirst, i, i}
 					continue
 				}
-				if was.aFirst == aFirst || flagged[p] {
+				if was.aFirst == aFirst {
+					was.last = i
+					first[p] = was
+					continue
+				}
+				if flagged[p] {
 					continue
 				}
 				// ey was ahead of ex in view was.view.
 				s := views[was.view]
 				wx, wy := byOwner[ex.owner], byOwner[ey.owner]
 				if wx == nil || wy == nil || w.entryExcusedLocked(wx, s.call, v.ret) || w.entryExcusedLocked(wy, s.call, v.ret) ||
-					h.serverWideLocked(s.call, v.ret) || h.operatorBetweenLocked(res, s.call, v.ret) {
+					h.serverWideLocked(s.call, v.ret) || h.operatorBetweenLocked(res, s.call, v.ret) ||
+					mayHaveExpired(views[was.last], ex.id, v.now) || mayHaveExpired(views[was.last], ey.id, v.now) {
+					first[p] = seen{aFirst, i, i} // the order from here on
 					continue
 				}
 				flagged[p] = true
 				h.violationLocked("queue order: in %q, %s (entry %s) was ahead of %s (entry %s) at %s, and behind it at %s, both live: a live entry keeps its place",
-					res, ey.owner, ey.id, ex.owner, ex.id, h.since(s.at()), h.since(v.at()))
+					res, ey.owner, ey.id, ex.owner, ex.id, h.since(views[was.last].at()), h.since(v.at()))
 			}
 		}
 	}
