@@ -81,6 +81,13 @@ func TestClientIP(t *testing.T) {
 		{"Forwarded obfuscated port of every allowed character", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9:_a.Z_9-x"`), "198.51.100.9", false},
 		{"Forwarded obfuscated ipv6 port", Forwarded, request("10.0.0.1:1", "Forwarded", `for="[2001:db8::9]:__"`), "2001:db8::9", false},
 		{"Forwarded obfuscated port with a bad character", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9:_a!b"`), "10.0.0.1", false},
+		// Each range's ends are allowed, the characters just outside refused.
+		{"Forwarded obfuscated port of every range's ends", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9:_azAZ09"`), "198.51.100.9", false},
+		{"Forwarded obfuscated port with the character before a", Forwarded, request("10.0.0.1:1", "Forwarded", "for=\"198.51.100.9:_a`\""), "10.0.0.1", false},
+		{"Forwarded obfuscated port with the character after z", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9:_z{"`), "10.0.0.1", false},
+		{"Forwarded obfuscated port with the character before A", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9:_A@"`), "10.0.0.1", false},
+		{"Forwarded obfuscated port with the character after Z", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9:_Z["`), "10.0.0.1", false},
+		{"Forwarded obfuscated port with the character before 0", Forwarded, request("10.0.0.1:1", "Forwarded", `for="198.51.100.9:_0/"`), "10.0.0.1", false},
 		{"Forwarded other parameters", Forwarded, request("10.0.0.1:1", "Forwarded", `proto=https;for=198.51.100.9;by="[fd00::1]";host="a,b"`), "198.51.100.9", false},
 		{"Forwarded chain", Forwarded, request("10.0.0.1:1", "Forwarded", "for=6.6.6.6, for=198.51.100.9;proto=http, for=10.0.0.2"), "198.51.100.9", false},
 		{"Forwarded several lines", Forwarded, request("10.0.0.1:1", "Forwarded", "for=6.6.6.6", "Forwarded", "for=198.51.100.9, for=10.0.0.2"), "198.51.100.9", false},
