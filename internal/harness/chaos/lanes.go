@@ -1078,81 +1078,57 @@ func (w *world) forcer(ctx context.Context, rng *rand.Rand) {
 	}
 }
 
-// nestWrite takes one more write hold of rw, which holds the write lock
-// (x), and undoes it: "both nest, and each Unlock or RUnlock undoes one".
-// The nested Lock must not wait (it holds the lock already); after the
-// Unlock of one hold, the lock is still rw's: Info says so (rwInfo), and
-// the exclusion rule sees any writer or reader let in meanwhile.
+// nestOnce takes one more hold of a lock whose holder holds it with its
+// lease running, and undoes it: "each Unlock (or RUnlock) undoes one". The
+// nested call must not wait (its bound is a quarter lease) and must find
+// the hold: one that reports it lost when no fault explains it is the
+// history's "loss with no fault" (lane holds are short, so few faults
+// overlap them, unlike the shared names'). It reports whether both calls
+// succeeded.
+func (w *world) nestOnce(ctx context.Context, count, lockOp, unlockOp string, lock, unlock func(context.Context) error) bool {
+	w.count(count)
+	nctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
+	call := time.Now()
+	err := lock(nctx)
+	cancel()
+	if err != nil {
+		w.expected("nested "+lockOp, call, err, mutexErrs...)
+		return false
+	}
+	rctx, rcancel := w.releaseCtx()
+	err = unlock(rctx)
+	rcancel()
+	if err != nil {
+		w.expected("nested "+unlockOp, call, err, mutexErrs...)
+		return false
+	}
+	return true
+}
+
+// nestWrite nests a write hold in rw's (x); after its Unlock the lock is
+// still rw's: Info says so (rwInfo), and the exclusion rule sees any
+// writer or reader let in meanwhile.
 func (w *world) nestWrite(ctx context.Context, rw *mutex.RWMutex, x *hold, lse leaseOf) {
-	w.count("lane.nestwrite")
-	nctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
-	call := time.Now()
-	err := rw.Lock(nctx)
-	cancel()
-	if err != nil {
-		w.expected("nested RWMutex.Lock", call, err, mutexErrs...)
-		return
+	if w.nestOnce(ctx, "lane.nestwrite", "RWMutex.Lock", "RWMutex.Unlock", rw.Lock, rw.Unlock) {
+		w.rwInfo(ctx, rw, x, lse)
 	}
-	rctx, rcancel := w.releaseCtx()
-	err = rw.Unlock(rctx)
-	rcancel()
-	if err != nil {
-		w.expected("nested RWMutex.Unlock", call, err, mutexErrs...)
-		return
-	}
-	w.rwInfo(ctx, rw, x, lse)
 }
 
-// nestLock takes one more hold of m, which holds the lock (x) with its
-// lease running, and undoes it: a Mutex is reentrant, "each Unlock undoes
-// one Lock". The nested Lock must not wait and must find the hold (a
-// nested Lock that reports it lost when no fault explains it is the
-// history's "loss with no fault"); after its Unlock the lock is still m's
-// (Info, and the exclusion rule against the lane's others).
+// nestLock nests a hold in m's (x): a Mutex is reentrant, "each Unlock
+// undoes one Lock"; after its Unlock the lock is still m's (Info, and the
+// exclusion rule against the lane's others).
 func (w *world) nestLock(ctx context.Context, m *mutex.Mutex, x *hold, lse leaseOf) {
-	w.count("lane.nestlock")
-	nctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
-	call := time.Now()
-	err := m.Lock(nctx)
-	cancel()
-	if err != nil {
-		w.expected("nested Mutex.Lock", call, err, mutexErrs...)
-		return
+	if w.nestOnce(ctx, "lane.nestlock", "Mutex.Lock", "Mutex.Unlock", m.Lock, m.Unlock) {
+		w.infoHeld(ctx, m, x, lse)
 	}
-	rctx, rcancel := w.releaseCtx()
-	err = m.Unlock(rctx)
-	rcancel()
-	if err != nil {
-		w.expected("nested Mutex.Unlock", call, err, mutexErrs...)
-		return
-	}
-	w.infoHeld(ctx, m, x, lse)
 }
 
-// nestRead takes one more read hold of rw, which holds a read lock (x)
-// whose lease runs, and undoes it: "a nested RLock only checks that its
-// acquisition is still there" (rwmutex_rlock). It must not wait, and it
-// must find the hold: a nested RLock that reports the hold lost when no
-// fault explains it is the history's "loss with no fault" (a lane's read
-// holds are short, so few faults overlap them, unlike the shared names').
+// nestRead nests a read hold in rw's (x): "a nested RLock only checks
+// that its acquisition is still there" (rwmutex_rlock).
 func (w *world) nestRead(ctx context.Context, rw *mutex.RWMutex, x *hold, lse leaseOf) {
-	w.count("lane.nestread")
-	nctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/4)
-	call := time.Now()
-	err := rw.RLock(nctx)
-	cancel()
-	if err != nil {
-		w.expected("nested RWMutex.RLock", call, err, mutexErrs...)
-		return
+	if w.nestOnce(ctx, "lane.nestread", "RWMutex.RLock", "RWMutex.RUnlock", rw.RLock, rw.RUnlock) {
+		w.rwInfo(ctx, rw, x, lse)
 	}
-	rctx, rcancel := w.releaseCtx()
-	err = rw.RUnlock(rctx)
-	rcancel()
-	if err != nil {
-		w.expected("nested RWMutex.RUnlock", call, err, mutexErrs...)
-		return
-	}
-	w.rwInfo(ctx, rw, x, lse)
 }
 
 // downgrade takes a read hold while rw holds the write lock, releases the
