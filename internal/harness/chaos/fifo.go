@@ -52,20 +52,6 @@ func (w *world) checkFIFO() {
 // some) sends them to the back in whatever order they come back: their
 // grants may still come in an order the checks above allow, this one
 // sees the reordering.
-// mayHaveExpired reports whether entry id, with the expiry view v (the
-// last to show it in its old place) gave it, may have died by the server
-// time now: then it may have been dropped and come back at the tail,
-// whatever the stall and fault records say (a refresh late for reasons
-// they do not see). A refresh after v only moves the expiry later.
-func mayHaveExpired(v snap, id string, now int64) bool {
-	for _, e := range v.queue {
-		if e.id == id {
-			return e.expiry <= now
-		}
-	}
-	return true // not shown (past the first 32): nothing known
-}
-
 func (w *world) checkQueueOrder(res string) {
 	views := w.ln.poll.views(res)
 	byOwner, _ := w.laneWaits()
@@ -122,6 +108,20 @@ func (w *world) checkQueueOrder(res string) {
 			}
 		}
 	}
+}
+
+// mayHaveExpired reports whether entry id, with the expiry view v (the
+// last to show it in its old place) gave it, may have died by the server
+// time now: then it may have been dropped and come back at the tail,
+// whatever the stall and fault records say (a refresh late for reasons
+// they do not see). A refresh after v only moves the expiry later.
+func mayHaveExpired(v snap, id string, now int64) bool {
+	for _, e := range v.queue {
+		if e.id == id {
+			return e.expiry <= now
+		}
+	}
+	return true // not shown (past the first 32): nothing known
 }
 
 // passBound is how many grants may pass a fair semaphore's blocked head.

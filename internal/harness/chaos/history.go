@@ -278,9 +278,6 @@ func (h *history) faultNear(from, to time.Time, slack time.Duration) bool {
 	return false
 }
 
-// operatorBetweenLocked reports whether an operator action on res (or on
-// every resource) may have landed in [t, by]: it was not done before t,
-// and it was sent by by (a zero by: at any time). Called with h.mu held.
 // removedBefore reports whether an operator's action on x's resource,
 // begun after x was granted, had returned (done) by t: the record no
 // longer holds x then. It says which action, and when it returned.
@@ -295,6 +292,9 @@ func (h *history) removedBefore(x *hold, t time.Time) (string, time.Time, bool) 
 	return "", time.Time{}, false
 }
 
+// operatorBetweenLocked reports whether an operator action on res (or on
+// every resource) may have landed in [t, by]: it was not done before t,
+// and it was sent by by (a zero by: at any time). Called with h.mu held.
 func (h *history) operatorBetweenLocked(res string, t, by time.Time) bool {
 	for _, o := range h.ops {
 		if (o.res == "" || o.res == res) && o.since(t) && (by.IsZero() || !o.at.After(by)) {
