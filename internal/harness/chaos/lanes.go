@@ -973,8 +973,9 @@ func (w *world) rwLongOp(ctx context.Context, n *node, rng *rand.Rand, id string
 var forcedLanes = []string{"rwf", "mf"}
 
 // forcedLaneOp takes one of the forced lanes (rwf for reading or writing,
-// or mf) on the watchdog's lease, holds it for 20 to 200 ms and releases
-// it.
+// or mf) on the watchdog's lease (half of mf's holds on a fixed lease
+// instead, Extended before the release: extendForced), holds it for 20 to
+// 200 ms and releases it.
 func (w *world) forcedLaneOp(ctx context.Context, n *node, rng *rand.Rand, id string) {
 	res := forcedLanes[rng.IntN(len(forcedLanes))]
 	var l laneLock
@@ -1038,8 +1039,8 @@ func (w *world) extendForced(ctx context.Context, m *mutex.Mutex, x *hold, lse l
 	}
 }
 
-// forcer force-unlocks a forced lane every tenth to third of a lease, as
-// an operator would, through the admin node.
+// forcer force-unlocks a forced lane every tenth to third of a lease (or
+// DELs mf's keys), as an operator would, through the admin node.
 func (w *world) forcer(ctx context.Context, rng *rand.Rand) {
 	for ctx.Err() == nil {
 		sleep(ctx, time.Duration((0.1+0.23*rng.Float64())*float64(w.cfg.Lease)))
