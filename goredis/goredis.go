@@ -735,16 +735,35 @@ func (c *Client) Subscribe(ctx context.Context, channel string, sharded bool, su
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	// The PubSub is made empty and the channel subscribed in a second
+	// step, whose error is kept: go-redis's Subscribe(ctx, channel)
+	// drops it, and when the write of the subscription fails it has
+	// already reconnected the PubSub, before recording the channel, on
+	// a connection that carries no subscription. Receive on that one
+	// would wait for ever (TestSubscribeWriteFails).
 	var ps *redis.PubSub
 	switch {
 	case c.cluster != nil && sharded:
-		ps = c.cluster.SSubscribe(ctx, channel) // routed by the channel's slot
+		ps = c.cluster.SSubscribe(ctx)
 	case c.cluster != nil:
-		ps = c.cluster.Subscribe(ctx, channel)
+		ps = c.cluster.Subscribe(ctx)
 	case sharded:
-		ps = c.single.SSubscribe(ctx, channel)
+		ps = c.single.SSubscribe(ctx)
 	default:
-		ps = c.single.Subscribe(ctx, channel)
+		ps = c.single.Subscribe(ctx)
+	}
+	var err error
+	if sharded {
+		err = ps.SSubscribe(ctx, channel) // a cluster routes it by the channel's slot
+	} else {
+		err = ps.Subscribe(ctx, channel)
+	}
+	if err != nil {
+		ps.Close()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("goredis: subscribe %q: %w", channel, classify(err))
 	}
 	closed := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {

@@ -1,0 +1,103 @@
+package goredis_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicekit/sluice/goredis"
+	"github.com/sluicekit/sluice/internal/testkit/redistest"
+)
+
+// failingConn fails the first write of a SUBSCRIBE or SSUBSCRIBE while
+// *left is positive, as a connection reset between the dial and that
+// write does.
+type failingConn struct {
+	net.Conn
+	left *atomic.Int32
+}
+
+func (c *failingConn) Write(b []byte) (int, error) {
+	if bytes.Contains(bytes.ToLower(b), []byte("subscribe")) && c.left.Add(-1) >= 0 {
+		c.Conn.Close()
+		return 0, errors.New("connection reset by the test")
+	}
+	return c.Conn.Write(b)
+}
+
+// TestSubscribeWriteFails: when the write of the subscription fails,
+// go-redis reconnects the PubSub at once, before the channel is recorded
+// as subscribed, so the new connection carries no subscription and a
+// Receive on it waits for ever: no confirmation, no message, no error.
+// (A reset of the connection between the dial and the write does this.)
+// Subscribe must not read such a PubSub: it must subscribe again, and the
+// subscription must then be confirmed and carry messages.
+func TestSubscribeWriteFails(t *testing.T) {
+	srv := redistest.NewServer(t)
+	for _, sharded := range []bool{false, true} {
+		name := map[bool]string{false: "plain", true: "sharded"}[sharded]
+		t.Run(name, func(t *testing.T) {
+			var left atomic.Int32
+			left.Store(1)
+			rdb := redis.NewClient(&redis.Options{
+				Addr: srv.Addr(),
+				Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+					c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+					if err != nil {
+						return nil, err
+					}
+					return &failingConn{Conn: c, left: &left}, nil
+				},
+			})
+			t.Cleanup(func() { rdb.Close() })
+			c, err := goredis.Wrap(rdb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			confirmed := make(chan struct{}, 16)
+			got := make(chan string, 16)
+			done := make(chan struct{})
+			go func() { // what the notify hub does: subscribe again after a failure
+				defer close(done)
+				for ctx.Err() == nil {
+					if err := c.Subscribe(ctx, "wf."+name, sharded,
+						func() { confirmed <- struct{}{} },
+						func(p string) { got <- p }); ctx.Err() == nil {
+						t.Logf("subscribe: %v", err)
+					}
+				}
+			}()
+			defer func() { cancel(); <-done }()
+			select {
+			case <-confirmed:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no confirmation within 10s after a failed subscription write")
+			}
+			if left.Load() >= 0 {
+				t.Fatal("the subscription write did not fail: the test tested nothing")
+			}
+			publish := "PUBLISH"
+			if sharded {
+				publish = "SPUBLISH"
+			}
+			if _, err := srv.Do(publish, "wf."+name, "hello"); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case p := <-got:
+				if p != "hello" {
+					t.Fatalf("message %q, want hello", p)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the confirmed subscription carried no message")
+			}
+		})
+	}
+}
