@@ -60,7 +60,8 @@
 -- ARGV[7]  the Lock's mark id (one per Lock call; "" for TryLock)
 --
 -- Returns  {1, holds, token} when the owner holds the write lock now;
---          {0, ms until the blocking lease ends, 0} when refused;
+--          {0, ms until the writer's lease, or the first reader's, ends, 0}
+--          when refused;
 --          {-1, 0, 0} when a nested Lock's acquisition is gone.
 -- Complexity: O(log R + log W) for R readers and W waiting writers, plus at
 --          most 16 removals of each. A grant that replaces an expired or
@@ -120,9 +121,12 @@ local old = redis.call('ZRANGEBYSCORE', KEYS[2], num(-now), num(now), 'LIMIT', 0
 if #old > 0 then
   redis.call('ZREM', KEYS[2], unpack(old))
 end
-if redis.call('ZCOUNT', KEYS[2], '(' .. num(now), '+inf') > 0 then
-  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  return refuse(tonumber(last[2]) - now)
+-- Readers hold: wait for the first lease to end, not the last. A reader
+-- whose lease runs out publishes nothing, and the others' releases wake
+-- the writers only when no live reader is left.
+local first = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. num(now), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+if #first > 0 then
+  return refuse(tonumber(first[2]) - now)
 end
 
 local token = tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -187,7 +187,10 @@ func (l *Locker) NewRWMutex(name string, opts ...LockOption) (*RWMutex, error) {
 // of the mark, so a mark left by a writer that crashed holds it up no
 // longer. A writer that gives up wakes the readers when its withdrawal ends
 // the mark or brings its end forward. The last reader's release wakes one
-// waiting writer per process.
+// waiting writer per process. A reader whose lease runs out publishes
+// nothing, so a writer refused by readers sleeps until the first of their
+// leases ends (at most a third of the mark), not the last: when the
+// readers that outlast it release, the expired one no longer counts.
 //
 // # Keys
 //
