@@ -2,6 +2,7 @@ package goredis
 
 import (
 	"context"
+	"time"
 
 	"github.com/sluicekit/sluice/scriptcache"
 )
@@ -35,3 +36,8 @@ func EvalPipelined(c *Client, body string, keys ...string) []scriptcache.Reply {
 	}
 	return out
 }
+
+// SetSubscriptionQuiet sets how long a subscription's connection may be
+// silent before Subscribe sends a PING, and then before it gives the
+// connection up.
+func SetSubscriptionQuiet(c *Client, d time.Duration) { c.quiet = d }

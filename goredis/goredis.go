@@ -79,6 +79,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -112,7 +113,17 @@ type Client struct {
 	// puts a call's context deadline on its connection's reads and writes.
 	deadlines bool
 	co        coalescer // the calls waiting for a pipeline; not on a cluster
+	// quiet: how long a subscription's connection may go without any
+	// reply before Subscribe sends a PING, and then without the PONG
+	// before it gives the connection up (see Subscribe).
+	quiet time.Duration
 }
+
+// subscriptionQuiet is Client.quiet's default: a connection that silently
+// died (a NAT or a load balancer dropped it, a partition) is given up
+// within 10 to 15 seconds, at the cost of a PING every 5 seconds on an
+// idle subscription.
+const subscriptionQuiet = 5 * time.Second
 
 var _ scriptcache.Client = (*Client)(nil)
 
@@ -126,12 +137,12 @@ func Wrap(c redis.UniversalClient) (*Client, error) {
 		if x == nil {
 			return nil, ErrNilClient
 		}
-		return &Client{single: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled, co: coalescer{max: min(maxInFlight, x.Options().PoolSize)}}, nil
+		return &Client{single: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled, co: coalescer{max: min(maxInFlight, x.Options().PoolSize)}, quiet: subscriptionQuiet}, nil
 	case *redis.ClusterClient:
 		if x == nil {
 			return nil, ErrNilClient
 		}
-		return &Client{cluster: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled}, nil
+		return &Client{cluster: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled, quiet: subscriptionQuiet}, nil
 	case *redis.Ring:
 		return nil, ErrRing
 	default:
@@ -770,7 +781,10 @@ func (c *Client) Subscribe(ctx context.Context, channel string, sharded bool, su
 		defer close(closed)
 		ps.Close()
 	})
+	var heard, silent atomic.Bool
+	stopWatch := c.watchSubscription(ctx, ps, &heard, &silent)
 	defer func() {
+		stopWatch()
 		if stop() {
 			ps.Close() // ctx did not end: close it here
 		} else {
@@ -783,11 +797,15 @@ func (c *Client) Subscribe(ctx context.Context, channel string, sharded bool, su
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
+			if silent.Load() {
+				return fmt.Errorf("goredis: subscribe %q: no reply to a PING in %v: %w", channel, c.quiet, err)
+			}
 			if isServerError(err) && !scriptcache.Retryable(err.Error()) {
 				return fmt.Errorf("%w: subscribe %q: %w", scriptcache.ErrRefused, channel, err)
 			}
 			return fmt.Errorf("goredis: subscribe %q: %w", channel, classify(err))
 		}
+		heard.Store(true)
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			switch m.Kind {
@@ -801,5 +819,53 @@ func (c *Client) Subscribe(ctx context.Context, channel string, sharded bool, su
 		case *redis.Message:
 			message(m.Payload)
 		}
+	}
+}
+
+// watchSubscription gives up the connection of ps when it has gone
+// silent: go-redis's Receive waits for ever on a connection that died
+// without a reset (a NAT or a load balancer that dropped it, a
+// partition), and the TCP keepalive of its dialer takes minutes to
+// notice. Every c.quiet, unless Subscribe heard something since the last
+// tick (heard), the watcher sends a PING; when the next tick finds
+// nothing heard after it, not even the PONG, it sets silent and closes
+// ps, which ends Subscribe's Receive. The returned stop ends the watcher
+// and waits for it.
+func (c *Client) watchSubscription(ctx context.Context, ps *redis.PubSub, heard, silent *atomic.Bool) (stop func()) {
+	if c.quiet <= 0 {
+		return func() {}
+	}
+	done, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		t := time.NewTicker(c.quiet)
+		defer t.Stop()
+		pinged := false
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			switch {
+			case heard.Swap(false):
+				pinged = false
+			case pinged:
+				silent.Store(true)
+				ps.Close()
+				return
+			default:
+				pinged = true
+				pctx, cancel := context.WithTimeout(ctx, c.quiet)
+				_ = ps.Ping(pctx) // a failed write fails Receive too
+				cancel()
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-ended
 	}
 }

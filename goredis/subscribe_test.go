@@ -5,6 +5,9 @@ import (
 	"context"
 	"errors"
 	"net"
+	"regexp"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicekit/sluice/goredis"
+	"github.com/sluicekit/sluice/internal/testkit/faultproxy"
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 )
 
@@ -99,5 +103,120 @@ func TestSubscribeWriteFails(t *testing.T) {
 				t.Fatal("the confirmed subscription carried no message")
 			}
 		})
+	}
+}
+
+// subscribed runs c.Subscribe of channel until it returns, and reports
+// its confirmations, messages and end.
+type subscribed struct {
+	confirmed chan struct{}
+	got       chan string
+	end       chan error
+}
+
+func subscribe(ctx context.Context, c *goredis.Client, channel string) *subscribed {
+	s := &subscribed{confirmed: make(chan struct{}, 16), got: make(chan string, 16), end: make(chan error, 1)}
+	go func() {
+		s.end <- c.Subscribe(ctx, channel, false,
+			func() { s.confirmed <- struct{}{} },
+			func(p string) { s.got <- p })
+	}()
+	return s
+}
+
+// TestSubscribeSilentConnection: a subscription's connection that goes
+// silent without a reset (a partition, a NAT that dropped it) must end
+// Subscribe, for the caller to subscribe again: go-redis's Receive
+// would wait on it for ever.
+func TestSubscribeSilentConnection(t *testing.T) {
+	srv := redistest.NewServer(t)
+	proxy, err := faultproxy.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	c, err := goredis.Wrap(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	goredis.SetSubscriptionQuiet(c, 200*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := subscribe(ctx, c, "silent")
+	select {
+	case <-s.confirmed:
+	case err := <-s.end:
+		t.Fatalf("Subscribe ended before its confirmation: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no confirmation within 10s")
+	}
+	proxy.Blackhole(true)
+	defer proxy.Blackhole(false)
+	select {
+	case err := <-s.end:
+		if err == nil || !strings.Contains(err.Error(), "no reply to a PING") {
+			t.Fatalf("Subscribe ended with %v, want no reply to a PING", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Subscribe still reading a silent connection after 10s (quiet 200ms)")
+	}
+}
+
+var pingCalls = regexp.MustCompile(`cmdstat_ping:calls=(\d+)`)
+
+// TestSubscribeQuietConnectionKept: a subscription that hears nothing
+// but answers the PINGs is kept, and still carries messages.
+func TestSubscribeQuietConnectionKept(t *testing.T) {
+	srv := redistest.NewServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	c, err := goredis.Wrap(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	goredis.SetSubscriptionQuiet(c, 500*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	s := subscribe(ctx, c, "quiet")
+	defer func() {
+		cancel()
+		if err := <-s.end; !errors.Is(err, context.Canceled) {
+			t.Errorf("Subscribe ended with %v, want its context's end", err)
+		}
+	}()
+	select {
+	case <-s.confirmed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no confirmation within 10s")
+	}
+	pings := func() int {
+		out, _ := srv.Do("INFO", "commandstats")
+		m := pingCalls.FindStringSubmatch(out)
+		if m == nil {
+			return 0
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	base := pings()
+	if !redistest.WaitFor(ctx, 20*time.Second, func() bool { return pings() >= base+3 }) {
+		t.Fatalf("%d PINGs in 20s on a quiet subscription (quiet 500ms), want 3", pings()-base)
+	}
+	select {
+	case err := <-s.end:
+		t.Fatalf("Subscribe ended on a connection that answers its PINGs: %v", err)
+	default:
+	}
+	if _, err := srv.Do("PUBLISH", "quiet", "hello"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-s.got:
+		if p != "hello" {
+			t.Fatalf("message %q, want hello", p)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the kept subscription carried no message")
 	}
 }
