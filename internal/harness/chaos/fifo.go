@@ -67,12 +67,7 @@ func (w *world) checkQueueOrder(res string) {
 	first := map[pair]seen{}
 	flagged := map[pair]bool{}
 	for i, v := range views {
-		var live []entry
-		for _, e := range v.queue {
-			if v.live(e) {
-				live = append(live, e)
-			}
-		}
+		live := v.liveQueue()
 		for x := range live {
 			for y := x + 1; y < len(live); y++ {
 				ex, ey := live[x], live[y]
@@ -183,13 +178,7 @@ func queuedBefore(views []snap, t time.Time) ([]entry, snap, bool) {
 	i := searchSnaps(views, t)
 	for i--; i >= 0; i-- {
 		if views[i].ret.Before(t) {
-			var live []entry
-			for _, e := range views[i].queue {
-				if views[i].live(e) {
-					live = append(live, e)
-				}
-			}
-			return live, views[i], true
+			return views[i].liveQueue(), views[i], true
 		}
 	}
 	return nil, snap{}, false

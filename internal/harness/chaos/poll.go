@@ -66,6 +66,17 @@ type entry struct {
 // live reports whether e was alive at the view's instant.
 func (s snap) live(e entry) bool { return e.expiry > s.now }
 
+// liveQueue returns the entries of the queue live in s, in queue order.
+func (s snap) liveQueue() []entry {
+	var live []entry
+	for _, e := range s.queue {
+		if s.live(e) {
+			live = append(live, e)
+		}
+	}
+	return live
+}
+
 // head returns the first live entry of the queue.
 func (s snap) head() (entry, bool) {
 	for _, e := range s.queue {
