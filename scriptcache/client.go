@@ -61,9 +61,14 @@ type Client interface {
 	// SUBSCRIBE) and calls message with the payload of every message, in
 	// order, and subscribed each time the server confirms the
 	// subscription. It blocks until ctx ends, after unsubscribing, or until
-	// the subscription fails; it returns the error then. An error that
-	// retrying cannot fix, because the server refused the subscription
-	// (NOPERM, an unknown command), wraps ErrRefused.
+	// the subscription fails; it returns the error then. A connection that
+	// went silent without a reset fails once a PING on it goes unanswered
+	// (rueidis, by default, pings a connection quiet for a second and
+	// gives it ten; the go-redis adapter pings after 5 s and gives 5
+	// more): a blocked read would leave the channel's waiters to their
+	// timers.
+	// An error that retrying cannot fix, because the server refused the
+	// subscription (NOPERM, an unknown command), wraps ErrRefused.
 	Subscribe(ctx context.Context, channel string, sharded bool, subscribed func(), message func(payload string)) error
 }
 
