@@ -29,7 +29,7 @@ type failingConn struct {
 
 func (c *failingConn) Write(b []byte) (int, error) {
 	if bytes.Contains(bytes.ToLower(b), []byte("subscribe")) && c.left.Add(-1) >= 0 {
-		c.Conn.Close()
+		c.Close()
 		return 0, errors.New("connection reset by the test")
 	}
 	return c.Conn.Write(b)
