@@ -247,3 +247,31 @@ func TestLockRefusalWaitMs(t *testing.T) {
 		})
 	}
 }
+
+// TestRWInfoLeaseEndsMs: rwmutex_info reports a writer only while its
+// lease end e is after now, and counts a reader only while its lease end
+// is: in the very millisecond a lease ends on, RWInfo shows it gone, as
+// rwmutex_lock and rwmutex_rlock then count it.
+func TestRWInfoLeaseEndsMs(t *testing.T) {
+	r := newClkRig(t)
+	for _, c := range []struct {
+		name string
+		d    int64 // the writer's and the reader's lease ends - now
+		want string
+	}{
+		{"leases end at now (the bound): none", 0, "[ 0 5 0 0 0]"},
+		{"leases end at now+1: a writer and a reader", 1, "[other 1 5 1 1 0]"},
+		{"leases end at now-1: none", -1, "[ 0 5 0 0 0]"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r.MR.FlushAll() // the state of this case only
+			r.Do(t, "HSET", "{rw}", "o", "other", "n", "1", "f", "5", "a", "x.1", "e", clkMsText(c.d), "c", "5")
+			r.Do(t, "PEXPIRE", "{rw}", "60000")
+			r.Do(t, "ZADD", "{rw}:r", clkMsText(c.d), "r.1")
+			got := r.Exec(t, "rwmutex_info", []string{"{rw}", "{rw}:r"}, nil)
+			if got != c.want {
+				t.Errorf("info = %q, want %q", got, c.want)
+			}
+		})
+	}
+}

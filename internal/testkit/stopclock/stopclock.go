@@ -10,8 +10,8 @@ package stopclock
 
 import (
 	"context"
-	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,7 +53,7 @@ func (r *Rig) Do(t testing.TB, cmd ...string) {
 }
 
 // Exec runs the script name and returns its reply as text: an integer, or
-// a list of integers as fmt prints it.
+// a list of integers and strings as fmt prints a slice of them.
 func (r *Rig) Exec(t testing.TB, name string, keys, args []string) string {
 	t.Helper()
 	s, err := r.Scripts.Script(name)
@@ -67,9 +67,17 @@ func (r *Rig) Exec(t testing.TB, name string, keys, args []string) string {
 	if v, err := reply.AsInt64(); err == nil {
 		return strconv.FormatInt(v, 10)
 	}
-	vs, err := reply.AsIntSlice()
+	a, err := reply.ToArray()
 	if err != nil {
-		t.Fatalf("%s: reply neither an integer nor a list of them: %v", name, err)
+		t.Fatalf("%s: reply neither an integer nor a list: %v", name, err)
 	}
-	return fmt.Sprint(vs)
+	vs := make([]string, a.Len())
+	for i := range vs {
+		if n, err := a.At(i).AsInt64(); err == nil {
+			vs[i] = strconv.FormatInt(n, 10)
+		} else if vs[i], err = a.At(i).ToString(); err != nil {
+			t.Fatalf("%s: element %d neither an integer nor a string: %v", name, i, err)
+		}
+	}
+	return "[" + strings.Join(vs, " ") + "]"
 }
