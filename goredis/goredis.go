@@ -732,7 +732,8 @@ func (c *Client) loadScripts(ctx context.Context, bodies ...string) error {
 }
 
 // Subscribe subscribes to channel on a connection of its own (go-redis's
-// PubSub) and reads it until ctx ends or the connection fails. go-redis's
+// PubSub) and reads it until ctx ends or the connection fails, silence
+// that outlasts a PING included (watchSubscription). go-redis's
 // Receive does not return when a context without a deadline is cancelled,
 // so the end of ctx closes the PubSub, which closes its connection: the
 // server drops the subscription with it. Subscribe waits for that close
