@@ -124,6 +124,18 @@ func subscribe(ctx context.Context, c *goredis.Client, channel string) *subscrib
 	return s
 }
 
+// waitConfirmed waits for the subscription's first confirmation.
+func (s *subscribed) waitConfirmed(t *testing.T) {
+	t.Helper()
+	select {
+	case <-s.confirmed:
+	case err := <-s.end:
+		t.Fatalf("Subscribe ended before its confirmation: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no confirmation within 10s")
+	}
+}
+
 // TestSubscribeSilentConnection: a subscription's connection that goes
 // silent without a reset (a partition, a NAT that dropped it) must end
 // Subscribe, for the caller to subscribe again: go-redis's Receive
@@ -141,17 +153,12 @@ func TestSubscribeSilentConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	goredis.SetSubscriptionQuiet(c, 200*time.Millisecond)
+	// A second: the confirmation, before the blackhole, has two to come.
+	goredis.SetSubscriptionQuiet(c, time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s := subscribe(ctx, c, "silent")
-	select {
-	case <-s.confirmed:
-	case err := <-s.end:
-		t.Fatalf("Subscribe ended before its confirmation: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("no confirmation within 10s")
-	}
+	s.waitConfirmed(t)
 	proxy.Blackhole(true)
 	defer proxy.Blackhole(false)
 	select {
@@ -160,7 +167,7 @@ func TestSubscribeSilentConnection(t *testing.T) {
 			t.Fatalf("Subscribe ended with %v, want no reply to a PING", err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("Subscribe still reading a silent connection after 10s (quiet 200ms)")
+		t.Fatal("Subscribe still reading a silent connection after 10s (quiet 1s)")
 	}
 }
 
@@ -176,7 +183,8 @@ func TestSubscribeQuietConnectionKept(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	goredis.SetSubscriptionQuiet(c, 500*time.Millisecond)
+	// A second: each PONG has that long to come.
+	goredis.SetSubscriptionQuiet(c, time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := subscribe(ctx, c, "quiet")
 	defer func() {
@@ -185,11 +193,7 @@ func TestSubscribeQuietConnectionKept(t *testing.T) {
 			t.Errorf("Subscribe ended with %v, want its context's end", err)
 		}
 	}()
-	select {
-	case <-s.confirmed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no confirmation within 10s")
-	}
+	s.waitConfirmed(t)
 	pings := func() int {
 		out, _ := srv.Do("INFO", "commandstats")
 		m := pingCalls.FindStringSubmatch(out)
@@ -201,7 +205,7 @@ func TestSubscribeQuietConnectionKept(t *testing.T) {
 	}
 	base := pings()
 	if !redistest.WaitFor(ctx, 20*time.Second, func() bool { return pings() >= base+3 }) {
-		t.Fatalf("%d PINGs in 20s on a quiet subscription (quiet 500ms), want 3", pings()-base)
+		t.Fatalf("%d PINGs in 20s on a quiet subscription (quiet 1s), want 3", pings()-base)
 	}
 	select {
 	case err := <-s.end:
