@@ -24,6 +24,18 @@ func TestConfigNormalize(t *testing.T) {
 		{"too many acks", Config{ReplicaAcks: 101}, true, 0, false},
 		{"negative replica timeout", Config{ReplicaAcks: 1, ReplicaTimeout: -1}, true, 0, false},
 		{"replica timeout too long", Config{ReplicaTimeout: time.Hour}, true, 0, false},
+		// Every bound both ways: on it is allowed, one step past it is not.
+		{"fixed at minimum", Config{Fixed: MinLease}, false, MinLease, false},
+		{"fixed just below minimum", Config{Fixed: MinLease - 1}, true, 0, false},
+		{"fixed at maximum", Config{Fixed: MaxLease}, false, MaxLease, false},
+		{"watchdog at minimum", Config{Watchdog: MinLease}, false, MinLease, true},
+		{"watchdog just below minimum", Config{Watchdog: MinLease - 1}, true, 0, false},
+		{"watchdog at maximum", Config{Watchdog: MaxLease}, false, MaxLease, true},
+		{"watchdog just above maximum", Config{Watchdog: MaxLease + 1}, true, 0, false},
+		{"acks at maximum", Config{ReplicaAcks: maxReplicaAcks}, false, DefaultWatchdogLease, true},
+		{"acks just above maximum", Config{ReplicaAcks: maxReplicaAcks + 1}, true, 0, false},
+		{"replica timeout at maximum", Config{ReplicaTimeout: maxReplicaTimeout}, false, DefaultWatchdogLease, true},
+		{"replica timeout just above maximum", Config{ReplicaTimeout: maxReplicaTimeout + 1}, true, 0, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
