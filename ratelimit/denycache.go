@@ -174,17 +174,21 @@ func (c *denyCache) shrink(now time.Time) {
 	defer c.sweep.Unlock()
 	target := c.max * 3 / 4
 	for pass := 0; pass < 2 && c.count.Load() > target; pass++ {
-		for i := range c.shards {
+		for i := 0; i < len(c.shards) && (pass == 0 || c.count.Load() > target); i++ {
 			s := &c.shards[i]
 			s.mu.Lock()
 			for k, e := range s.m {
 				if pass == 0 && now.Before(e.until) {
 					continue
 				}
-				delete(s.m, k)
-				if c.count.Add(-1) <= target && pass == 1 {
+				// Live entries go only down to the target: checked
+				// before each, so that no shard after the one that
+				// reached it loses one more.
+				if pass == 1 && c.count.Load() <= target {
 					break
 				}
+				delete(s.m, k)
+				c.count.Add(-1)
 			}
 			s.mu.Unlock()
 		}

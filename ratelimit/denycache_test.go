@@ -121,7 +121,20 @@ func TestDenyCacheExpires(t *testing.T) {
 func TestDenyCacheBounded(t *testing.T) {
 	now := time.Now()
 	live := Result{RetryAfter: time.Hour, ResetAfter: time.Hour}
+	// The bound both ways: a cache of 8 keeps 8 live entries, and the 9th
+	// makes it shrink to three quarters, no further.
 	c := newDenyCache(8)
+	for i := range 8 {
+		c.add("k"+strconv.Itoa(i), now, live, 0)
+	}
+	if n := c.len(); n != 8 {
+		t.Fatalf("8 live entries in a cache of 8: %d kept; want all 8", n)
+	}
+	c.add("k8", now, live, 0)
+	if n := c.len(); n != 6 {
+		t.Fatalf("a 9th live entry in a cache of 8: %d kept; want 6", n)
+	}
+	c = newDenyCache(8)
 	for i := range 100 {
 		c.add("k"+strconv.Itoa(i), now, live, 0)
 		if n := c.len(); n > 8 {

@@ -685,3 +685,42 @@ func TestHeaderNamesCanonical(t *testing.T) {
 		}
 	}
 }
+
+// TestMiddlewareTopPolicy: the X-RateLimit headers and OnDenied describe
+// the policy that decides, in either order of the set: on a denial the one
+// that needs the longest wait (not one that still had room), else the one
+// with the least left.
+func TestMiddlewareTopPolicy(t *testing.T) {
+	sc := newCache(t, redistest.Single(t).Addr())
+	short := Policy{Name: "short", Limit: PerSecond(2)}                                            // limit 2
+	long := Policy{Name: "long", Algorithm: FixedWindow, Limit: Limit{Rate: 1, Period: time.Hour}} // limit 1
+	for _, order := range [][]Policy{{short, long}, {long, short}} {
+		t.Run(order[0].Name+" first", func(t *testing.T) {
+			ps, err := NewPolicies(order...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := newLimiter(t, sc, Options{Prefix: "top:" + order[0].Name + ":", Limit: PerSecond(1)})
+			var denied Result
+			h := MustNewMiddleware(l, MiddlewareOptions{
+				XRateLimitHeaders: true, Timeout: answerTimeout,
+				PolicyFunc: func(*http.Request) (*Policies, error) { return ps, nil },
+				OnDenied:   func(w http.ResponseWriter, _ *http.Request, res Result) { denied = res; w.WriteHeader(429) },
+			})(okHandler)
+			// Allowed: short has 1 left, long 0: long has the least.
+			w := serve(h, request("192.0.2.7:1"))
+			if w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "1" || w.Header().Get("X-RateLimit-Remaining") != "0" {
+				t.Fatalf("first request: %d, X-RateLimit-Limit %q, Remaining %q; want 200, 1, 0 (long: the least left)",
+					w.Code, w.Header().Get("X-RateLimit-Limit"), w.Header().Get("X-RateLimit-Remaining"))
+			}
+			// Denied by long (an hour), while short still has room.
+			w = serve(h, request("192.0.2.7:1"))
+			if w.Code != 429 || w.Header().Get("X-RateLimit-Limit") != "1" {
+				t.Fatalf("second request: %d, X-RateLimit-Limit %q; want 429, 1 (long: the longest wait)", w.Code, w.Header().Get("X-RateLimit-Limit"))
+			}
+			if denied.Limit != 1 || denied.RetryAfter < 59*time.Minute {
+				t.Fatalf("OnDenied got limit %d, retry %v; want long's: 1, about an hour", denied.Limit, denied.RetryAfter)
+			}
+		})
+	}
+}
