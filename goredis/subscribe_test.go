@@ -136,6 +136,21 @@ func (s *subscribed) waitConfirmed(t *testing.T) {
 	}
 }
 
+// quietClient wraps a go-redis client of addr, closed when t ends, that
+// gives a subscription's connection a second of quiet: a confirmation has
+// two ticks to come, and a PONG one, even on a loaded machine.
+func quietClient(t *testing.T, addr string) *goredis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { rdb.Close() })
+	c, err := goredis.Wrap(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	goredis.SetSubscriptionQuiet(c, time.Second)
+	return c
+}
+
 // TestSubscribeSilentConnection: a subscription's connection that goes
 // silent without a reset (a partition, a NAT that dropped it) must end
 // Subscribe, for the caller to subscribe again: go-redis's Receive
@@ -147,14 +162,7 @@ func TestSubscribeSilentConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { proxy.Close() })
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	c, err := goredis.Wrap(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A second: the confirmation, before the blackhole, has two to come.
-	goredis.SetSubscriptionQuiet(c, time.Second)
+	c := quietClient(t, proxy.Addr())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s := subscribe(ctx, c, "silent")
@@ -177,14 +185,7 @@ var pingCalls = regexp.MustCompile(`cmdstat_ping:calls=(\d+)`)
 // but answers the PINGs is kept, and still carries messages.
 func TestSubscribeQuietConnectionKept(t *testing.T) {
 	srv := redistest.NewServer(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	c, err := goredis.Wrap(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A second: each PONG has that long to come.
-	goredis.SetSubscriptionQuiet(c, time.Second)
+	c := quietClient(t, srv.Addr())
 	ctx, cancel := context.WithCancel(context.Background())
 	s := subscribe(ctx, c, "quiet")
 	defer func() {
