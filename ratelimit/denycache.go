@@ -174,7 +174,7 @@ func (c *denyCache) shrink(now time.Time) {
 	defer c.sweep.Unlock()
 	target := c.max * 3 / 4
 	for pass := 0; pass < 2 && c.count.Load() > target; pass++ {
-		for i := 0; i < len(c.shards) && (pass == 0 || c.count.Load() > target); i++ {
+		for i := range c.shards {
 			s := &c.shards[i]
 			s.mu.Lock()
 			for k, e := range s.m {
