@@ -299,16 +299,17 @@ type subKey struct {
 // Its goroutine is owned by them: the last to leave ends it and waits
 // for it.
 type shared struct {
-	stop context.CancelFunc
-	done chan struct{} // closed when the Receive has returned
-	err  error         // its error, set before done is closed
+	stop    context.CancelFunc
+	done    chan struct{}   // closed when the Receive has returned
+	err     error           // its error, set before done is closed
+	settled <-chan struct{} // see receive; set before done is closed
 
 	// mu is held while the callbacks run, so that none runs for a
 	// subscriber once leave has returned.
 	mu        sync.Mutex
 	subs      map[*subscriber]struct{}
 	confirmed bool // the server confirmed the subscription at least once
-	ending    bool // its last subscriber left (guarded by subscriptions.mu)
+	ending    bool // its last subscriber left, or its Receive ended (guarded by subscriptions.mu)
 }
 
 type subscriber struct {
@@ -365,36 +366,64 @@ func (s *subscriptions) leave(sh *shared, me *subscriber) {
 	}
 }
 
-// run is sh's Receive, after prev's has ended.
+// run is sh's Receive, after prev's has ended and its UNSUBSCRIBE has
+// been answered (see receive).
+//
+// sh stays the channel's entry, ending, until its own UNSUBSCRIBE (or
+// prev's, if it made none) is answered: a Subscribe meanwhile starts a
+// new Receive with sh as its prev, which waits for that answer. Its
+// subscribers wait only for done, so that none is held up by a stopped
+// server for longer than receive's second; the goroutine lingers until
+// the answer, or unsubscribeWait, or the client's Close.
 func (s *subscriptions) run(ctx context.Context, r rueidisClient, k subKey, sh *shared, prev *shared) {
-	defer close(sh.done)
+	sh.settled = settledChan
 	if prev != nil {
 		<-prev.done
+		sh.settled = prev.settled
+		select {
+		case <-prev.settled:
+		case <-ctx.Done():
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		// Its subscribers left while it waited: no SUBSCRIBE, and no
 		// UNSUBSCRIBE that a stopped server would hold for a second.
 		sh.err = err
-		s.forget(k, sh)
-		return
+	} else {
+		sh.settled, sh.err = r.receive(ctx, k.channel, k.sharded, func() {
+			sh.mu.Lock()
+			defer sh.mu.Unlock()
+			sh.confirmed = true
+			for sub := range sh.subs {
+				sub.subscribed()
+			}
+		}, func(payload string) {
+			sh.mu.Lock()
+			defer sh.mu.Unlock()
+			for sub := range sh.subs {
+				sub.message(payload)
+			}
+		})
+		sh.stop()
 	}
-	sh.err = r.receive(ctx, k.channel, k.sharded, func() {
-		sh.mu.Lock()
-		defer sh.mu.Unlock()
-		sh.confirmed = true
-		for sub := range sh.subs {
-			sub.subscribed()
-		}
-	}, func(payload string) {
-		sh.mu.Lock()
-		defer sh.mu.Unlock()
-		for sub := range sh.subs {
-			sub.message(payload)
-		}
-	})
-	sh.stop()
+	s.mu.Lock()
+	sh.ending = true // a Subscribe from now on starts the next Receive
+	s.mu.Unlock()
+	close(sh.done)
+	<-sh.settled
 	s.forget(k, sh)
 }
+
+// unsubscribeWait bounds the wait for a Receive's UNSUBSCRIBE, which the
+// channel's next Receive waits for (see receive).
+const unsubscribeWait = 10 * time.Second
+
+// settledChan is a closed channel: nothing to wait for.
+var settledChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // forget removes sh, whose Receive has ended, from s: the next Subscribe
 // of its channel starts afresh.
@@ -407,37 +436,54 @@ func (s *subscriptions) forget(k subKey, sh *shared) {
 }
 
 // receive runs Receive. Receive leaves the server-side subscription in
-// place when its context ends; receive unsubscribes on the same
-// connection, so a process that waited on many names does not stay
-// subscribed to all.
+// place when it returns; receive unsubscribes on the same connection,
+// whatever ended it, so a process that waited on many names does not stay
+// subscribed to all, and so that the channel's next Receive starts on a
+// connection that does not receive the channel.
+//
+// That is what keeps the next Receive from stalling the connection. It
+// takes the channel's messages from the moment it is registered but reads
+// them only once its own SUBSCRIBE is answered; on a connection still
+// subscribed, more than 16 messages in between block the connection's
+// reader, which every call of the client waits on, for as long as that
+// Receive waits for its answer, which is behind them: for ever. A late
+// UNSUBSCRIBE does it too: rueidis drops every local subscription of a
+// channel when an UNSUBSCRIBE of it is confirmed, the next Receive's
+// included, and that Receive then returns with the server still sending
+// the channel (the chaos harness: a node's every call stalled from five
+// seconds after a latency fault that held an UNSUBSCRIBE past its wait to
+// the end of the run). So settled is closed once the UNSUBSCRIBE is
+// answered, or failed with its connection, and run starts the next Receive
+// only then.
 //
 // The UNSUBSCRIBE is sent from Receive's return hook but awaited only
 // once Receive has returned. The hook runs before Receive lets go of the
 // subscription's message buffer (16 messages, read only by its loop,
 // which has stopped): awaited there, a reply behind more than 16 messages
 // of the channel never came, since the connection's reader blocked
-// handing the 17th to that buffer, and every call on the connection,
-// which all of the client's calls share, stalled for the hook's second.
-// Once Receive has returned, rueidis drains and drops the buffer.
-func (r rueidisClient) receive(ctx context.Context, channel string, sharded bool, subscribed func(), message func(string)) error {
+// handing the 17th to that buffer. receive waits for it a second at most,
+// so that a Close is not held up by a stopped server; its goroutine goes
+// on for up to unsubscribeWait, which a live connection answers in far
+// less and a dead one does not outlast (rueidis closes a connection whose
+// PING goes unanswered).
+func (r rueidisClient) receive(ctx context.Context, channel string, sharded bool, subscribed func(), message func(string)) (settled <-chan struct{}, err error) {
 	rctx := rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
 		if s.Kind == "subscribe" || s.Kind == "ssubscribe" {
 			subscribed()
 		}
 	})
+	// The hook runs inside Receive, once per connection it tried.
 	var unsubscribing sync.WaitGroup
 	rctx = rueidis.WithOnReceiveReturnHook(rctx, func(err error, cc rueidis.CommandClient) error {
-		if ctx.Err() != nil {
-			unsubscribing.Go(func() {
-				uctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				defer cancel()
-				if sharded {
-					cc.Do(uctx, cc.B().Sunsubscribe().Channel(channel).Build())
-				} else {
-					cc.Do(uctx, cc.B().Unsubscribe().Channel(channel).Build())
-				}
-			})
-		}
+		unsubscribing.Go(func() {
+			uctx, cancel := context.WithTimeout(context.Background(), unsubscribeWait)
+			defer cancel()
+			if sharded {
+				cc.Do(uctx, cc.B().Sunsubscribe().Channel(channel).Build())
+			} else {
+				cc.Do(uctx, cc.B().Unsubscribe().Channel(channel).Build())
+			}
+		})
 		return err
 	})
 	var sub rueidis.Completed
@@ -446,17 +492,27 @@ func (r rueidisClient) receive(ctx context.Context, channel string, sharded bool
 	} else {
 		sub = r.c.B().Subscribe().Channel(channel).Build()
 	}
-	err := r.c.Receive(rctx, sub, func(m rueidis.PubSubMessage) { message(m.Message) })
-	unsubscribing.Wait()
+	err = r.c.Receive(rctx, sub, func(m rueidis.PubSubMessage) { message(m.Message) })
+	done := make(chan struct{})
+	go func() {
+		unsubscribing.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(time.Second)
+	select {
+	case <-done:
+	case <-t.C:
+	}
+	t.Stop()
 	if ctx.Err() != nil {
-		return ctx.Err()
+		return done, ctx.Err()
 	}
 	if re, ok := rueidis.IsRedisErr(err); ok && !re.IsNil() {
 		if _, redirect := re.IsRedirect(); !redirect && !Retryable(re.Error()) {
-			return fmt.Errorf("%w: %w", ErrRefused, err)
+			return done, fmt.Errorf("%w: %w", ErrRefused, err)
 		}
 	}
-	return err
+	return done, err
 }
 
 // cancelOnly is ctx without its deadline (see Eval). Each call gets its
