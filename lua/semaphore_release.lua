@@ -52,23 +52,30 @@ if ARGV[3] ~= 'n' then
     held = 0
   end
 end
+-- The permits left are counted before the removal, which may delete the
+-- key: while the slot migrates, a script may touch only keys its node
+-- holds, and one it deleted is refused too, with its earlier writes made.
+local count = redis.call('ZCARD', KEYS[2]) - 1 -- permits still listed
 if redis.call('ZREM', KEYS[2], id) == 0 then
   return 0
 end
-
-local count = redis.call('ZCARD', KEYS[2]) -- permits still listed
 local extra = tonumber(h[4]) or 0
 if h[5] then
   extra = extra - (h[5] - 1)
 end
 local keep = tonumber(h[2])
 if count == 0 then
-  -- The last permit went: so do the keys, but a set capacity.
-  redis.call('DEL', KEYS[1])
+  -- The last permit went: so do the keys, but a set capacity. That hash
+  -- keeps ':cap' and ':set' and loses the rest in place, not deleted and
+  -- written again (refused while the slot migrates, as above). The rest
+  -- is the fields below and this permit's weight: expired permits'
+  -- weights go with them (semaphore_acquire).
   extra = 0
   if keep then
-    redis.call('HSET', KEYS[1], ':cap', h[1], ':set', keep)
+    redis.call('HDEL', KEYS[1], ':h', ':w', ':x', id)
     redis.call('PEXPIRE', KEYS[1], keep)
+  else
+    redis.call('DEL', KEYS[1])
   end
 else
   if h[5] then
