@@ -54,22 +54,7 @@ func TestRueidisSubscribeJoinsBusyChannel(t *testing.T) {
 	okA, doneA := subscribe(ctxA)
 	<-okA
 	// Messages of the channel, without a pause, until the end.
-	pctx, stopPub := context.WithCancel(context.Background())
-	pubDone := make(chan struct{})
-	go func() {
-		defer close(pubDone)
-		for i := 0; pctx.Err() == nil; i++ {
-			cmds := make(rueidis.Commands, 0, 50)
-			for j := range 50 {
-				cmds = append(cmds, pub.B().Publish().Channel(channel).Message(strconv.Itoa(i*50+j)).Build())
-			}
-			pub.DoMulti(pctx, cmds...)
-		}
-	}()
-	defer func() {
-		stopPub()
-		<-pubDone
-	}()
+	defer publishAll(pub, channel)()
 	for round := range rounds {
 		ctxB, cancelB := context.WithCancel(context.Background())
 		okB, doneB := subscribe(ctxB)
@@ -153,22 +138,7 @@ func TestRueidisSubscribeAfterLateUnsubscribe(t *testing.T) {
 	}
 
 	// Messages of the channel, without a pause, until the end.
-	pctx, stopPub := context.WithCancel(context.Background())
-	pubDone := make(chan struct{})
-	go func() {
-		defer close(pubDone)
-		for i := 0; pctx.Err() == nil; i++ {
-			cmds := make(rueidis.Commands, 0, 50)
-			for j := range 50 {
-				cmds = append(cmds, pub.B().Publish().Channel(channel).Message(strconv.Itoa(i*50+j)).Build())
-			}
-			pub.DoMulti(pctx, cmds...)
-		}
-	}()
-	defer func() {
-		stopPub()
-		<-pubDone
-	}()
+	defer publishAll(pub, channel)()
 
 	p.SetLatency(1500*time.Millisecond, 0)
 	cancelA()
@@ -212,5 +182,26 @@ func TestRueidisSubscribeAfterLateUnsubscribe(t *testing.T) {
 			t.Fatalf("call %d after the late UNSUBSCRIBE: %d, %v", i, v, err)
 		}
 		time.Sleep(50 * time.Millisecond) // calls spread over a second, while the subscriptions go on
+	}
+}
+
+// publishAll publishes messages of channel without a pause until the
+// function it returns is called, which waits for the publisher to end.
+func publishAll(pub rueidis.Client, channel string) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ctx.Err() == nil; i++ {
+			cmds := make(rueidis.Commands, 0, 50)
+			for j := range 50 {
+				cmds = append(cmds, pub.B().Publish().Channel(channel).Message(strconv.Itoa(i*50+j)).Build())
+			}
+			pub.DoMulti(ctx, cmds...)
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
 	}
 }
