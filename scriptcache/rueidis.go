@@ -297,7 +297,8 @@ type subKey struct {
 
 // shared is one Receive of a channel and the Subscribe calls it serves.
 // Its goroutine is owned by them: the last to leave ends it and waits
-// for it.
+// for its Receive to return (done); the goroutine then lingers only until
+// its UNSUBSCRIBE is answered (see run).
 type shared struct {
 	stop    context.CancelFunc
 	done    chan struct{}   // closed when the Receive has returned
