@@ -140,6 +140,7 @@ end
 -- would find: a permit of one, no wait before it, the capacity stored and
 -- the keys' expiry far enough), so no function is made for it.
 local granted = false
+local taken = false -- granted by the reclaim of the last permits (below)
 if n > 0 and not mismatch and used + n <= stored then
   if redis.call('ZADD', KEYS[2], 'NX', now + lease, id) == 1 then
     if n == 1 and extra == saved and not waited and capSaved and x and x >= now + need + 1 then
@@ -182,10 +183,11 @@ local function save(g)
   local at = nil
   if not x or x < now + need + 1 then
     at = now + need + 1 + math.floor(lease / 16)
-    if h[1] then
+    if h[1] and not taken then
       -- ':x' is only a floor: the fair queue, renewals and releases move
       -- the expiry later without it. Never set it earlier (PTTL counts
-      -- from the script's start, no later than now).
+      -- from the script's start, no later than now). (An expiry kept for
+      -- the permits reclaimed before a grant is not kept for them.)
       local ttl = redis.call('PTTL', KEYS[2])
       if ttl > 0 and now + ttl > at then
         at = now + ttl
@@ -250,20 +252,49 @@ if #expired > 0 then
       extra = extra - (w - 1)
     end
   end
-  redis.call('ZREM', KEYS[2], unpack(expired))
   count = count - #expired
   used = count + extra
   if count <= 0 then
-    -- The last permit went: so do the keys, but a set capacity.
-    redis.call('DEL', KEYS[1], KEYS[2])
-    used, extra, saved, capSaved, x, after = 0, 0, 0, false, nil, nil
-    if keep then
-      x = now + keep
-      redis.call('HSET', KEYS[1], ':cap', stored, ':set', keep, ':x', x)
-      redis.call('PEXPIREAT', KEYS[1], x)
-      capSaved = true
+    -- The last permits go: so do the keys, but a grant's and a set
+    -- capacity's. While the slot migrates, a script may not touch again a
+    -- key it emptied (the call fails there, its writes made): so a grant
+    -- is listed before the expired permits go, the permits' key is not
+    -- touched once empty, and a hash that stays loses its fields in place
+    -- (':cap' stays, so it is never empty).
+    used, extra, after = 0, 0, nil
+    if not keep then
+      stored, mismatch = cap, false
+    end
+    if n > 0 and n <= stored then -- granted below, by fits()
+      redis.call('ZADD', KEYS[2], now + lease, id)
+      taken = true
+      for i = #expired, 1, -1 do
+        if expired[i] == id then
+          table.remove(expired, i)
+        end
+      end
+    end
+    if #expired > 0 then
+      redis.call('ZREM', KEYS[2], unpack(expired))
+    end
+    if taken or keep then
+      heavy[#heavy + 1] = ':h'
+      heavy[#heavy + 1] = ':w'
+      redis.call('HDEL', KEYS[1], unpack(heavy))
+      saved, x = 0, nil
+      capSaved = h[1] == ARGV[1] or stored == tonumber(h[1])
+      if not taken then
+        x = now + keep
+        redis.call('HSET', KEYS[1], ':cap', stored, ':x', x)
+        redis.call('PEXPIREAT', KEYS[1], x)
+        capSaved = true
+      end
+    else
+      redis.call('DEL', KEYS[1])
+      saved, capSaved, x = 0, false, nil
     end
   else
+    redis.call('ZREM', KEYS[2], unpack(expired))
     if #heavy > 0 then
       redis.call('HDEL', KEYS[1], unpack(heavy))
     end
@@ -319,7 +350,9 @@ if own then
   return 1
 end
 if fits() then
-  redis.call('ZADD', KEYS[2], now + lease, id)
+  if not taken then
+    redis.call('ZADD', KEYS[2], now + lease, id)
+  end
   used = used + n
   save(true)
   wake()

@@ -2,8 +2,6 @@ package semaphore_test
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/sluicekit/sluice/internal/keyspace"
@@ -51,41 +49,96 @@ func releaseInMigratingSlot(t *testing.T, setCap bool, keysLeft int64) {
 	}
 	p := acquire(t, s, 1)
 
-	key := keyspace.Key(e.prefix, name, "")
-	slot, err := e.client.Do(context.Background(), e.client.B().ClusterKeyslot().Key(key).Build()).AsInt64()
-	if err != nil {
-		t.Fatal(err)
-	}
-	from, err := c.Owner(int(slot))
-	if err != nil {
-		t.Fatal(err)
-	}
-	to := c.Nodes[0]
-	if to == from {
-		to = c.Nodes[1]
-	}
-	fromID, err := from.Do("CLUSTER", "MYID")
-	if err != nil {
-		t.Fatal(err)
-	}
-	toID, err := to.Do("CLUSTER", "MYID")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sl := strconv.Itoa(int(slot))
-	if _, err := to.Do("CLUSTER", "SETSLOT", sl, "IMPORTING", strings.TrimSpace(fromID)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { to.Do("CLUSTER", "SETSLOT", sl, "STABLE") })
-	if _, err := from.Do("CLUSTER", "SETSLOT", sl, "MIGRATING", strings.TrimSpace(toID)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { from.Do("CLUSTER", "SETSLOT", sl, "STABLE") })
+	c.StartKeyMigration(t, keyspace.Key(e.prefix, name, ""))
 
 	if err := p.Release(context.Background()); err != nil {
 		t.Fatalf("Release of the last permit while its slot migrates: %v", err)
 	}
 	if n := e.keysLeft(t, name); n != keysLeft {
 		t.Errorf("%d keys of the semaphore left after its last permit's release, want %d", n, keysLeft)
+	}
+}
+
+// TestReclaimLastPermitInMigratingSlot: a call that reclaims a
+// semaphore's last permits, all expired (their holder crashed), succeeds
+// while the slot migrates, whatever it does next: grant (TryAcquire) or
+// only report (Available), with and without a capacity set. Reclaiming the
+// last permit removes the permits' key, and the call must not touch that
+// key, or a hash it deleted, again (see
+// TestReleaseLastPermitInMigratingSlot).
+func TestReclaimLastPermitInMigratingSlot(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		setCap  bool
+		grant   bool
+		hashLen int64 // fields left in the state hash
+	}{
+		{"grant", false, true, 2},              // ':cap', ':x'
+		{"grant, capacity set", true, true, 3}, // and ':set'
+		{"report", false, false, 0},
+		{"report, capacity set", true, false, 3},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := redistest.SharedCluster(t)
+			e := newEnv(t, c.Addrs(), semaphore.Options{})
+			name := uniqueName(t)
+			s := e.sem(t, name, 3)
+			ctx := context.Background()
+			hash, permits := keyspace.Key(e.prefix, name, ""), keyspace.Key(e.prefix, name, ":e")
+			fields := []string{":cap", "3", ":x", "99999999999999"}
+			if tt.setCap {
+				fields = append(fields, ":set", "60000")
+			}
+			// Two expired permits, one of weight 2 (the state a crashed
+			// holder leaves).
+			fields = append(fields, "heavy", "2", ":h", "1")
+			for _, cmd := range [][]string{
+				append([]string{"HSET", hash}, fields...),
+				{"ZADD", permits, "1", "dead", "2", "heavy"},
+				{"PEXPIRE", hash, "60000"},
+				{"PEXPIRE", permits, "60000"},
+			} {
+				if err := e.client.Do(ctx, e.client.B().Arbitrary(cmd...).Build()).Error(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			end := c.StartKeyMigration(t, hash)
+
+			var p *semaphore.Permit
+			if tt.grant {
+				var err error
+				if p, err = s.TryAcquire(ctx, 1); err != nil {
+					t.Fatalf("TryAcquire past the last permits, expired, while the slot migrates: %v", err)
+				}
+				defer p.Release(ctx)
+			} else if n, err := s.Available(ctx); err != nil || n != 3 {
+				t.Fatalf("Available past the last permits, expired, while the slot migrates = %d, %v; want 3", n, err)
+			}
+			end() // (a key read while the slot migrates may be redirected)
+			ids, err := e.client.Do(ctx, e.client.B().Zrange().Key(permits).Min("0").Max("-1").Build()).AsStrSlice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.grant {
+				if len(ids) != 1 || ids[0] != p.ID() {
+					t.Errorf("permits listed %q, want only %q", ids, p.ID())
+				}
+			} else if len(ids) != 0 {
+				t.Errorf("permits listed %q, want none", ids)
+			}
+			n, err := e.client.Do(ctx, e.client.B().Hlen().Key(hash).Build()).AsInt64()
+			if err != nil || n != tt.hashLen {
+				f, _ := e.client.Do(ctx, e.client.B().Hgetall().Key(hash).Build()).AsStrMap()
+				t.Errorf("state hash %v (%d fields, %v), want %d fields", f, n, err, tt.hashLen)
+			}
+			// The grant counted, the expired permits' weight gone.
+			want := int64(3)
+			if tt.grant {
+				want = 2
+			}
+			if free, err := s.Available(ctx); err != nil || free != want {
+				t.Errorf("Available after = %d, %v; want %d", free, err, want)
+			}
+		})
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"testing"
 	"time"
 )
 
@@ -164,4 +166,58 @@ func (c *Cluster) WaitOK(timeout time.Duration) error {
 		return fmt.Errorf("redistest: cluster not ok after %v: %s", timeout, info)
 	}
 	return nil
+}
+
+// StartKeyMigration marks the slot of key as being migrated from its owner
+// to another master (CLUSTER SETSLOT IMPORTING, then MIGRATING) and moves
+// no key. While it lasts, a script on the owner may touch only the keys
+// the owner holds: a key the script deleted earlier in the same call is
+// refused ("Script attempted to access a non local key"), after the call's
+// earlier writes were made. end marks the slot stable again on both; the
+// test's end calls it too.
+func (c *Cluster) StartKeyMigration(t testing.TB, key string) (end func()) {
+	t.Helper()
+	out, err := c.Nodes[0].Do("CLUSTER", "KEYSLOT", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := strings.TrimSpace(out)
+	n, err := strconv.Atoi(slot)
+	if err != nil {
+		t.Fatalf("redistest: keyslot %q: %v", out, err)
+	}
+	from, err := c.Owner(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := c.Nodes[0]
+	if to == from {
+		to = c.Nodes[1]
+	}
+	ids := make([]string, 2)
+	for i, s := range []*Server{from, to} {
+		id, err := s.Do("CLUSTER", "MYID")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = strings.TrimSpace(id)
+	}
+	var once sync.Once
+	end = func() {
+		once.Do(func() {
+			for _, s := range []*Server{from, to} {
+				if _, err := s.Do("CLUSTER", "SETSLOT", slot, "STABLE"); err != nil {
+					t.Errorf("redistest: setslot stable on %s: %v", s.Addr(), err)
+				}
+			}
+		})
+	}
+	t.Cleanup(end)
+	if _, err := to.Do("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[0]); err != nil {
+		t.Fatalf("redistest: setslot importing: %v", err)
+	}
+	if _, err := from.Do("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[1]); err != nil {
+		t.Fatalf("redistest: setslot migrating: %v", err)
+	}
+	return end
 }
