@@ -260,28 +260,44 @@ if o then
 end
 if fair and queued then
   -- The lock is free (or ours from an earlier, lost acquisition): take it
-  -- only if no live waiter is queued before this one.
-  local reaped = 0
-  while true do
-    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not head or head == attempt then
-      break
-    end
-    local e = redis.call('HGET', KEYS[4], head)
-    local expiry = e and tonumber(string.match(e, '^(%d+)'))
+  -- only if no live waiter is queued before this one. The queue is read
+  -- before anything is removed, and each key is written once, last: while
+  -- the slot migrates, a script may not touch again a key it emptied.
+  local head = redis.call('ZRANGE', KEYS[3], 0, 16)
+  local gone = {} -- dead entries before this one, then this one
+  local verdict -- nil: take the lock; else the reply once gone is removed
+  if #head > 0 and head[1] ~= attempt then
+    local e = redis.call('HMGET', KEYS[4], unpack(head))
     t = t or redis.call('TIME')
-    if expiry and expiry > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
-      return enqueue(-2) -- free, but not this waiter's turn
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    for i = 1, #head do
+      if head[i] == attempt then
+        break
+      end
+      local expiry = e[i] and tonumber(string.match(e[i], '^(%d+)'))
+      if expiry and expiry > now then
+        verdict = -2 -- free, but not this waiter's turn
+        break
+      end
+      if #gone == 16 then
+        verdict = -3
+        break
+      end
+      gone[#gone + 1] = head[i]
     end
-    if reaped == 16 then
-      return {0, -3, 0}
-    end
-    redis.call('ZREM', KEYS[3], head)
-    redis.call('HDEL', KEYS[4], head)
-    reaped = reaped + 1
   end
-  redis.call('ZREM', KEYS[3], attempt)
-  redis.call('HDEL', KEYS[4], attempt)
+  if not verdict then
+    gone[#gone + 1] = attempt
+  end
+  if #gone > 0 then
+    redis.call('ZREM', KEYS[3], unpack(gone))
+    redis.call('HDEL', KEYS[4], unpack(gone))
+  end
+  if verdict == -2 then
+    return enqueue(-2)
+  elseif verdict then
+    return {0, -3, 0}
+  end
 end
 
 t = t or redis.call('TIME')

@@ -117,14 +117,16 @@ if held and h[3] then
   end
 end
 
+-- Readers hold: wait for the first lease to end, not the last. A reader
+-- whose lease runs out publishes nothing, and the others' releases wake
+-- the writers only when no live reader is left. (Read before the old
+-- members go: while the slot migrates, a script may not touch again a key
+-- it emptied.)
+local first = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. num(now), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 local old = redis.call('ZRANGEBYSCORE', KEYS[2], num(-now), num(now), 'LIMIT', 0, 16)
 if #old > 0 then
   redis.call('ZREM', KEYS[2], unpack(old))
 end
--- Readers hold: wait for the first lease to end, not the last. A reader
--- whose lease runs out publishes nothing, and the others' releases wake
--- the writers only when no live reader is left.
-local first = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. num(now), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 if #first > 0 then
   return refuse(tonumber(first[2]) - now)
 end
@@ -157,14 +159,22 @@ elseif h[1] then
 else
   redis.call('HSET', KEYS[1], 'o', ARGV[1], 'n', 1, 'f', num(token), 'a', ARGV[4], 'e', num(now + lease))
 end
-if h[5] and ARGV[7] ~= '' and redis.call('ZREM', KEYS[4], ARGV[7]) == 1 then
-  -- q comes back to the latest mark still running (as in rwmutex_abandon);
-  -- marks of writers that vanished go, 16 at most.
+if h[5] and ARGV[7] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[7]) then
+  -- This writer's mark goes, q comes back to the latest mark still
+  -- running (as in rwmutex_abandon), and marks of writers that vanished
+  -- go, 16 at most. The marks are read before any is removed, and removed
+  -- in one ZREM: while the slot migrates, a script may not touch again a
+  -- key it emptied.
   local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', num(now), 'LIMIT', 0, 16)
-  if #dead > 0 then
-    redis.call('ZREM', KEYS[4], unpack(dead))
+  local top2 = redis.call('ZRANGE', KEYS[4], -2, -1, 'WITHSCORES')
+  redis.call('ZREM', KEYS[4], ARGV[7], unpack(dead))
+  local top = nil -- the latest mark but this writer's
+  for i = #top2 - 1, 1, -2 do
+    if top2[i] ~= ARGV[7] then
+      top = tonumber(top2[i + 1])
+      break
+    end
   end
-  local top = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2])
   if top and top > now then
     redis.call('HSET', KEYS[1], 'q', num(top))
   else

@@ -60,12 +60,20 @@ if not mine then
   end
 end
 
+-- The new reader is listed before the old ones go, so that the set is
+-- never emptied and then written: while the slot migrates, a script may
+-- not touch again a key it emptied.
 local old = redis.call('ZRANGEBYSCORE', KEYS[2], num(-now), num(now), 'LIMIT', 0, 16)
+local lease = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[2], num(now + lease), ARGV[4])
+for i = #old, 1, -1 do
+  if old[i] == ARGV[4] then
+    table.remove(old, i) -- this attempt's own, listed again just now
+  end
+end
 if #old > 0 then
   redis.call('ZREM', KEYS[2], unpack(old))
 end
-local lease = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[2], num(now + lease), ARGV[4])
 if redis.call('PTTL', KEYS[2]) < lease then
   redis.call('PEXPIRE', KEYS[2], lease)
 end
