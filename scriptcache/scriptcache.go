@@ -234,12 +234,47 @@ func (s *Script) SHA1() string { return s.sha }
 //
 // On a rueidis client, ctx's deadline does not reach the connection, which
 // other callers share (see New).
+//
+// A call refused with TRYAGAIN is sent again, after a pause that grows to
+// tryAgainPause, until it is answered otherwise or ctx ends (then the
+// TRYAGAIN reply is returned). Redis refuses that way, before running the
+// script, while a cluster slot migrates and some of the keys named have
+// moved (or are not there yet: a lock's queue, say), so a call of a
+// primitive, whose keys share one slot, waits out its slot's migration
+// instead of failing. rueidis resends only read-only commands.
 func (s *Script) Exec(ctx context.Context, keys, args []string) Reply {
 	traced(s.name)
 	if err := s.c.checkSlots(keys); err != nil {
 		return ErrorReply(err)
 	}
-	return s.exec(ctx, keys, args)
+	r := s.exec(ctx, keys, args)
+	for pause := time.Millisecond; isTryAgain(r) && sleep(ctx, pause); pause = min(2*pause, tryAgainPause) {
+		r = s.exec(ctx, keys, args)
+	}
+	return r
+}
+
+// tryAgainPause is the longest pause before a call refused with TRYAGAIN
+// is sent again (see Exec).
+const tryAgainPause = 50 * time.Millisecond
+
+// isTryAgain reports whether r is the refusal of a cluster node whose slot
+// is migrating: the script did not run.
+func isTryAgain(r Reply) bool {
+	return r.ServerError() && strings.HasPrefix(r.Error().Error(), "TRYAGAIN")
+}
+
+// sleep pauses for d, or until ctx ends: it reports whether ctx is still
+// live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return ctx.Err() == nil
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func (s *Script) exec(ctx context.Context, keys, args []string) Reply {
@@ -310,7 +345,8 @@ func (c *Cache) eval(ctx context.Context, sha, body string, keys, args []string)
 // ExecWait returns and nothing more is sent for the call (see
 // Client.EvalWait): the script may or may not have run. A call that must
 // first open a connection is bounded by the client's dial timeout rather
-// than by ctx (see New).
+// than by ctx (see New). A call refused with TRYAGAIN is sent again, as by
+// Exec.
 func (s *Script) ExecWait(ctx context.Context, keys, args []string, replicas int64, timeout time.Duration) (Reply, int64, error) {
 	traced(s.name)
 	if err := s.c.checkSlots(keys); err != nil {
@@ -321,7 +357,11 @@ func (s *Script) ExecWait(ctx context.Context, keys, args []string, replicas int
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout+waitSlack)
 	defer cancel()
-	return s.execWait(ctx, keys, args, replicas, timeout)
+	r, acks, err := s.execWait(ctx, keys, args, replicas, timeout)
+	for pause := time.Millisecond; isTryAgain(r) && sleep(ctx, pause); pause = min(2*pause, tryAgainPause) {
+		r, acks, err = s.execWait(ctx, keys, args, replicas, timeout) // (as Exec)
+	}
+	return r, acks, err
 }
 
 // waitSlack bounds how long after its WAIT timeout a call of ExecWait may
