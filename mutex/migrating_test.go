@@ -210,42 +210,47 @@ func runMigrating(t *testing.T, tt migratingCall) {
 	}
 }
 
-// TestLockWaitsOutSlotMigration: a Lock whose slot is migrating is refused
-// with TRYAGAIN by the cluster (its keys are not all on one node: here, on
-// none), before the script runs; it is sent again until the migration
-// ends, not failed.
+// TestLockWaitsOutSlotMigration: a Lock and an Unlock whose slot is
+// migrating are refused with TRYAGAIN by the cluster before the script
+// runs (the Lock's keys are on no node yet; the Unlock names the wake-up
+// channel among its keys, which no node holds); each is sent again until
+// the migration ends, not failed.
 func TestLockWaitsOutSlotMigration(t *testing.T) {
 	c := redistest.SharedCluster(t)
 	client := redistest.Client(t, c.Addrs()...)
 	l := newLocker(t, client, mutex.Options{})
 	name := "migrating:" + t.Name() + ":" + uuid.NewString()[:8]
 	m := newMutex(t, l, name)
-	before := tryAgains(t, c)
-	end := c.StartKeyMigration(t, lockKey(name))
+	waitsOutMigration(t, c, lockKey(name), "Lock", m.Lock)
+	waitsOutMigration(t, c, lockKey(name), "Unlock", m.Unlock)
+}
 
+// waitsOutMigration runs call while key's slot migrates: it must wait, a
+// TRYAGAIN seen meanwhile, and succeed once the migration ends.
+func waitsOutMigration(t *testing.T, c *redistest.Cluster, key, what string, call func(context.Context) error) {
+	t.Helper()
+	before := tryAgains(t, c)
+	end := c.StartKeyMigration(t, key)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- m.Lock(ctx) }()
+	go func() { done <- call(ctx) }()
 	if !redistest.WaitFor(ctx, signal, func() bool { return tryAgains(t, c) > before }) {
-		t.Fatal("no TRYAGAIN seen while the slot migrates")
+		t.Fatalf("%s: no TRYAGAIN seen while the slot migrates", what)
 	}
 	select {
 	case err := <-done:
-		t.Fatalf("Lock returned while its slot migrates: %v", err)
+		t.Fatalf("%s returned while its slot migrates: %v", what, err)
 	default:
 	}
 	end()
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatalf("Lock after the migration ended: %v", err)
+			t.Fatalf("%s after the migration ended: %v", what, err)
 		}
 	case <-time.After(signal):
-		t.Fatal("Lock still waiting after the migration ended")
-	}
-	if err := m.Unlock(context.Background()); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s still waiting after the migration ended", what)
 	}
 }
 
