@@ -70,13 +70,14 @@ func TestReclaimLastPermitInMigratingSlot(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
 		setCap  bool
-		grant   bool
+		grant   int64 // permits to take (0: Available)
 		hashLen int64 // fields left in the state hash
 	}{
-		{"grant", false, true, 2},              // ':cap', ':x'
-		{"grant, capacity set", true, true, 3}, // and ':set'
-		{"report", false, false, 0},
-		{"report, capacity set", true, false, 3},
+		{"grant", false, 1, 2},                       // ':cap', ':x'
+		{"grant, capacity set", true, 1, 3},          // and ':set'
+		{"grant of the whole capacity", false, 3, 4}, // ':cap', ':x', the weight, ':h'
+		{"report", false, 0, 0},
+		{"report, capacity set", true, 0, 3},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := redistest.SharedCluster(t)
@@ -105,9 +106,9 @@ func TestReclaimLastPermitInMigratingSlot(t *testing.T) {
 			end := c.StartKeyMigration(t, hash)
 
 			var p *semaphore.Permit
-			if tt.grant {
+			if tt.grant > 0 {
 				var err error
-				if p, err = s.TryAcquire(ctx, 1); err != nil {
+				if p, err = s.TryAcquire(ctx, tt.grant); err != nil {
 					t.Fatalf("TryAcquire past the last permits, expired, while the slot migrates: %v", err)
 				}
 				defer p.Release(ctx)
@@ -119,7 +120,7 @@ func TestReclaimLastPermitInMigratingSlot(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if tt.grant {
+			if tt.grant > 0 {
 				if len(ids) != 1 || ids[0] != p.ID() {
 					t.Errorf("permits listed %q, want only %q", ids, p.ID())
 				}
@@ -132,10 +133,7 @@ func TestReclaimLastPermitInMigratingSlot(t *testing.T) {
 				t.Errorf("state hash %v (%d fields, %v), want %d fields", f, n, err, tt.hashLen)
 			}
 			// The grant counted, the expired permits' weight gone.
-			want := int64(3)
-			if tt.grant {
-				want = 2
-			}
+			want := 3 - tt.grant
 			if free, err := s.Available(ctx); err != nil || free != want {
 				t.Errorf("Available after = %d, %v; want %d", free, err, want)
 			}
