@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -213,8 +214,9 @@ func (w *world) checkFairMutex() {
 				if w.entryExcusedLocked(a, s.call, b.x.start) || h.serverWideLocked(s.call, b.x.start) || crashedEntryRanOut(a, views, e.id, b.x.start) {
 					continue
 				}
-				h.violationLocked("fair order: %s got %q (hold #%d, token %d, called %s) before %s (hold #%d, token %d), whose entry was queued at %s, before that call",
-					b.owner, laneFair, b.x.id, b.x.token, h.since(b.call), a.owner, a.x.id, a.x.token, h.since(s.at()))
+				h.violationLocked("fair order: %s got %q (hold #%d, token %d, called %s) before %s (hold #%d, token %d), whose entry was queued at %s, before that call\n%s",
+					b.owner, laneFair, b.x.id, b.x.token, h.since(b.call), a.owner, a.x.id, a.x.token, h.since(s.at()),
+					entryTrail(h, views, e.id, s.call, b.x.start.Add(fifoSlack)))
 				h.noteInvolvedLocked(a.x, b.x)
 				continue
 			}
@@ -238,8 +240,9 @@ func (w *world) checkFairMutex() {
 				if w.entryExcusedLocked(a, s.call, b.x.start) || h.serverWideLocked(s.call, b.x.start) || crashedEntryRanOut(a, views, e.id, b.x.start) {
 					continue
 				}
-				h.violationLocked("fair order: %s got %q (hold #%d, called %s, granted by %s) while %s, queued at %s before that call, still waited (it left at %s)",
-					b.owner, laneFair, b.x.id, h.since(b.call), h.since(b.x.start), a.owner, h.since(s.at()), h.since(left))
+				h.violationLocked("fair order: %s got %q (hold #%d, called %s, granted by %s) while %s, queued at %s before that call, still waited (it left at %s)\n%s",
+					b.owner, laneFair, b.x.id, h.since(b.call), h.since(b.x.start), a.owner, h.since(s.at()), h.since(left),
+					entryTrail(h, views, e.id, s.call, b.x.start.Add(fifoSlack)))
 				h.noteInvolvedLocked(b.x)
 			}
 		}
@@ -316,4 +319,24 @@ func passSummary(passes map[string]map[string]bool) string {
 		}
 	}
 	return fmt.Sprintf("fair semaphore: %d blocked heads passed, most passes %d (%s)", len(passes), most, who)
+}
+
+// entryTrail lists what the views taken from from to to show of the queue
+// entry id and of the lock (its holder and token), for a fair-order
+// report: whether the entry was there, where, and how long it still had
+// to live by the server's clock. At most 24 views, the last ones.
+func entryTrail(h *history, views []snap, id string, from, to time.Time) string {
+	i, j := searchSnaps(views, from), searchSnaps(views, to)
+	i = max(i, j-24)
+	var b strings.Builder
+	for _, v := range views[i:j] {
+		fmt.Fprintf(&b, "      view %s: holder %q token %d, %d queued", h.since(v.at()), v.owner, v.token, len(v.queue))
+		k := slices.IndexFunc(v.queue, func(f entry) bool { return f.id == id })
+		if k < 0 {
+			b.WriteString(", the entry absent\n")
+			continue
+		}
+		fmt.Fprintf(&b, ", the entry #%d, %d ms to live\n", k+1, v.queue[k].expiry-v.now)
+	}
+	return strings.TrimSuffix(b.String(), "\n")
 }
