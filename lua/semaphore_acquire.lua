@@ -282,7 +282,7 @@ if #expired > 0 then
       heavy[#heavy + 1] = ':w'
       redis.call('HDEL', KEYS[1], unpack(heavy))
       saved, x = 0, nil
-      capSaved = h[1] == ARGV[1] or stored == tonumber(h[1])
+      capSaved = stored == tonumber(h[1])
       if not taken then
         x = now + keep
         redis.call('HSET', KEYS[1], ':cap', stored, ':x', x)

@@ -96,8 +96,8 @@ func TestReclaimLastPermitInMigratingSlot(t *testing.T) {
 			for _, cmd := range [][]string{
 				append([]string{"HSET", hash}, fields...),
 				{"ZADD", permits, "1", "dead", "2", "heavy"},
-				{"PEXPIRE", hash, "60000"},
-				{"PEXPIRE", permits, "60000"},
+				{"PEXPIRE", hash, "120000"},
+				{"PEXPIRE", permits, "120000"},
 			} {
 				if err := e.client.Do(ctx, e.client.B().Arbitrary(cmd...).Build()).Error(); err != nil {
 					t.Fatal(err)
@@ -131,6 +131,18 @@ func TestReclaimLastPermitInMigratingSlot(t *testing.T) {
 			if err != nil || n != tt.hashLen {
 				f, _ := e.client.Do(ctx, e.client.B().Hgetall().Key(hash).Build()).AsStrMap()
 				t.Errorf("state hash %v (%d fields, %v), want %d fields", f, n, err, tt.hashLen)
+			}
+			// A hash kept expires when its ':x' says (a floor of its
+			// expiry, which the call set).
+			if tt.hashLen > 0 {
+				x, err := e.client.Do(ctx, e.client.B().Hget().Key(hash).Field(":x").Build()).AsInt64()
+				if err != nil {
+					t.Fatal(err)
+				}
+				at, err := e.client.Do(ctx, e.client.B().Pexpiretime().Key(hash).Build()).AsInt64()
+				if err != nil || at != x {
+					t.Errorf("state hash expires at %d (%v), its ':x' is %d: want them equal", at, err, x)
+				}
 			}
 			// The grant counted, the expired permits' weight gone.
 			want := 3 - tt.grant

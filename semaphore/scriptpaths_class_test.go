@@ -521,6 +521,26 @@ func TestAcquireScriptPaths(t *testing.T) {
 				published []`,
 		},
 		{
+			// A retry after a lost reply, its first grant expired and the
+			// only permit: granted again, and not reclaimed with the
+			// others (it is listed before they go).
+			name: "every permit expired, the caller's own the oldest: granted again, not reclaimed",
+			state: qstate{
+				hash:    []string{":cap", "3", ":x", live},
+				permits: []string{"p", "t-200000", "gone", dead}, // p first
+				expire:  map[int]string{0: live, 1: live},
+			},
+			args:  []string{"3", "1", "p", "60000", "pa"},
+			count: count,
+			want: `reply 1
+				calls hset=1 pexpireat=2 publish=1 spublish=0
+				hash :cap=3 :x=t~+63751 | expires t~+63751 last+3751
+				permits p=t~+60000 | expires t~+63751 last+3751
+				queue -
+				entries -
+				published ["2"]`,
+		},
+		{
 			name: "a set capacity applies whatever the caller brings, also with nothing held",
 			state: qstate{
 				hash:   []string{":cap", "2", ":set", "90000", ":x", live},
