@@ -47,9 +47,11 @@ package chaos
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -391,11 +393,23 @@ func (w *world) newNode(t testing.TB, i int, proxied bool) *node {
 
 // rueidisClient is Config.Client's default: a rueidis client of addrs,
 // without client-side caching (the scripts make no use of it).
+//
+// Its close function cuts the client's connections before it closes the
+// client, so that a mortal's crash (mortal.go) is one: nothing it sends
+// afterwards reaches Redis. rueidis's cluster client closes its
+// connections in goroutines of their own and sends what it is given
+// meanwhile: a crashed mortal's fair Locker, closed just after, could
+// still send its waiting Lock's give-back and take the entry out of the
+// queue, which the fair-order check took for hand-offs passing a live
+// entry (two cluster soak seeds, 2026-11-30, both passes within 50 ms of
+// the crash).
 func rueidisClient(ctx context.Context, addrs []string, _ bool, log *scriptErrLog) (*scriptcache.Cache, func(), error) {
+	conns := &connSet{}
 	c, err := rueidis.NewClient(rueidis.ClientOption{
 		InitAddress:  addrs,
 		DisableCache: true,
 		Dialer:       dialer(),
+		DialCtxFn:    conns.dial,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -405,7 +419,49 @@ func rueidisClient(ctx context.Context, addrs []string, _ bool, log *scriptErrLo
 		c.Close()
 		return nil, nil, err
 	}
-	return sc, c.Close, nil
+	return sc, func() { conns.cut(); c.Close() }, nil
+}
+
+// connSet keeps the connections a client dialed, so that cut can close
+// them all at once and refuse new ones.
+type connSet struct {
+	mu    sync.Mutex
+	conns []net.Conn
+	done  bool
+}
+
+var errCut = errors.New("chaos: the client's connections were cut")
+
+func (s *connSet) dial(ctx context.Context, addr string, d *net.Dialer, _ *tls.Config) (net.Conn, error) {
+	s.mu.Lock()
+	done := s.done
+	s.mu.Unlock()
+	if done {
+		return nil, errCut
+	}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		c.Close()
+		return nil, errCut
+	}
+	s.conns = append(s.conns, c) // (a run dials a few hundred at most)
+	return c, nil
+}
+
+// cut closes every connection and refuses the next dials.
+func (s *connSet) cut() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done = true
+	for _, c := range s.conns {
+		c.Close()
+	}
+	s.conns = nil
 }
 
 func limiterSpecs(lease time.Duration) []limiterSpec {
