@@ -296,7 +296,7 @@ if fair and queued then
   if verdict == -2 then
     return enqueue(-2)
   elseif verdict then
-    return {0, -3, 0}
+    return {0, verdict, 0} -- -3: try again at once
   end
 end
 

@@ -118,11 +118,40 @@ func TestLockScriptsInMigratingSlot(t *testing.T) {
 			afterWant: []string{"other.mark"},
 		},
 		{
+			name:   "write Lock that waited, another writer's mark later than its own: q comes back to that one",
+			script: "rwmutex_lock",
+			state: [][]string{
+				{"HSET", "$h", "q", live, "f", "100"},
+				{"ZADD", "$z", "1", "reader.1"},
+				{"HSET", "$t", "old.1", "1"},
+				{"ZADD", "$m", "99999999999990", "mark.1", live, "other.mark"},
+			},
+			args:      []string{"me", "60000", "0", "me.1", "", "1000", "mark.1"},
+			want:      []int64{1, 1, -1},
+			after:     []string{"HMGET", "$h", "o", "q"},
+			afterWant: []string{"me", live},
+		},
+		{
 			name:   "read lock past expired readers only",
 			script: "rwmutex_rlock",
 			state: [][]string{
 				{"HSET", "$h", "f", "100"},
 				{"ZADD", "$z", "1", "reader.1", "2", "reader.2"},
+				{"HSET", "$t", "old.1", "1"},
+			},
+			args:      []string{"me", "60000", "0", "me.1", ""},
+			want:      []int64{1, 0, 0},
+			after:     []string{"ZRANGE", "$z", "0", "-1"},
+			afterWant: []string{"me.1"},
+		},
+		{
+			// A retry after a lost reply whose first read lease ran out:
+			// listed again, not removed with the other expired ones.
+			name:   "read lock retried, its own read lease the oldest expired",
+			script: "rwmutex_rlock",
+			state: [][]string{
+				{"HSET", "$h", "f", "100"},
+				{"ZADD", "$z", "1", "me.1", "2", "reader.2"},
 				{"HSET", "$t", "old.1", "1"},
 			},
 			args:      []string{"me", "60000", "0", "me.1", ""},
