@@ -41,3 +41,6 @@ func EvalPipelined(c *Client, body string, keys ...string) []scriptcache.Reply {
 // silent before Subscribe sends a PING, and then before it gives the
 // connection up.
 func SetSubscriptionQuiet(c *Client, d time.Duration) { c.quiet = d }
+
+// SetClock sets the clock c reads when a call with a deadline returns.
+func SetClock(c *Client, now func() time.Time) { c.now = now }

@@ -117,6 +117,10 @@ type Client struct {
 	// reply before Subscribe sends a PING, and then without the PONG
 	// before it gives the connection up (see Subscribe).
 	quiet time.Duration
+	// now is time.Now; a test sets another clock (SetClock) to put a
+	// reply's arrival past its call's deadline, an instant no real call
+	// can pick.
+	now func() time.Time
 }
 
 // subscriptionQuiet is Client.quiet's default: a connection that silently
@@ -137,12 +141,12 @@ func Wrap(c redis.UniversalClient) (*Client, error) {
 		if x == nil {
 			return nil, ErrNilClient
 		}
-		return &Client{single: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled, co: coalescer{max: min(maxInFlight, x.Options().PoolSize)}, quiet: subscriptionQuiet}, nil
+		return &Client{single: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled, co: coalescer{max: min(maxInFlight, x.Options().PoolSize)}, quiet: subscriptionQuiet, now: time.Now}, nil
 	case *redis.ClusterClient:
 		if x == nil {
 			return nil, ErrNilClient
 		}
-		return &Client{cluster: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled, quiet: subscriptionQuiet}, nil
+		return &Client{cluster: x, cmd: x, deadlines: x.Options().ContextTimeoutEnabled, quiet: subscriptionQuiet, now: time.Now}, nil
 	case *redis.Ring:
 		return nil, ErrRing
 	default:
@@ -340,7 +344,7 @@ func (c *Client) Eval(ctx context.Context, sha, body string, keys, args []string
 			// go-redis ends the call at the deadline, in this goroutine.
 			_ = c.cmd.Process(ctx, cmd)
 			c.leave()
-			if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) && !isServerError(err) && !time.Now().Before(d) {
+			if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) && !isServerError(err) && !c.now().Before(d) {
 				// Its connection's deadline passed, which may be a
 				// moment before ctx's own timer fires: report it as
 				// the deadline, as if ctx had ended during the call.
