@@ -293,7 +293,7 @@ func (w *world) checkWaitDue(wt *laneWait, views []snap, rounds map[string]map[i
 func (w *world) judgeRun(wt *laneWait, run []snap, state string, holds []*hold) {
 	first, last := run[0], run[len(run)-1]
 	bound := w.dueBound(wt.prim)
-	if w.releasedJustBefore(wt, holds, first) {
+	if w.releasedJustBefore(wt, holds, first) || w.forcedJustBefore(wt, first) {
 		bound = w.cfg.Lease / 4
 	}
 	from, to := first.ret, last.call
@@ -324,6 +324,12 @@ func (w *world) judgeRun(wt *laneWait, run []snap, state string, holds []*hold) 
 	defer h.mu.Unlock()
 	for _, f := range h.faults {
 		if f.from.After(b) || f.to.Before(a.Add(-w.cfg.Lease/4)) {
+			continue
+		}
+		if f.what == "forceunlock" && !strings.HasPrefix(f.res, "s") {
+			// A lock's ForceUnlock "wakes the waiters" (a semaphore's is
+			// a DEL, which wakes nobody): it explains its holders'
+			// losses, not a waiter left asleep on a free lock.
 			continue
 		}
 		if f.res == "" && (f.node < 0 || f.node == wt.node) || slices.Contains(wt.resources(), f.res) {
@@ -389,6 +395,28 @@ func (w *world) releasedJustBefore(wt *laneWait, holds []*hold, s snap) bool {
 			continue
 		}
 		return true
+	}
+	return false
+}
+
+// forcedJustBefore reports whether an operator's ForceUnlock of wt's lock
+// was done in the poll before view s. A ForceUnlock "wakes the waiters"
+// (the writers and the readers of an RWMutex), so a waiter due from s on
+// is held to the wake-up's bound, as after a release, even a writer that
+// would otherwise find its readers gone by polling.
+func (w *world) forcedJustBefore(wt *laneWait, s snap) bool {
+	switch wt.prim {
+	case "permit", "fairpermit":
+		return false // a semaphore's "ForceUnlock" is a DEL
+	}
+	h := w.hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, o := range h.ops {
+		if o.what == "ForceUnlock" && o.res == wt.res && !o.end.IsZero() &&
+			o.end.After(s.call.Add(-pollGap-fifoSlack)) && !o.end.After(s.ret) {
+			return true
+		}
 	}
 	return false
 }

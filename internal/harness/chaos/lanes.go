@@ -202,6 +202,9 @@ func laneResources() map[string]pollKind {
 	for _, n := range laneQuietNode {
 		r[n] = pollSem
 	}
+	// The forced lanes too: a ForceUnlock "wakes the waiters", so their
+	// waiters are due once it returns, like any release's (judgeRun).
+	r["mf"], r["rwf"] = pollMutex, pollRW
 	return r
 }
 
