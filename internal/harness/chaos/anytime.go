@@ -326,7 +326,7 @@ func (w *world) judgeRun(wt *laneWait, run []snap, state string, holds []*hold) 
 		if f.from.After(b) || f.to.Before(a.Add(-w.cfg.Lease/4)) {
 			continue
 		}
-		if f.what == "forceunlock" && !strings.HasPrefix(f.res, "s") {
+		if f.what == "forceunlock" && !forceDeletes(f.res) {
 			// A lock's ForceUnlock "wakes the waiters" (a semaphore's is
 			// a DEL, which wakes nobody): it explains its holders'
 			// losses, not a waiter left asleep on a free lock.
@@ -405,15 +405,11 @@ func (w *world) releasedJustBefore(wt *laneWait, holds []*hold, s snap) bool {
 // is held to the wake-up's bound, as after a release, even a writer that
 // would otherwise find its readers gone by polling.
 func (w *world) forcedJustBefore(wt *laneWait, s snap) bool {
-	switch wt.prim {
-	case "permit", "fairpermit":
-		return false // a semaphore's "ForceUnlock" is a DEL
-	}
 	h := w.hist
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, o := range h.ops {
-		if o.what == "ForceUnlock" && o.res == wt.res && !o.end.IsZero() &&
+		if o.what == "ForceUnlock" && o.res == wt.res && !forceDeletes(o.res) && !o.end.IsZero() &&
 			o.end.After(s.call.Add(-pollGap-fifoSlack)) && !o.end.After(s.ret) {
 			return true
 		}

@@ -562,7 +562,7 @@ func (w *world) forceUnlock(ctx context.Context, res string) error {
 		}
 		_, err = rw.ForceUnlock(fctx)
 		return ignoreWrongType(err)
-	case strings.HasPrefix(res, "s"):
+	case forceDeletes(res):
 		return w.delKeys(res) // a semaphore has no ForceUnlock: an operator deletes it
 	}
 	m, err := w.admin.locks.NewMutex(res)
@@ -572,6 +572,11 @@ func (w *world) forceUnlock(ctx context.Context, res string) error {
 	_, err = m.ForceUnlock(fctx)
 	return ignoreWrongType(err)
 }
+
+// forceDeletes reports whether an operator's "ForceUnlock" of res is a
+// DEL of its keys (res is a semaphore, which has no ForceUnlock): a DEL
+// wakes nobody, where a lock's ForceUnlock wakes its waiters.
+func forceDeletes(res string) bool { return strings.HasPrefix(res, "s") }
 
 // ignoreWrongType: a ForceUnlock that meets an earlier operator's string
 // fails, as it should, and is no harness failure.
