@@ -201,6 +201,11 @@ func Run(t testing.TB, cfg Config) Report {
 	if cfg.Logf == nil {
 		cfg.Logf = t.Logf
 	}
+	// A run takes its Duration and about as long again to heal, wait
+	// out its leases and check (25 s for 16 s with -race on two loaded
+	// cores): four times that and a minute and a half more is stuck.
+	wd := watchRun(cfg.Seed, 4*cfg.Duration+90*time.Second)
+	defer wd.done()
 	w := &world{cfg: cfg, hist: newHistory(cfg.Lease), lim: newLimitLog(), ops: map[string]int{}, ln: newLaneState(), scriptErrs: newScriptErrLog()}
 	if cfg.Client == nil {
 		// The default client's script replies are checked (scripterr.go).
@@ -270,6 +275,7 @@ func Run(t testing.TB, cfg Config) Report {
 		stopPoll()
 		t.Fatal(err)
 	}
+	wd.at("workload and faults")
 	var opFaults, partFaults map[string]int
 	var ow sync.WaitGroup
 	ow.Go(func() { opFaults = w.inject(ctx, opSched, true) })
@@ -281,10 +287,14 @@ func Run(t testing.TB, cfg Config) Report {
 			faults[k] += n
 		}
 	}
+	wd.at("waiting for the workload's goroutines")
 	wg.Wait()
+	wd.at("stopping the poller")
 	stopPoll()
 	pollWG.Wait()
+	wd.at("healing")
 	w.heal()
+	wd.at("probes")
 	if probesOn() {
 		var probes sync.WaitGroup
 		probes.Go(w.probeSeams)
@@ -293,10 +303,13 @@ func Run(t testing.TB, cfg Config) Report {
 		probes.Wait()
 	}
 
+	wd.at("checkQuiet")
 	w.checkQuiet(t)
+	wd.at("closing the nodes")
 	for _, n := range w.nodes {
 		w.closeNode(n, "end")
 	}
+	wd.at("checks")
 	w.dropEnvoyKeys()
 	if w.capacitySet.Load() {
 		// A capacity set by SetCapacity is kept for CapacityRetention

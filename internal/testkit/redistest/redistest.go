@@ -452,9 +452,13 @@ var shared struct {
 
 // Main runs the tests of a package, stops the shared servers, and then fails
 // the run if any goroutine is left over (goleak): every goroutine a package
-// starts must be stopped by something its user holds.
+// starts must be stopped by something its user holds. A run about to pass
+// its -timeout prints the stacks of sluice's goroutines first
+// (timeoutWarning).
 func Main(m *testing.M) {
+	stop := timeoutWarning()
 	code := m.Run()
+	stop()
 	shared.mu.Lock()
 	if shared.single != nil {
 		shared.single.Stop()

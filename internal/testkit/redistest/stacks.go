@@ -1,0 +1,62 @@
+package redistest
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"time"
+)
+
+// ModuleStacks returns the stacks of the goroutines that have a frame of
+// sluice's code, less those with a frame naming skip (if not empty). A
+// stuck test's process holds thousands of goroutines (proxies, clients'
+// readers), and a log that keeps only its tail loses the few that say
+// where it is stuck.
+func ModuleStacks(skip string) []byte {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var out bytes.Buffer
+	for g := range bytes.SplitSeq(buf, []byte("\n\n")) {
+		if bytes.Contains(g, []byte("github.com/sluicekit/sluice")) && (skip == "" || !bytes.Contains(g, []byte(skip))) {
+			out.Write(g)
+			out.WriteString("\n\n")
+		}
+	}
+	return out.Bytes()
+}
+
+// timeoutWarning arranges that, shortly before go test's -timeout ends
+// the process, the stacks of sluice's goroutines are printed and the
+// process panics with a line saying so: go test's own message lists
+// every goroutine, and the tail of a CI log (all it keeps) then shows a
+// client's reader, not the test that was stuck (CI, 2026-11-30). It
+// returns the function that cancels it.
+func timeoutWarning() (stop func() bool) {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	f := flag.Lookup("test.timeout")
+	if f == nil {
+		return func() bool { return false }
+	}
+	d, err := time.ParseDuration(f.Value.String())
+	if err != nil || d <= 0 {
+		return func() bool { return false }
+	}
+	early := d - min(d/10, 30*time.Second)
+	t := time.AfterFunc(early, func() {
+		fmt.Fprintf(os.Stderr, "redistest: %v of the %v test timeout gone; the goroutines in sluice's code:\n\n", early, d)
+		os.Stderr.Write(ModuleStacks("redistest.timeoutWarning"))
+		panic(fmt.Sprintf("redistest: tests still running %v into the %v timeout (the goroutines above)", early, d))
+	})
+	return t.Stop
+}
