@@ -173,7 +173,8 @@ func (mm *MultiMutex) Owner() string { return mm.ms[0].Owner() }
 // Lock acquires every name of the set, waiting as long as ctx allows. On
 // failure it holds none of the names it took and returns the error of the
 // member that failed (wrapping ErrNotObtained and ctx.Err() if ctx ended).
-// If a member taken early is lost before the last one is taken, Lock gives
+// What it took is given back even if ctx has ended, with calls that stop
+// after a lease (by then Redis has let it expire). If a member taken early is lost before the last one is taken, Lock gives
 // the set back and returns an error wrapping ErrNotObtained and the loss.
 // On a set that holds, Lock nests in every member, never waiting; if the
 // set's hold is lost it returns the loss (wrapping ErrLost) and takes
@@ -291,7 +292,8 @@ func (mm *MultiMutex) joinable(h int64) error {
 // must not stay counted beyond what the set says: its hold is dropped as
 // unwind does. Called with op held.
 func (mm *MultiMutex) settle(ctx context.Context, h int64) {
-	ctx = context.WithoutCancel(ctx)
+	ctx, cancel := mm.giveBackContext(ctx)
+	defer cancel()
 	mm.mu.Lock()
 	lost := mm.lost
 	mm.mu.Unlock()
@@ -317,12 +319,23 @@ func (mm *MultiMutex) settle(ctx context.Context, h int64) {
 // failure: its hold is dropped here, and the server's lease ends what
 // Redis still keeps of it.
 func (mm *MultiMutex) unwind(ctx context.Context, taken []*Mutex) {
-	ctx = context.WithoutCancel(ctx)
+	ctx, cancel := mm.giveBackContext(ctx)
+	defer cancel()
 	for i := len(taken) - 1; i >= 0; i-- {
 		if err := taken[i].Unlock(ctx); err != nil && !errors.Is(err, ErrNotHeld) {
 			taken[i].dropHold(err)
 		}
 	}
+}
+
+// giveBackContext is ctx for settle's and unwind's Unlocks: not ended by
+// ctx's end (the holds must go back even when the caller gave up), and
+// ended a lease on. By then Redis has let what they give back expire, and
+// a call with no end could wait for ever: a release met by TRYAGAIN is
+// sent again for as long as its context lasts, and a slot left half
+// migrated answers it so without end.
+func (mm *MultiMutex) giveBackContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), mm.ms[0].set.lease)
 }
 
 // tryEnter takes op if it is free, and reports whether it did.
