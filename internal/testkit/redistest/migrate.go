@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -77,36 +80,36 @@ func (c *Cluster) MigrateSlot(slot int, to *Server, batch int, between func()) e
 	if from == to {
 		return errors.New("redistest: migrate slot: to already owns it")
 	}
-	fromID, err := from.Do("CLUSTER", "MYID")
+	fromID, err := do(from, "CLUSTER", "MYID")
 	if err != nil {
 		return err
 	}
-	toID, err := to.Do("CLUSTER", "MYID")
+	toID, err := do(to, "CLUSTER", "MYID")
 	if err != nil {
 		return err
 	}
 	s := strconv.Itoa(slot)
-	if _, err := to.Do("CLUSTER", "SETSLOT", s, "IMPORTING", fromID); err != nil {
+	if _, err := do(to, "CLUSTER", "SETSLOT", s, "IMPORTING", fromID); err != nil {
 		return fmt.Errorf("redistest: setslot importing: %w", err)
 	}
-	if _, err := from.Do("CLUSTER", "SETSLOT", s, "MIGRATING", toID); err != nil {
+	if _, err := do(from, "CLUSTER", "SETSLOT", s, "MIGRATING", toID); err != nil {
 		return fmt.Errorf("redistest: setslot migrating: %w", err)
 	}
 	for attempt := 0; ; attempt++ {
 		if err := migrateKeys(from, to, s, batch, between); err != nil {
 			return err
 		}
-		if _, err := to.Do("CLUSTER", "SETSLOT", s, "NODE", toID); err != nil {
+		if _, err := do(to, "CLUSTER", "SETSLOT", s, "NODE", toID); err != nil {
 			return fmt.Errorf("redistest: setslot node on %s: %w", to.Addr(), err)
 		}
 		// A config epoch above every other node's, so that gossip from the
 		// old owner (still claiming the slot until its own SETSLOT below)
 		// cannot win the slot back; a node that loses a slot that way
 		// drops its keys (seen on Valkey 8 under load).
-		if _, err := to.Do("CLUSTER", "BUMPEPOCH"); err != nil {
+		if _, err := do(to, "CLUSTER", "BUMPEPOCH"); err != nil {
 			return fmt.Errorf("redistest: bumpepoch on %s: %w", to.Addr(), err)
 		}
-		_, err := from.Do("CLUSTER", "SETSLOT", s, "NODE", toID)
+		_, err := do(from, "CLUSTER", "SETSLOT", s, "NODE", toID)
 		if err == nil {
 			break
 		}
@@ -118,11 +121,46 @@ func (c *Cluster) MigrateSlot(slot int, to *Server, batch int, between func()) e
 		if n == from || n == to {
 			continue
 		}
-		if _, err := n.Do("CLUSTER", "SETSLOT", s, "NODE", toID); err != nil {
+		if _, err := do(n, "CLUSTER", "SETSLOT", s, "NODE", toID); err != nil {
 			return fmt.Errorf("redistest: setslot node on %s: %w", n.Addr(), err)
 		}
 	}
 	return nil
+}
+
+// migrateTimeout is how long MigrateSlot retries a step that met a
+// server that did not answer (stopped, restarting, a dial timed out on a
+// loaded machine): a migration left half done answers ASK and TRYAGAIN
+// for its slot for ever.
+const migrateTimeout = 30 * time.Second
+
+// do is s.Do, retried for up to migrateTimeout while it fails as a server
+// that does not answer does.
+func do(s *Server, args ...string) (string, error) {
+	deadline := time.Now().Add(migrateTimeout)
+	for {
+		out, err := s.Do(args...)
+		if err == nil || !transient(err) || time.Now().After(deadline) {
+			return out, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// transient reports whether err is a failure to reach or hear from a
+// server, or a server's reply that says it is busy with something that
+// passes (MIGRATE's IOERR when its target did not answer).
+func transient(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) {
+		return true
+	}
+	for _, p := range []string{"IOERR", "CLUSTERDOWN", "LOADING"} {
+		if strings.HasPrefix(err.Error(), p) {
+			return true
+		}
+	}
+	return false
 }
 
 // migrateKeys sends the keys of slot on from to to, batch at a time, until
@@ -130,7 +168,7 @@ func (c *Cluster) MigrateSlot(slot int, to *Server, batch int, between func()) e
 func migrateKeys(from, to *Server, slot string, batch int, between func()) error {
 	host, port, _ := strings.Cut(to.Addr(), ":")
 	for {
-		out, err := from.Do("CLUSTER", "GETKEYSINSLOT", slot, strconv.Itoa(batch))
+		out, err := do(from, "CLUSTER", "GETKEYSINSLOT", slot, strconv.Itoa(batch))
 		if err != nil {
 			return fmt.Errorf("redistest: getkeysinslot: %w", err)
 		}
@@ -142,7 +180,7 @@ func migrateKeys(from, to *Server, slot string, batch int, between func()) error
 			between()
 		}
 		args := append([]string{"MIGRATE", host, port, "", "0", "5000", "KEYS"}, keys...)
-		if _, err := from.Do(args...); err != nil && !strings.Contains(err.Error(), "NOKEY") {
+		if _, err := do(from, args...); err != nil && !strings.Contains(err.Error(), "NOKEY") {
 			return fmt.Errorf("redistest: migrate %v: %w", keys, err)
 		}
 	}

@@ -203,7 +203,8 @@ func (s *Server) Restart() error {
 // Pause stops the process with SIGSTOP and returns once every thread of it
 // is seen stopped: the signal is delivered asynchronously, and on a loaded
 // machine the server could otherwise still run (serve, replicate) for a
-// while after Pause returned. Resume continues it.
+// while after Pause returned. Resume continues it. A Pause that fails
+// leaves the server running: its caller, told of no pause, resumes nothing.
 func (s *Server) Pause() error {
 	if err := s.signal(syscall.SIGSTOP); err != nil {
 		return err
@@ -214,6 +215,7 @@ func (s *Server) Pause() error {
 	deadline := time.Now().Add(10 * time.Second)
 	for !allStopped(pid) {
 		if time.Now().After(deadline) {
+			_ = s.Resume() // fails only if the server has exited
 			return fmt.Errorf("redistest: process %d not stopped 10 s after SIGSTOP", pid)
 		}
 		time.Sleep(time.Millisecond)
