@@ -289,11 +289,13 @@ func Run(t testing.TB, cfg Config) Report {
 	}
 	wd.at("waiting for the workload's goroutines")
 	wg.Wait()
+	// The faults are healed before the poller is waited for: its calls
+	// have no deadline (poll.go), and one sent to a server still stopped
+	// would wait for ever.
 	wd.at("stopping the poller")
 	stopPoll()
-	pollWG.Wait()
-	wd.at("healing")
 	w.heal()
+	pollWG.Wait()
 	wd.at("probes")
 	if probesOn() {
 		var probes sync.WaitGroup

@@ -248,7 +248,11 @@ type poller struct {
 }
 
 func (w *world) newPoller() (*poller, error) {
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: w.addrs(), DisableCache: true, Dialer: dialer()})
+	// No retries: rueidis resends a read-only call that met a network
+	// error for as long as its context lasts, and these have no end (a
+	// server that does not come back would hold the poller for ever). A
+	// view that fails is a view missed.
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: w.addrs(), DisableCache: true, DisableRetry: true, Dialer: dialer()})
 	if err != nil {
 		return nil, err
 	}
