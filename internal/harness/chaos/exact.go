@@ -684,7 +684,11 @@ func (w *world) exactWorker(ctx context.Context, n *node, g int, rng *rand.Rand,
 			sleep(ctx, pause(rng, period))
 		}
 		if policies && k.counters == nil {
-			_ = l.Reset(context.Background(), key, ps) // best effort: the keys expire anyway
+			// Best effort (the keys expire anyway), and bounded: a call
+			// with no end can wait for ever on a slot that never settles.
+			rctx, cancel := context.WithTimeout(context.Background(), w.cfg.Lease)
+			_ = l.Reset(rctx, key, ps)
+			cancel()
 		}
 	}
 }
