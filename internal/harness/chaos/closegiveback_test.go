@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,6 +42,10 @@ func TestCloseBoundsReplicaGiveBack(t *testing.T) {
 		// bound: the README's second for the give-back, and room for a
 		// loaded 2-core machine under -race; the bug waits out pause.
 		bound = 4 * time.Second
+		// replicaWait: the WAIT's timeout, the window in which the
+		// test must pause writes (a loaded machine took more than the
+		// 300 ms it was).
+		replicaWait = 2 * time.Second
 	)
 	srv := redistest.NewServer(t)
 	client := redistest.Client(t, srv.Addr())
@@ -48,22 +53,23 @@ func TestCloseBoundsReplicaGiveBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := mutex.NewLocker(sc, mutex.Options{ReplicaAcks: 1, ReplicaTimeout: 300 * time.Millisecond})
+	l, err := mutex.NewLocker(sc, mutex.Options{ReplicaAcks: 1, ReplicaTimeout: replicaWait})
 	if err != nil {
 		t.Fatal(err)
 	}
 	closed := make(chan struct{})
+	var once sync.Once
 	closeOnce := func() {
-		select {
-		case <-closed:
-		default:
+		once.Do(func() {
 			l.Close()
 			close(closed)
-		}
+		})
 	}
+	// A test that fails before its Close closes here: waiting for a
+	// Close nobody started held go test until its timeout.
 	t.Cleanup(func() {
 		_, _ = srv.Do("CLIENT", "UNPAUSE")
-		<-closed
+		closeOnce()
 	})
 	m, err := l.NewMutex("close-give-back")
 	if err != nil {
@@ -81,7 +87,7 @@ func TestCloseBoundsReplicaGiveBack(t *testing.T) {
 	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return stacksWith("ExecWaitOrLate") > 0 }) {
 		t.Fatal("the Lock's script+WAIT never went out")
 	}
-	// WAIT runs 300 ms: pause writes now, so that it answers "no
+	// WAIT runs replicaWait: pause writes now, so that it answers "no
 	// replica" and the give-back that follows waits on the server.
 	if _, err := srv.Do("CLIENT", "PAUSE", strconv.FormatInt(pause.Milliseconds(), 10), "WRITE"); err != nil {
 		t.Fatal(err)
