@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,20 +31,33 @@ func TestCloseBoundsReplicaCleanup(t *testing.T) {
 		// loaded 2-core machine under -race; the bug waits out the
 		// cleanup's 5 s.
 		bound = 3 * time.Second
+		// replicaWait: the WAIT's timeout, the window in which the
+		// test must pause writes (300 ms could pass before a loaded
+		// machine sent the pause).
+		replicaWait = 2 * time.Second
 	)
 	srv := redistest.NewServer(t)
 	sc, err := scriptcache.New(context.Background(), redistest.Client(t, srv.Addr()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := semaphore.NewManager(sc, semaphore.Options{ReplicaAcks: 1, ReplicaTimeout: 300 * time.Millisecond})
+	m, err := semaphore.NewManager(sc, semaphore.Options{ReplicaAcks: 1, ReplicaTimeout: replicaWait})
 	if err != nil {
 		t.Fatal(err)
 	}
 	closed := make(chan struct{})
+	var once sync.Once
+	closeOnce := func() {
+		once.Do(func() {
+			m.Close()
+			close(closed)
+		})
+	}
+	// A test that fails before its Close closes here: waiting for a
+	// Close nobody started would hold go test until its timeout.
 	t.Cleanup(func() {
 		_, _ = srv.Do("CLIENT", "UNPAUSE")
-		<-closed
+		closeOnce()
 	})
 	s, err := m.NewSemaphore("close-cleanup", 1)
 	if err != nil {
@@ -63,7 +77,7 @@ func TestCloseBoundsReplicaCleanup(t *testing.T) {
 	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return len(goroutinesIn("ExecWaitOrLate")) > 0 }) {
 		t.Fatal("the Acquire's script+WAIT never went out")
 	}
-	// WAIT runs 300 ms: pause writes now, so that it answers "no
+	// WAIT runs replicaWait: pause writes now, so that it answers "no
 	// replica" and the give-back that follows waits on the server.
 	if _, err := srv.Do("CLIENT", "PAUSE", strconv.FormatInt(pause.Milliseconds(), 10), "WRITE"); err != nil {
 		t.Fatal(err)
@@ -72,10 +86,7 @@ func TestCloseBoundsReplicaCleanup(t *testing.T) {
 		t.Fatal("the Acquire never gave its grant back")
 	}
 	start := time.Now()
-	go func() {
-		m.Close()
-		close(closed)
-	}()
+	go closeOnce()
 	select {
 	case err := <-acquired:
 		if !errors.Is(err, semaphore.ErrNotReplicated) {
