@@ -295,7 +295,14 @@ func Run(t testing.TB, cfg Config) Report {
 	wd.at("stopping the poller")
 	stopPoll()
 	w.heal()
-	pollWG.Wait()
+	if !waitGroupWithin(&pollWG, 30*time.Second) {
+		// A view whose call never returns would hold the run for ever:
+		// closing the client ends it (rueidis fails calls in flight and
+		// retries none after Close).
+		w.hist.violation("the poller's calls had not returned 30 s after the faults were healed")
+		w.ln.poll.client.Close()
+		pollWG.Wait()
+	}
 	wd.at("probes")
 	if probesOn() {
 		var probes sync.WaitGroup
@@ -349,6 +356,22 @@ func Run(t testing.TB, cfg Config) Report {
 	r.Violations = append(r.Violations, w.hist.viol...)
 	w.hist.mu.Unlock()
 	return r
+}
+
+// waitGroupWithin waits for wg for up to d and reports whether it ended.
+// If not, a goroutine stays waiting for it.
+func waitGroupWithin(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
 }
 
 // newNode starts node i: behind a fault proxy of its own if proxied (on
