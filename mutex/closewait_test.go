@@ -3,28 +3,12 @@ package mutex_test
 import (
 	"context"
 	"errors"
-	"runtime"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/mutex"
 )
-
-// inFrame counts the goroutines with frame in their stacks.
-func inFrame(frame string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	return strings.Count(string(buf), frame)
-}
 
 // TestCloseEndsLockInFlight: with ReplicaAcks, a Lock whose script+WAIT
 // call is in flight on a server that stopped answering, with a context
@@ -60,7 +44,7 @@ func TestCloseEndsLockInFlight(t *testing.T) {
 	locked := make(chan error, 1)
 	go func() { locked <- m.Lock(ctx) }()
 	const frame = "sluice/internal/scriptexec.(*Group).ExecWaitOrLate"
-	if !redistest.WaitFor(context.Background(), signal, func() bool { return inFrame(frame) > 0 }) {
+	if !redistest.WaitFor(context.Background(), signal, func() bool { return len(redistest.GoroutinesIn(frame)) > 0 }) {
 		t.Fatalf("the Lock's call never reached %s", frame)
 	}
 	closed := make(chan struct{})

@@ -2,8 +2,6 @@ package scriptcache_test
 
 import (
 	"context"
-	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,20 +10,6 @@ import (
 	"github.com/sluicekit/sluice/internal/testkit/redistest"
 	"github.com/sluicekit/sluice/scriptcache"
 )
-
-// inFrame counts the goroutines with frame in their stacks.
-func inFrame(frame string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	return strings.Count(string(buf), frame)
-}
 
 // TestExecWaitNoScriptStorm: concurrent NOSCRIPT replies to ExecWait load
 // the script once, as they do for Exec (issue 22, item 9). The calls are
@@ -80,8 +64,8 @@ func TestExecWaitNoScriptStorm(t *testing.T) {
 	go func() { done <- run() }()
 	// Resume once every call is in the client, sent or about to be.
 	const frame = "scriptcache.rueidisClient.EvalWait"
-	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return inFrame(frame) >= callers }) {
-		t.Errorf("only %d of %d calls reached EvalWait", inFrame(frame), callers)
+	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return len(redistest.GoroutinesIn(frame)) >= callers }) {
+		t.Errorf("only %d of %d calls reached EvalWait", len(redistest.GoroutinesIn(frame)), callers)
 	}
 	resume()
 	for i, err := range <-done {

@@ -75,7 +75,7 @@ func TestCloseBoundsReplicaCleanup(t *testing.T) {
 		_, err := s.Acquire(ctx, 1)
 		acquired <- err
 	}()
-	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return len(goroutinesIn("ExecWaitOrLate")) > 0 }) {
+	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return len(redistest.GoroutinesIn("ExecWaitOrLate")) > 0 }) {
 		t.Fatal("the Acquire's script+WAIT never went out")
 	}
 	// WAIT runs replicaWait: pause writes now, so that it answers "no
@@ -83,7 +83,7 @@ func TestCloseBoundsReplicaCleanup(t *testing.T) {
 	if _, err := srv.Do("CLIENT", "PAUSE", strconv.FormatInt(pause.Milliseconds(), 10), "WRITE"); err != nil {
 		t.Fatal(err)
 	}
-	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return len(goroutinesIn("semaphore.(*Semaphore).cleanup")) > 0 }) {
+	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return len(redistest.GoroutinesIn("semaphore.(*Semaphore).cleanup")) > 0 }) {
 		t.Fatal("the Acquire never gave its grant back")
 	}
 	start := time.Now()

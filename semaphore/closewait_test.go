@@ -3,7 +3,6 @@ package semaphore_test
 import (
 	"context"
 	"errors"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -12,36 +11,6 @@ import (
 	"github.com/sluicekit/sluice/scriptcache"
 	"github.com/sluicekit/sluice/semaphore"
 )
-
-// goroutinesIn returns the stacks of the goroutines that have frame in
-// them.
-func goroutinesIn(frame string) []string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	var out []string
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if !strings.Contains(g, frame) {
-			continue
-		}
-		// The header and the sluice frames are enough to tell what it is.
-		lines := strings.Split(g, "\n")
-		keep := []string{lines[0]}
-		for i := 1; i+1 < len(lines); i += 2 {
-			if strings.Contains(lines[i], "sluice") {
-				keep = append(keep, lines[i], lines[i+1])
-			}
-		}
-		out = append(out, strings.Join(keep, "\n"))
-	}
-	return out
-}
 
 // TestCloseWaitsForAbandonedCalls: Manager.Close stops and waits for every
 // goroutine it started (README). An Acquire abandoned by its context while
@@ -70,12 +39,12 @@ func TestCloseWaitsForAbandonedCalls(t *testing.T) {
 		t.Fatalf("Acquire on a hung server = %v, want ErrNotObtained wrapping DeadlineExceeded", err)
 	}
 	e.mgr.Close()
-	left := goroutinesIn(frame)
+	left := redistest.GoroutinesIn(frame)
 
 	// Let the late reply come, and the goroutine end, before judging, so
 	// that the package's goleak check is not tripped by this test.
 	resume()
-	if !redistest.WaitFor(context.Background(), signalWait, func() bool { return len(goroutinesIn(frame)) == 0 }) {
+	if !redistest.WaitFor(context.Background(), signalWait, func() bool { return len(redistest.GoroutinesIn(frame)) == 0 }) {
 		t.Errorf("late-reply goroutine still running %v after the server resumed", signalWait)
 	}
 	if len(left) > 0 {
@@ -153,7 +122,7 @@ func TestCloseEndsAcquireInFlight(t *testing.T) {
 				}
 				acquired <- err
 			}()
-			if !redistest.WaitFor(context.Background(), signalWait, func() bool { return len(goroutinesIn(tc.frame)) > 0 }) {
+			if !redistest.WaitFor(context.Background(), signalWait, func() bool { return len(redistest.GoroutinesIn(tc.frame)) > 0 }) {
 				t.Fatalf("the Acquire's call never reached %s", tc.frame)
 			}
 			closed := make(chan struct{})

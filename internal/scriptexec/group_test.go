@@ -188,7 +188,7 @@ func TestGroupCloseEndsAttendedCalls(t *testing.T) {
 				errc <- g.ExecOrLate(ctx, s, []string{"attended"}, nil, func(scriptcache.Reply) { close(lateCalled) }).Error()
 			}()
 			frame := "scriptexec.(*Group)." + name + ".func" // the call, in g
-			if !redistest.WaitFor(context.Background(), 10*time.Second, func() bool { return inFrame(frame) > 0 }) {
+			if !redistest.WaitFor(context.Background(), 10*time.Second, func() bool { return len(redistest.GoroutinesIn(frame)) > 0 }) {
 				t.Fatalf("the call never reached %s", frame)
 			}
 			closed := make(chan struct{})

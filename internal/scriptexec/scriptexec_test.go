@@ -3,8 +3,6 @@ package scriptexec_test
 import (
 	"context"
 	"errors"
-	"runtime"
-	"strings"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -15,20 +13,6 @@ import (
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
-
-// inFrame counts the goroutines with frame in their stacks.
-func inFrame(frame string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	return strings.Count(string(buf), frame)
-}
 
 // testFS holds the script the tests run: incr, whose reply shows that it ran.
 var testFS = fstest.MapFS{

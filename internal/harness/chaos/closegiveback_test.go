@@ -3,9 +3,7 @@ package chaos
 import (
 	"context"
 	"errors"
-	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,18 +12,6 @@ import (
 	"github.com/sluicekit/sluice/mutex"
 	"github.com/sluicekit/sluice/scriptcache"
 )
-
-// stacksWith counts the goroutines with frame in their stacks.
-func stacksWith(frame string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Count(string(buf[:n]), frame)
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
 
 // TestCloseBoundsReplicaGiveBack: a Lock with ReplicaAcks whose grant too
 // few replicas confirmed gives the grant back; if Redis cannot take that
@@ -85,7 +71,7 @@ func TestCloseBoundsReplicaGiveBack(t *testing.T) {
 	defer cancel()
 	locked := make(chan error, 1)
 	go func() { locked <- m.Lock(ctx) }()
-	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return stacksWith("ExecWaitOrLate") > 0 }) {
+	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return len(redistest.GoroutinesIn("ExecWaitOrLate")) > 0 }) {
 		t.Fatal("the Lock's script+WAIT never went out")
 	}
 	// WAIT runs replicaWait: pause writes now, so that it answers "no
@@ -93,7 +79,7 @@ func TestCloseBoundsReplicaGiveBack(t *testing.T) {
 	if _, err := srv.Do("CLIENT", "PAUSE", strconv.FormatInt(pause.Milliseconds(), 10), "WRITE"); err != nil {
 		t.Fatal(err)
 	}
-	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return stacksWith("mutex.(*Mutex).releaseGrant") > 0 }) {
+	if !redistest.WaitFor(ctx, 10*time.Second, func() bool { return len(redistest.GoroutinesIn("mutex.(*Mutex).releaseGrant")) > 0 }) {
 		t.Fatal("the Lock never gave its grant back")
 	}
 

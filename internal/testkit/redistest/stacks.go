@@ -6,8 +6,35 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strings"
 	"time"
 )
+
+// Stacks returns the stacks of every goroutine, as runtime.Stack writes
+// them: one paragraph each.
+func Stacks() []byte {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return buf[:n]
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// GoroutinesIn returns the stacks of the goroutines with frame (any text)
+// in them: a test waits on it for a call to reach a function, or for a
+// goroutine to be gone, where no signal exists.
+func GoroutinesIn(frame string) []string {
+	var out []string
+	for g := range strings.SplitSeq(string(Stacks()), "\n\n") {
+		if strings.Contains(g, frame) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
 
 // ModuleStacks returns the stacks of the goroutines that have a frame of
 // sluice's code, less those with a frame naming skip (if not empty). A
@@ -15,19 +42,10 @@ import (
 // readers), and a log that keeps only its tail loses the few that say
 // where it is stuck.
 func ModuleStacks(skip string) []byte {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 	var out bytes.Buffer
-	for g := range bytes.SplitSeq(buf, []byte("\n\n")) {
-		if bytes.Contains(g, []byte("github.com/sluicekit/sluice")) && (skip == "" || !bytes.Contains(g, []byte(skip))) {
-			out.Write(g)
+	for _, g := range GoroutinesIn("github.com/sluicekit/sluice") {
+		if skip == "" || !strings.Contains(g, skip) {
+			out.WriteString(g)
 			out.WriteString("\n\n")
 		}
 	}
