@@ -128,9 +128,13 @@ func TestMultiGiveBackEnds(t *testing.T) {
 			t.Fatal("nested TryLock with b held elsewhere succeeded")
 		}
 		check(t, "nested TryLock", before+1) // a's nested attempt, then a's Unlock
-		// a is back to the set's one hold, which Unlock gives back.
-		_ = mm.Unlock(ctx) // the set is lost: its error says so
+		// a is back to the set's one hold: still held, by one count,
+		// which the set's Unlock gives back.
 		oa := newMutex(t, other, a)
+		if err := oa.TryLock(ctx); !errors.Is(err, mutex.ErrNotObtained) {
+			t.Fatalf("%q after the refused nested TryLock: TryLock by another = %v, want ErrNotObtained (the set's hold kept)", a, err)
+		}
+		_ = mm.Unlock(ctx) // the set is lost: its error says so
 		if err := oa.TryLock(ctx); err != nil {
 			t.Fatalf("%q after the set's Unlock: %v, want it free", a, err)
 		}
@@ -138,4 +142,48 @@ func TestMultiGiveBackEnds(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestMultiNestFailedCallKeepsSet: a nested Lock whose call at one member
+// fails on the connection (no loss: the set still holds) brings the other
+// members back to the set's hold and leaves the set whole: not lost, one
+// hold, every name still taken, and its Unlock frees them all. Settling
+// must not drop a member it brought back.
+func TestMultiNestFailedCallKeepsSet(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Single(t)
+	l, c := newFailingLocker(t, srv.Addr(), mutex.Options{WatchdogLease: 30 * time.Second})
+	other := newLocker(t, redistest.Client(t, srv.Addr()), mutex.Options{})
+	mm := newMulti(t, l, []string{"multinest:a", "multinest:b"})
+	names := mm.Names()
+	if err := mm.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.arm("{"+names[1]+"}", false) // the nested attempt at the second member
+	if err := mm.TryLock(ctx); err == nil {
+		t.Fatal("nested TryLock with its call at the second member failing succeeded")
+	}
+	if err := mm.Err(); err != nil {
+		t.Errorf("Err() after the failed nested call = %v, want nil (the set still holds)", err)
+	}
+	if h := mm.Holds(); h != 1 {
+		t.Errorf("Holds() after the failed nested call = %d, want 1", h)
+	}
+	for _, name := range names {
+		if err := newMutex(t, other, name).TryLock(ctx); !errors.Is(err, mutex.ErrNotObtained) {
+			t.Fatalf("TryLock(%q) by another while the set holds = %v, want ErrNotObtained", name, err)
+		}
+	}
+	if err := mm.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock = %v", err)
+	}
+	for _, name := range names {
+		om := newMutex(t, other, name)
+		if err := om.TryLock(ctx); err != nil {
+			t.Fatalf("TryLock(%q) after the set's Unlock = %v, want it free", name, err)
+		}
+		if err := om.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
