@@ -433,8 +433,12 @@ func TestNestedDoKeepsHoldItsUnlockFailedFor(t *testing.T) {
 				t.Fatal(err)
 			}
 			err = m.Do(ctx, func(context.Context) error { return nil })
-			if err == nil || !strings.Contains(err.Error(), "TRYAGAIN") {
-				t.Fatalf("nested Do = %v, want the release's TRYAGAIN", err)
+			// The release is sent again on TRYAGAIN until its context
+			// (a lease) ends, and an attempt out at that moment ends
+			// with the deadline instead (seen under a loaded package
+			// run).
+			if err == nil || !strings.Contains(err.Error(), "TRYAGAIN") && !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("nested Do = %v, want the release's TRYAGAIN (or its context's end)", err)
 			}
 			select {
 			case <-m.Lost():

@@ -236,8 +236,9 @@ func (s *Script) SHA1() string { return s.sha }
 // other callers share (see New).
 //
 // A call refused with TRYAGAIN is sent again, after a pause that grows to
-// tryAgainPause, until it is answered otherwise or ctx ends (then the
-// TRYAGAIN reply is returned). Redis refuses that way, before running the
+// tryAgainPause, until it is answered otherwise or ctx ends: then the
+// TRYAGAIN reply is returned, or, if ctx ended while an attempt was out,
+// that attempt's error (it may have run). Redis refuses that way, before running the
 // script, while a cluster slot migrates and some of the keys named have
 // moved (or are not there yet: a lock's queue, say), so a call of a
 // primitive, whose keys share one slot, waits out its slot's migration
