@@ -174,8 +174,9 @@ func (mm *MultiMutex) Owner() string { return mm.ms[0].Owner() }
 // failure it holds none of the names it took and returns the error of the
 // member that failed (wrapping ErrNotObtained and ctx.Err() if ctx ended).
 // What it took is given back even if ctx has ended, with calls that stop
-// after a lease (by then Redis has let it expire). If a member taken early is lost before the last one is taken, Lock gives
-// the set back and returns an error wrapping ErrNotObtained and the loss.
+// after a lease (by then Redis has let it expire). If a member taken early
+// is lost before the last one is taken, Lock gives the set back and
+// returns an error wrapping ErrNotObtained and the loss.
 // On a set that holds, Lock nests in every member, never waiting; if the
 // set's hold is lost it returns the loss (wrapping ErrLost) and takes
 // nothing.
