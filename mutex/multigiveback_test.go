@@ -47,6 +47,20 @@ func (c *endClient) last() (time.Duration, int) {
 	return c.left[len(c.left)-1], len(c.left)
 }
 
+// takeAndRelease checks that name is free (when): l's TryLock takes it,
+// and its Unlock lets it go again.
+func takeAndRelease(t *testing.T, l *mutex.Locker, name, when string) {
+	t.Helper()
+	ctx := context.Background()
+	m := newMutex(t, l, name)
+	if err := m.TryLock(ctx); err != nil {
+		t.Fatalf("TryLock(%q) %s = %v, want it free", name, when, err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestMultiGiveBackEnds: the Unlocks a MultiMutex sends on its own, to
 // give back what a failed Lock or nested Lock took, outlive the caller's
 // context but not the lease: a caller's context with no end must not give
@@ -98,13 +112,7 @@ func TestMultiGiveBackEnds(t *testing.T) {
 			t.Fatalf("TryLock with %q held elsewhere = %v, want ErrNotObtained", b, err)
 		}
 		check(t, "TryLock", before+1) // its own attempt at a, then the give-back
-		oa := newMutex(t, other, a)
-		if err := oa.TryLock(ctx); err != nil {
-			t.Fatalf("%q after the failed TryLock: %v, want it given back", a, err)
-		}
-		if err := oa.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		takeAndRelease(t, other, a, "after the failed TryLock")
 	})
 
 	t.Run("settle", func(t *testing.T) {
@@ -135,12 +143,7 @@ func TestMultiGiveBackEnds(t *testing.T) {
 			t.Fatalf("%q after the refused nested TryLock: TryLock by another = %v, want ErrNotObtained (the set's hold kept)", a, err)
 		}
 		_ = mm.Unlock(ctx) // the set is lost: its error says so
-		if err := oa.TryLock(ctx); err != nil {
-			t.Fatalf("%q after the set's Unlock: %v, want it free", a, err)
-		}
-		if err := oa.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		takeAndRelease(t, other, a, "after the set's Unlock")
 	})
 }
 
@@ -178,12 +181,6 @@ func TestMultiNestFailedCallKeepsSet(t *testing.T) {
 		t.Fatalf("Unlock = %v", err)
 	}
 	for _, name := range names {
-		om := newMutex(t, other, name)
-		if err := om.TryLock(ctx); err != nil {
-			t.Fatalf("TryLock(%q) after the set's Unlock = %v, want it free", name, err)
-		}
-		if err := om.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		takeAndRelease(t, other, name, "after the set's Unlock")
 	}
 }
